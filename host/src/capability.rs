@@ -1,0 +1,306 @@
+//! The `wf:node/capability` interface: the WIT-facing dispatch.
+//!
+//! This module is what a node sees. It decodes the guest's arguments, hands each
+//! call to a [`CapabilityBackend`] (the MCP pool in production), and maps every
+//! failure to the WIT `error` variant in one place ([`CapabilityError::to_wit`]).
+//! It knows nothing about MCP sessions; the backend knows nothing about
+//! WebAssembly.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::{Map, Value};
+
+use crate::bindings::wf::node::capability as wit;
+
+/// Why a capability call failed. Each case becomes the WIT case of the same name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CapabilityError {
+    #[error("not found: {0}")]
+    NotFound(String),
+    #[error("denied: {0}")]
+    Denied(String),
+    #[error("invalid arguments: {0}")]
+    InvalidArguments(String),
+    #[error("tool error: {0}")]
+    ToolError(String),
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    #[error("timeout: {0}")]
+    Timeout(String),
+}
+
+impl CapabilityError {
+    /// The WIT case name: `not-found`, `denied`, …
+    pub fn code(&self) -> &'static str {
+        match self {
+            CapabilityError::NotFound(_) => "not-found",
+            CapabilityError::Denied(_) => "denied",
+            CapabilityError::InvalidArguments(_) => "invalid-arguments",
+            CapabilityError::ToolError(_) => "tool-error",
+            CapabilityError::Unavailable(_) => "unavailable",
+            CapabilityError::Timeout(_) => "timeout",
+        }
+    }
+
+    /// The message without the case prefix.
+    pub fn message(&self) -> &str {
+        match self {
+            CapabilityError::NotFound(m)
+            | CapabilityError::Denied(m)
+            | CapabilityError::InvalidArguments(m)
+            | CapabilityError::ToolError(m)
+            | CapabilityError::Unavailable(m)
+            | CapabilityError::Timeout(m) => m,
+        }
+    }
+
+    /// The guest-visible form. This is the only place host errors cross into WIT.
+    pub(crate) fn to_wit(&self) -> wit::Error {
+        let m = self.message().to_owned();
+        match self {
+            CapabilityError::NotFound(_) => wit::Error::NotFound(m),
+            CapabilityError::Denied(_) => wit::Error::Denied(m),
+            CapabilityError::InvalidArguments(_) => wit::Error::InvalidArguments(m),
+            CapabilityError::ToolError(_) => wit::Error::ToolError(m),
+            CapabilityError::Unavailable(_) => wit::Error::Unavailable(m),
+            CapabilityError::Timeout(_) => wit::Error::Timeout(m),
+        }
+    }
+}
+
+/// What kind of MCP item a capability is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CapabilityKind {
+    Tool,
+    Resource,
+    Prompt,
+}
+
+/// One capability, as listed to nodes and RPC clients.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CapabilityEntry {
+    /// `<connection>.<name>`; for resources `<connection>.<uri>`.
+    pub name: String,
+    pub kind: CapabilityKind,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Tool input schema, prompt arguments, or resource `{uri, mimeType}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schema: Option<Value>,
+}
+
+/// Where capability calls go. The MCP pool implements it; so does [`NoBackend`].
+///
+/// Results are MCP result JSON (`CallToolResult`, `ReadResourceResult`,
+/// `GetPromptResult`). A tool result with `isError: true` is returned as `Ok`;
+/// the dispatch turns it into `tool-error`.
+#[async_trait]
+pub trait CapabilityBackend: Send + Sync + 'static {
+    /// Calls the tool `tool` on `connection`.
+    async fn call_tool(
+        &self,
+        connection: &str,
+        tool: &str,
+        arguments: Map<String, Value>,
+    ) -> Result<Value, CapabilityError>;
+
+    /// Reads `uri` from `connection`.
+    async fn read_resource(&self, connection: &str, uri: &str) -> Result<Value, CapabilityError>;
+
+    /// Renders the prompt `prompt` on `connection`.
+    async fn get_prompt(
+        &self,
+        connection: &str,
+        prompt: &str,
+        arguments: Map<String, Value>,
+    ) -> Result<Value, CapabilityError>;
+
+    /// Every capability of every connection.
+    async fn list(&self) -> Result<Vec<CapabilityEntry>, CapabilityError>;
+}
+
+/// The backend used when no MCP connection is configured: every call is
+/// `unavailable`, and the list is empty.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoBackend;
+
+const NO_CONNECTIONS: &str =
+    "no MCP connection is configured; add a [connections.<id>] table to the config";
+
+#[async_trait]
+impl CapabilityBackend for NoBackend {
+    async fn call_tool(
+        &self,
+        _: &str,
+        _: &str,
+        _: Map<String, Value>,
+    ) -> Result<Value, CapabilityError> {
+        Err(CapabilityError::Unavailable(NO_CONNECTIONS.into()))
+    }
+    async fn read_resource(&self, _: &str, _: &str) -> Result<Value, CapabilityError> {
+        Err(CapabilityError::Unavailable(NO_CONNECTIONS.into()))
+    }
+    async fn get_prompt(
+        &self,
+        _: &str,
+        _: &str,
+        _: Map<String, Value>,
+    ) -> Result<Value, CapabilityError> {
+        Err(CapabilityError::Unavailable(NO_CONNECTIONS.into()))
+    }
+    async fn list(&self) -> Result<Vec<CapabilityEntry>, CapabilityError> {
+        Ok(Vec::new())
+    }
+}
+
+/// Splits `<connection>.<name>` at the first dot. Connection ids contain no dot;
+/// names may.
+pub fn split_qualified(name: &str) -> Result<(&str, &str), CapabilityError> {
+    match name.split_once('.') {
+        Some((conn, item)) if !conn.is_empty() && !item.is_empty() => Ok((conn, item)),
+        _ => Err(CapabilityError::InvalidArguments(format!(
+            "`{name}` is not a qualified capability name; expected `<connection>.<name>`, e.g. `fixture.echo`"
+        ))),
+    }
+}
+
+/// Parses a guest's JSON arguments: an object, or empty text for `{}`.
+pub fn parse_arguments(text: &str) -> Result<Map<String, Value>, CapabilityError> {
+    if text.trim().is_empty() {
+        return Ok(Map::new());
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(other) => Err(CapabilityError::InvalidArguments(format!(
+            "arguments must be a JSON object, got {}",
+            json_type_name(&other)
+        ))),
+        Err(e) => Err(CapabilityError::InvalidArguments(format!(
+            "arguments are not valid JSON: {e}"
+        ))),
+    }
+}
+
+fn json_type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A `CallToolResult` with `isError: true` becomes `tool-error` carrying its text.
+pub fn tool_result_to_outcome(result: Value) -> Result<Value, CapabilityError> {
+    if result.get("isError").and_then(Value::as_bool) == Some(true) {
+        let text = result
+            .get("content")
+            .and_then(Value::as_array)
+            .map(|items| {
+                items
+                    .iter()
+                    .filter_map(|c| c.get("text").and_then(Value::as_str))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+            .unwrap_or_default();
+        return Err(CapabilityError::ToolError(text));
+    }
+    Ok(result)
+}
+
+/// Per-run state behind the `capability` imports.
+pub struct CapabilityCtx {
+    pub(crate) backend: Arc<dyn CapabilityBackend>,
+    pub(crate) run_id: Arc<str>,
+    pub(crate) node: Arc<str>,
+}
+
+impl CapabilityCtx {
+    async fn call_tool(&self, name: &str, arguments: &str) -> Result<Value, CapabilityError> {
+        let (connection, tool) = split_qualified(name)?;
+        let arguments = parse_arguments(arguments)?;
+        let result = self.backend.call_tool(connection, tool, arguments).await?;
+        tool_result_to_outcome(result)
+    }
+
+    async fn get_prompt(&self, name: &str, arguments: &str) -> Result<Value, CapabilityError> {
+        let (connection, prompt) = split_qualified(name)?;
+        let arguments = parse_arguments(arguments)?;
+        self.backend.get_prompt(connection, prompt, arguments).await
+    }
+}
+
+fn wit_result(result: Result<Value, CapabilityError>) -> Result<String, wit::Error> {
+    result.map(|v| v.to_string()).map_err(|e| e.to_wit())
+}
+
+impl wit::Host for CapabilityCtx {
+    async fn call_tool(
+        &mut self,
+        name: String,
+        arguments: String,
+    ) -> wasmtime::Result<Result<String, wit::Error>> {
+        let result = CapabilityCtx::call_tool(self, &name, &arguments).await;
+        tracing::debug!(run = %self.run_id, node = %self.node, capability = %name, ok = result.is_ok(), "call-tool");
+        Ok(wit_result(result))
+    }
+
+    async fn read_resource(
+        &mut self,
+        connection: String,
+        uri: String,
+    ) -> wasmtime::Result<Result<String, wit::Error>> {
+        let result = self.backend.read_resource(&connection, &uri).await;
+        tracing::debug!(run = %self.run_id, node = %self.node, %connection, %uri, ok = result.is_ok(), "read-resource");
+        Ok(wit_result(result))
+    }
+
+    async fn get_prompt(
+        &mut self,
+        name: String,
+        arguments: String,
+    ) -> wasmtime::Result<Result<String, wit::Error>> {
+        let result = CapabilityCtx::get_prompt(self, &name, &arguments).await;
+        tracing::debug!(run = %self.run_id, node = %self.node, prompt = %name, ok = result.is_ok(), "get-prompt");
+        Ok(wit_result(result))
+    }
+
+    async fn list_capabilities(
+        &mut self,
+    ) -> wasmtime::Result<Result<Vec<wit::CapabilityInfo>, wit::Error>> {
+        let entries = match self.backend.list().await {
+            Ok(entries) => entries,
+            Err(e) => return Ok(Err(e.to_wit())),
+        };
+        Ok(Ok(entries
+            .into_iter()
+            .map(|e| wit::CapabilityInfo {
+                name: e.name,
+                kind: match e.kind {
+                    CapabilityKind::Tool => wit::Kind::Tool,
+                    CapabilityKind::Resource => wit::Kind::Resource,
+                    CapabilityKind::Prompt => wit::Kind::Prompt,
+                },
+                description: e.description,
+                schema: e.schema.map(|s| s.to_string()),
+            })
+            .collect()))
+    }
+
+    async fn log(&mut self, level: wit::Level, message: String) -> wasmtime::Result<()> {
+        let (run, node) = (&*self.run_id, &*self.node);
+        match level {
+            wit::Level::Trace => tracing::trace!(target: "wf_host::node", run, node, "{message}"),
+            wit::Level::Debug => tracing::debug!(target: "wf_host::node", run, node, "{message}"),
+            wit::Level::Info => tracing::info!(target: "wf_host::node", run, node, "{message}"),
+            wit::Level::Warn => tracing::warn!(target: "wf_host::node", run, node, "{message}"),
+            wit::Level::Error => tracing::error!(target: "wf_host::node", run, node, "{message}"),
+        }
+        Ok(())
+    }
+}

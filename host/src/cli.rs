@@ -1,0 +1,347 @@
+//! Command-line parsing and the subcommands. Every error is printed once, here,
+//! as `error: …` with a `Caused by:` chain.
+//!
+//! Exit codes: 0 success; 1 the run failed (the node returned an error, trapped,
+//! or hit a limit); 2 usage, config or load errors.
+
+use std::io::{IsTerminal, Read};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, anyhow};
+use bytesize::ByteSize;
+use clap::{Args, Parser, Subcommand};
+use wf_host::capability::{CapabilityBackend, NoBackend};
+use wf_host::config::Config;
+use wf_host::runtime::{Limits, RunOptions, Runtime, RuntimeConfig, default_cache_dir};
+
+const EXIT_RUN_FAILED: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+
+#[derive(Parser)]
+#[command(
+    name = "wf-host",
+    version,
+    about = "Runs workflow nodes written as WebAssembly components and gives them MCP capabilities",
+    after_help = "Exit codes: 0 success; 1 the run failed; 2 usage, config or load error.\nLogs go to stderr; set RUST_LOG (e.g. RUST_LOG=debug) for more."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a node once and print its output JSON.
+    #[command(after_help = "Examples:
+  wf-host run plugins/echo.wasm --input '{\"hello\": \"world\"}'
+  echo '[1, 2, 3]' | wf-host run plugins/echo.wasm
+  wf-host run plugins/echo.wasm --input-file input.json --timeout 5s --max-memory 64MiB
+  wf-host run plugins/call.wasm --config examples/fixture.toml \\
+      --input '{\"capability\": \"fixture.echo\", \"arguments\": {\"text\": \"hi\"}}'
+
+Without --input or --input-file the input is read from stdin when it is piped,
+and is JSON `null` otherwise.")]
+    Run(RunArgs),
+    /// Precompile a component into the cache so its first run starts fast.
+    #[command(after_help = "Example:\n  wf-host compile plugins/echo.wasm")]
+    Compile(CompileArgs),
+    /// Serve the fixture MCP server (for tests): stdio by default.
+    #[command(after_help = "Examples:
+  wf-host fixture-server
+  wf-host fixture-server --http 127.0.0.1:8931")]
+    FixtureServer(FixtureArgs),
+}
+
+#[derive(Args)]
+struct CommonArgs {
+    /// Configuration file (TOML).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Directory for the precompile cache [default: ~/.cache/wf-host].
+    #[arg(long, value_name = "DIR", env = "WF_HOST_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Do not read or write the precompile cache.
+    #[arg(long)]
+    no_cache: bool,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// The component (.wasm) to run.
+    component: PathBuf,
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Input JSON.
+    #[arg(long, value_name = "JSON", conflicts_with = "input_file")]
+    input: Option<String>,
+    /// Read input JSON from FILE, or from stdin with `-`.
+    #[arg(long, value_name = "FILE|-")]
+    input_file: Option<PathBuf>,
+    /// Wall-clock limit for the run, e.g. `500ms`, `30s` [default: 30s].
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    timeout: Option<Duration>,
+    /// Linear-memory limit, e.g. `64MiB` [default: 256MiB].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    max_memory: Option<ByteSize>,
+}
+
+#[derive(Args)]
+struct CompileArgs {
+    /// The component (.wasm) to precompile.
+    component: PathBuf,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+#[derive(Args)]
+struct FixtureArgs {
+    /// Serve streamable HTTP at ADDR (path `/mcp`) instead of stdio.
+    #[arg(long, value_name = "ADDR")]
+    http: Option<std::net::SocketAddr>,
+    /// JSON file of canned tool results: `{"tool": <CallToolResult>}`.
+    #[arg(long, value_name = "FILE")]
+    canned: Option<PathBuf>,
+}
+
+fn parse_size(s: &str) -> Result<ByteSize, String> {
+    s.parse::<ByteSize>()
+        .map_err(|e| format!("`{s}` is not a size like `64MiB`: {e}"))
+}
+
+/// An error with the exit code it maps to.
+struct Failure {
+    code: u8,
+    error: anyhow::Error,
+}
+
+fn usage(error: impl Into<anyhow::Error>) -> Failure {
+    Failure {
+        code: EXIT_USAGE,
+        error: error.into(),
+    }
+}
+
+/// Parses the command line, runs the subcommand and prints any error once.
+pub fn run() -> Result<(), ExitCode> {
+    let cli = Cli::parse();
+    init_tracing();
+    let result = match cli.command {
+        Command::Run(args) => block_on(run_node(args)),
+        Command::Compile(args) => compile(args),
+        Command::FixtureServer(args) => block_on(fixture_server(args)),
+    };
+    result.map_err(|failure| {
+        eprintln!("error: {}", failure.error);
+        let mut chain = failure.error.chain().skip(1).peekable();
+        if chain.peek().is_some() {
+            eprintln!("\nCaused by:");
+            for cause in chain {
+                eprintln!("    {cause}");
+            }
+        }
+        ExitCode::from(failure.code)
+    })
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("warn,wf_host::node=info,wf_host::guest=info")
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}
+
+fn block_on(fut: impl Future<Output = Result<(), Failure>>) -> Result<(), Failure> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| usage(anyhow!(e).context("cannot start the async runtime")))?
+        .block_on(fut)
+}
+
+fn load_config(path: Option<&Path>) -> Result<Config, Failure> {
+    match path {
+        Some(path) => Config::load(path).map_err(usage),
+        None => Ok(Config::default()),
+    }
+}
+
+fn runtime_config(config: &Config, common: &CommonArgs, limits: Limits) -> RuntimeConfig {
+    let cache_enabled = !common.no_cache && config.runtime.cache != Some(false);
+    let cache_dir = common
+        .cache_dir
+        .clone()
+        .or_else(|| {
+            config
+                .runtime
+                .cache_dir
+                .as_deref()
+                .map(|d| config.resolve(d))
+        })
+        .or_else(default_cache_dir);
+    RuntimeConfig {
+        cache_dir: cache_dir.filter(|_| cache_enabled),
+        limits,
+        ..RuntimeConfig::default()
+    }
+}
+
+async fn run_node(args: RunArgs) -> Result<(), Failure> {
+    let config = load_config(args.common.config.as_deref())?;
+    let defaults = Limits::default();
+    let limits = Limits {
+        timeout: args
+            .timeout
+            .or(config.runtime.timeout)
+            .unwrap_or(defaults.timeout),
+        max_memory: args
+            .max_memory
+            .or(config.runtime.max_memory)
+            .map_or(defaults.max_memory, |b| b.as_u64()),
+    };
+    let input = read_input(&args)?;
+    let backend: Arc<dyn CapabilityBackend> = Arc::new(NoBackend);
+    let runtime =
+        Runtime::new(runtime_config(&config, &args.common, limits), backend).map_err(usage)?;
+    let node = runtime.load(&args.component).map_err(usage)?;
+    let report = runtime.run(&node, &input, RunOptions::default()).await;
+    match report.result {
+        Ok(output) => {
+            println!("{output}");
+            Ok(())
+        }
+        Err(e @ wf_host::runtime::RunError::InvalidInput(_)) => Err(usage(e)),
+        Err(e) => Err(Failure {
+            code: EXIT_RUN_FAILED,
+            error: anyhow!(e).context(format!("node `{}` failed", node.name())),
+        }),
+    }
+}
+
+/// The input JSON text: from `--input`, `--input-file`, piped stdin, or `null`.
+fn read_input(args: &RunArgs) -> Result<String, Failure> {
+    let (text, source) = if let Some(text) = &args.input {
+        (text.clone(), "--input".to_owned())
+    } else if let Some(path) = &args.input_file {
+        if path == Path::new("-") {
+            (read_stdin()?, "stdin".to_owned())
+        } else {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                usage(anyhow!(e).context(format!("cannot read input file `{}`", path.display())))
+            })?;
+            (text, format!("input file `{}`", path.display()))
+        }
+    } else if !std::io::stdin().is_terminal() {
+        let text = read_stdin()?;
+        if text.trim().is_empty() {
+            ("null".to_owned(), "stdin".to_owned())
+        } else {
+            (text, "stdin".to_owned())
+        }
+    } else {
+        ("null".to_owned(), "default".to_owned())
+    };
+    if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&text) {
+        return Err(usage(anyhow!(
+            "{source} is not valid JSON: {e} (line {}, column {})",
+            e.line(),
+            e.column()
+        )));
+    }
+    Ok(text)
+}
+
+fn read_stdin() -> Result<String, Failure> {
+    let mut text = String::new();
+    std::io::stdin()
+        .read_to_string(&mut text)
+        .context("cannot read input from stdin")
+        .map_err(usage)?;
+    Ok(text)
+}
+
+fn compile(args: CompileArgs) -> Result<(), Failure> {
+    let config = load_config(args.common.config.as_deref())?;
+    let rc = runtime_config(&config, &args.common, Limits::default());
+    if rc.cache_dir.is_none() {
+        return Err(usage(anyhow!(
+            "the precompile cache is disabled (--no-cache or `cache = false`); nothing to compile into"
+        )));
+    }
+    let runtime = Runtime::new(rc, Arc::new(NoBackend)).map_err(usage)?;
+    runtime.load(&args.component).map_err(usage)?;
+    let stats = runtime.stats();
+    let cache = runtime.cache().expect("cache enabled above");
+    let bytes = std::fs::read(&args.component).map_err(|e| usage(anyhow!(e)))?;
+    let state = if stats.cache.hits > 0 {
+        "already cached"
+    } else {
+        "compiled"
+    };
+    println!("{state}: {}", cache.entry_path(&bytes).display());
+    Ok(())
+}
+
+async fn fixture_server(args: FixtureArgs) -> Result<(), Failure> {
+    #[cfg(any())] // TEMP-FIXTURE
+    {
+        let opts = match &args.canned {
+            Some(path) => {
+                wf_host::fixture::FixtureOptions::from_canned_file(path).map_err(usage)?
+            }
+            None => wf_host::fixture::FixtureOptions::default(),
+        };
+        let served = match args.http {
+            Some(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("cannot listen on {addr}"))
+                    .map_err(usage)?;
+                eprintln!(
+                    "fixture MCP server listening on http://{}/mcp",
+                    listener.local_addr().map_err(|e| usage(anyhow!(e)))?
+                );
+                wf_host::fixture::serve_http(listener, opts, shutdown_signal()).await
+            }
+            None => wf_host::fixture::serve_stdio(opts).await,
+        };
+        served.map_err(|e| Failure {
+            code: EXIT_RUN_FAILED,
+            error: e.context("fixture server failed"),
+        })
+    } // TEMP-FIXTURE
+    #[allow(unreachable_code)] // TEMP-FIXTURE
+    {
+        let _ = args;
+        let _ = shutdown_signal;
+        unimplemented!()
+    } // TEMP-FIXTURE
+}
+
+/// Resolves on ctrl-c or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -1,0 +1,1 @@
+//! The fixture MCP server (placeholder, being written).

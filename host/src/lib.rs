@@ -1,0 +1,27 @@
+//! wf-host runs workflow nodes written as WebAssembly components and gives them
+//! MCP tools, resources and prompts as capabilities.
+//!
+//! - [`runtime`] loads components and runs them, one fresh locked-down instance
+//!   per run, with time and memory limits.
+//! - [`capability`] is the WIT-facing dispatch of the `wf:node/capability`
+//!   interface, in front of a [`capability::CapabilityBackend`].
+//! - [`fixture`] is an MCP server for tests.
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! use std::sync::Arc;
+//! use wf_host::capability::NoBackend;
+//! use wf_host::runtime::{RunOptions, Runtime, RuntimeConfig};
+//!
+//! let runtime = Runtime::new(RuntimeConfig::default(), Arc::new(NoBackend))?;
+//! let node = runtime.load("plugins/echo.wasm".as_ref())?;
+//! let report = runtime.run(&node, r#"{"hello": "world"}"#, RunOptions::default()).await;
+//! assert_eq!(report.result?, r#"{"hello": "world"}"#);
+//! # Ok(()) }
+//! ```
+
+mod bindings;
+pub mod capability;
+pub mod config;
+pub mod fixture;
+pub mod runtime;

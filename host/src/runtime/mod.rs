@@ -1,0 +1,634 @@
+//! The node runtime: one shared engine, components checked once and kept ready
+//! to instantiate, and a fresh, locked-down instance for every run.
+
+mod cache;
+mod stdio;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter, Store,
+    UpdateDeadline,
+};
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+pub use cache::{CacheStats, ComponentCache, default_cache_dir};
+use stdio::CapturedOutput;
+
+use crate::bindings::{NodeError, NodePre};
+use crate::capability::{CapabilityBackend, CapabilityCtx};
+
+/// The WIT world every node must target.
+pub const WORLD: &str = "wf:node/node@0.1.0";
+
+/// How often the epoch ticks. Deadlines and cancellation are checked at this
+/// granularity while guest code runs.
+const EPOCH_TICK: Duration = Duration::from_millis(5);
+
+/// How much guest stdout and stderr is kept per run and stream.
+const CAPTURE_CAP: usize = 1 << 20;
+
+/// Per-run limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Wall-clock time for one run, including time spent in capability calls.
+    pub timeout: Duration,
+    /// Linear memory per instance, in bytes.
+    pub max_memory: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            timeout: Duration::from_secs(30),
+            max_memory: 256 << 20,
+        }
+    }
+}
+
+/// Which instance allocator the engine uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Allocator {
+    /// Pre-reserved slots: the fastest instantiation. The default.
+    #[default]
+    Pooling,
+    /// Memory mapped per instance on demand.
+    OnDemand,
+}
+
+/// How to build a [`Runtime`].
+#[derive(Debug, Clone, Default)]
+pub struct RuntimeConfig {
+    /// Where precompiled components are kept; `None` disables the cache.
+    pub cache_dir: Option<PathBuf>,
+    /// Limits for runs that do not set their own.
+    pub limits: Limits,
+    /// The largest `max_memory` any run may ask for; the pool reserves slots of
+    /// this size. Defaults to `limits.max_memory`.
+    pub memory_ceiling: Option<u64>,
+    pub allocator: Allocator,
+}
+
+/// Why a component could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("component `{path}` not found")]
+    NotFound { path: PathBuf },
+    #[error("cannot read component `{path}`: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "`{name}` is not a WebAssembly file (it does not start with the `\\0asm` header); wf-host runs components built for the `{WORLD}` world"
+    )]
+    NotWasm { name: String },
+    #[error(
+        "`{name}` is a core WebAssembly module, not a component; build it for `wasm32-wasip2`, or wrap it with `wasm-tools component new {name} -o node.wasm` (add `--adapt wasi_snapshot_preview1=<adapter.wasm>` if it imports WASI preview 1)"
+    )]
+    CoreModule { name: String },
+    #[error("`{name}` is not a valid component: {detail}")]
+    Invalid { name: String, detail: String },
+    #[error("`{name}` does not target the `{WORLD}` world: {detail}")]
+    WrongWorld { name: String, detail: String },
+    #[error("cannot set up the WebAssembly engine: {0}")]
+    Engine(String),
+}
+
+/// Why a run did not produce output.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RunError {
+    /// The node's `run` returned an error.
+    #[error("node failed with `{code}`: {message}")]
+    Node { code: String, message: String },
+    #[error("input is not valid JSON: {0}")]
+    InvalidInput(String),
+    #[error("node returned invalid JSON: {0}")]
+    InvalidOutput(String),
+    #[error("run exceeded its time limit of {}", humantime::format_duration(*.0))]
+    Timeout(Duration),
+    #[error("run exceeded its memory limit of {}", bytesize::ByteSize(*.0))]
+    MemoryLimit(u64),
+    #[error("run was cancelled")]
+    Cancelled,
+    #[error("node trapped: {0}")]
+    Trap(String),
+}
+
+impl RunError {
+    /// A short code: the node's own code, or `timeout`, `memory-limit`, …
+    pub fn code(&self) -> &str {
+        match self {
+            RunError::Node { code, .. } => code,
+            RunError::InvalidInput(_) => "invalid-input",
+            RunError::InvalidOutput(_) => "invalid-output",
+            RunError::Timeout(_) => "timeout",
+            RunError::MemoryLimit(_) => "memory-limit",
+            RunError::Cancelled => "cancelled",
+            RunError::Trap(_) => "trap",
+        }
+    }
+}
+
+/// A loaded component, checked against the world and ready to instantiate.
+#[derive(Clone)]
+pub struct Node {
+    name: Arc<str>,
+    pre: NodePre<NodeState>,
+}
+
+impl Node {
+    /// The node's name: the component's file stem.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// Options for one run.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Tags logs and capability calls; generated when empty.
+    pub run_id: String,
+    /// Overrides the runtime's default limits.
+    pub limits: Option<Limits>,
+    /// Cancels the run: the guest is interrupted at the next epoch tick, and an
+    /// in-flight capability call is dropped.
+    pub cancel: CancellationToken,
+}
+
+/// What a run produced.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    pub run_id: String,
+    /// The node's output JSON text, exactly as the node returned it.
+    pub result: Result<String, RunError>,
+    /// Guest stdout and stderr (bounded).
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+/// Store state for one run: WASI, the resource table and our capability ctx side
+/// by side, each host impl borrowing only its slice.
+pub struct NodeState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limiter: MemoryLimiter,
+    capability: CapabilityCtx,
+}
+
+impl WasiView for NodeState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// Caps linear memory and remembers that it did, so the trap can name the limit.
+struct MemoryLimiter {
+    max_memory: u64,
+    hit: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("memory limit exceeded")]
+struct MemoryLimitHit;
+
+impl ResourceLimiter for MemoryLimiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired as u64 > self.max_memory {
+            self.hit = true;
+            return Err(MemoryLimitHit.into());
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= 1_000_000)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum Interrupt {
+    #[error("deadline reached")]
+    Deadline,
+    #[error("cancelled")]
+    Cancelled,
+}
+
+/// Counters that tests and status pages read.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct RuntimeStats {
+    pub cache: CacheStats,
+    /// Components compiled from source (cache misses and cacheless loads).
+    pub compiles: u64,
+    pub runs: u64,
+}
+
+/// Loads and runs nodes. Cheap to share behind an `Arc`; every run gets a fresh
+/// instance in its own store.
+pub struct Runtime {
+    engine: Engine,
+    linker: Linker<NodeState>,
+    cache: Option<ComponentCache>,
+    backend: Arc<dyn CapabilityBackend>,
+    limits: Limits,
+    compiles: AtomicU64,
+    runs: AtomicU64,
+    _ticker: EpochTicker,
+}
+
+impl Runtime {
+    /// Builds the engine, the linker and the epoch ticker.
+    ///
+    /// # Errors
+    /// [`LoadError::Engine`] when wasmtime rejects the configuration, e.g. when
+    /// the pooling allocator cannot reserve its memory.
+    pub fn new(
+        config: RuntimeConfig,
+        backend: Arc<dyn CapabilityBackend>,
+    ) -> Result<Self, LoadError> {
+        let ceiling = config
+            .memory_ceiling
+            .unwrap_or(config.limits.max_memory)
+            .max(config.limits.max_memory);
+        let mut wasm_config = Config::new();
+        wasm_config.epoch_interruption(true);
+        if config.allocator == Allocator::Pooling {
+            let mut pool = PoolingAllocationConfig::default();
+            pool.total_component_instances(256)
+                .total_core_instances(2048)
+                .total_memories(512)
+                .total_tables(512)
+                .total_stacks(256)
+                .max_memory_size(usize::try_from(ceiling).unwrap_or(usize::MAX));
+            wasm_config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        }
+        let engine = Engine::new(&wasm_config).map_err(|e| LoadError::Engine(format!("{e:#}")))?;
+
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+            .map_err(|e| LoadError::Engine(format!("{e:#}")))?;
+        crate::bindings::wf::node::capability::add_to_linker::<_, HasSelf<CapabilityCtx>>(
+            &mut linker,
+            |state: &mut NodeState| &mut state.capability,
+        )
+        .map_err(|e| LoadError::Engine(format!("{e:#}")))?;
+
+        let cache = config
+            .cache_dir
+            .map(|dir| ComponentCache::new(dir, &engine));
+        let ticker = EpochTicker::start(engine.clone());
+        Ok(Runtime {
+            engine,
+            linker,
+            cache,
+            backend,
+            limits: config.limits,
+            compiles: AtomicU64::new(0),
+            runs: AtomicU64::new(0),
+            _ticker: ticker,
+        })
+    }
+
+    /// The runtime's default limits.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// The precompile cache, if enabled.
+    pub fn cache(&self) -> Option<&ComponentCache> {
+        self.cache.as_ref()
+    }
+
+    pub fn stats(&self) -> RuntimeStats {
+        RuntimeStats {
+            cache: self
+                .cache
+                .as_ref()
+                .map(|c| c.counters.snapshot())
+                .unwrap_or_default(),
+            compiles: self.compiles.load(Ordering::Relaxed),
+            runs: self.runs.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Loads the component at `path`.
+    ///
+    /// # Errors
+    /// A [`LoadError`] naming the file and what is wrong with it.
+    pub fn load(&self, path: &Path) -> Result<Node, LoadError> {
+        let bytes = std::fs::read(path).map_err(|source| match source.kind() {
+            std::io::ErrorKind::NotFound => LoadError::NotFound {
+                path: path.to_owned(),
+            },
+            _ => LoadError::Read {
+                path: path.to_owned(),
+                source,
+            },
+        })?;
+        let name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| path.display().to_string());
+        let display = path.display().to_string();
+        self.load_bytes_as(&name, &display, &bytes)
+    }
+
+    /// Loads a component from memory. `name` names the node in logs and errors.
+    ///
+    /// # Errors
+    /// As [`Runtime::load`].
+    pub fn load_bytes(&self, name: &str, bytes: &[u8]) -> Result<Node, LoadError> {
+        self.load_bytes_as(name, name, bytes)
+    }
+
+    fn load_bytes_as(&self, name: &str, display: &str, bytes: &[u8]) -> Result<Node, LoadError> {
+        let display = display.to_owned();
+        // Text (WAT) is accepted too; it is what tests and quick experiments use.
+        let is_text = !bytes.starts_with(b"\0asm");
+        if !is_text && wasmparser::Parser::is_core_wasm(bytes) {
+            return Err(LoadError::CoreModule { name: display });
+        }
+        if !is_text && !wasmparser::Parser::is_component(bytes) {
+            return Err(LoadError::NotWasm { name: display });
+        }
+        if is_text && std::str::from_utf8(bytes).map_or(true, |t| !t.trim_start().starts_with('('))
+        {
+            return Err(LoadError::NotWasm { name: display });
+        }
+        let compile = || -> wasmtime::Result<Component> {
+            match &self.cache {
+                Some(cache) if !is_text => {
+                    let before = cache.counters.misses.load(Ordering::Relaxed);
+                    let component = cache.load_or_compile(&self.engine, bytes)?;
+                    if cache.counters.misses.load(Ordering::Relaxed) != before {
+                        self.compiles.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(component)
+                }
+                _ => {
+                    self.compiles.fetch_add(1, Ordering::Relaxed);
+                    Component::new(&self.engine, bytes)
+                }
+            }
+        };
+        let component = compile().map_err(|e| {
+            let detail = format!("{e:#}");
+            if is_text && detail.contains("expected `(`") {
+                LoadError::NotWasm {
+                    name: display.clone(),
+                }
+            } else {
+                LoadError::Invalid {
+                    name: display.clone(),
+                    detail,
+                }
+            }
+        })?;
+        check_world(&self.engine, &component).map_err(|detail| LoadError::WrongWorld {
+            name: display.clone(),
+            detail,
+        })?;
+        let instance_pre =
+            self.linker
+                .instantiate_pre(&component)
+                .map_err(|e| LoadError::WrongWorld {
+                    name: display.clone(),
+                    detail: describe_link_error(&e),
+                })?;
+        let pre = NodePre::new(instance_pre).map_err(|e| LoadError::WrongWorld {
+            name: display.clone(),
+            detail: format!("{e:#}"),
+        })?;
+        Ok(Node {
+            name: name.into(),
+            pre,
+        })
+    }
+
+    /// Runs `node` once on `input` (JSON text) in a fresh instance.
+    ///
+    /// Never panics or poisons the runtime: every failure, including traps,
+    /// timeouts and the memory cap, is reported in [`RunReport::result`], and
+    /// the next run starts clean.
+    pub async fn run(&self, node: &Node, input: &str, opts: RunOptions) -> RunReport {
+        let started = Instant::now();
+        self.runs.fetch_add(1, Ordering::Relaxed);
+        let run_id = if opts.run_id.is_empty() {
+            next_run_id()
+        } else {
+            opts.run_id.clone()
+        };
+        let limits = opts.limits.unwrap_or(self.limits);
+        let stdout = CapturedOutput::new(CAPTURE_CAP);
+        let stderr = CapturedOutput::new(CAPTURE_CAP);
+
+        let span = tracing::info_span!("run", run = %run_id, node = %node.name);
+        let _enter = span.enter();
+        drop(_enter);
+
+        let result = {
+            use tracing::Instrument;
+            self.run_inner(node, input, &run_id, limits, &opts.cancel, &stdout, &stderr)
+                .instrument(span.clone())
+                .await
+        };
+
+        let (stdout, stderr) = (stdout.contents(), stderr.contents());
+        for (stream, text) in [("stdout", &stdout), ("stderr", &stderr)] {
+            for line in text.lines() {
+                tracing::info!(target: "wf_host::guest", parent: &span, stream, "{line}");
+            }
+        }
+        match &result {
+            Ok(_) => tracing::debug!(parent: &span, elapsed = ?started.elapsed(), "run succeeded"),
+            Err(e) => {
+                tracing::info!(parent: &span, elapsed = ?started.elapsed(), "run failed: {e}")
+            }
+        }
+        RunReport {
+            run_id,
+            result,
+            stdout,
+            stderr,
+            elapsed: started.elapsed(),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn run_inner(
+        &self,
+        node: &Node,
+        input: &str,
+        run_id: &str,
+        limits: Limits,
+        cancel: &CancellationToken,
+        stdout: &CapturedOutput,
+        stderr: &CapturedOutput,
+    ) -> Result<String, RunError> {
+        check_json(input).map_err(RunError::InvalidInput)?;
+
+        // Nothing is granted: no preopened dirs, no env, no args, empty stdin, no
+        // sockets or name lookups. Only stdout/stderr, captured.
+        let wasi = WasiCtxBuilder::new()
+            .stdout(stdout.clone())
+            .stderr(stderr.clone())
+            .allow_ip_name_lookup(false)
+            .allow_tcp(false)
+            .allow_udp(false)
+            .build();
+        let state = NodeState {
+            wasi,
+            table: ResourceTable::new(),
+            limiter: MemoryLimiter {
+                max_memory: limits.max_memory,
+                hit: false,
+            },
+            capability: CapabilityCtx {
+                backend: self.backend.clone(),
+                run_id: run_id.into(),
+                node: node.name.clone(),
+            },
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limiter);
+
+        let deadline = Instant::now() + limits.timeout;
+        let guest_cancel = cancel.clone();
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            if guest_cancel.is_cancelled() {
+                return Err(Interrupt::Cancelled.into());
+            }
+            if Instant::now() >= deadline {
+                return Err(Interrupt::Deadline.into());
+            }
+            // Yield so a run never holds an executor thread for long.
+            Ok(UpdateDeadline::Yield(1))
+        });
+
+        let call = async {
+            let instance = node.pre.instantiate_async(&mut store).await?;
+            instance.call_run(&mut store, input).await
+        };
+        // The epoch callback interrupts guest code; this select covers time spent
+        // awaiting host calls (an upstream MCP request), which no epoch can reach.
+        let outcome = tokio::select! {
+            outcome = call => outcome,
+            _ = tokio::time::sleep_until(deadline.into()) => return Err(RunError::Timeout(limits.timeout)),
+            _ = cancel.cancelled() => return Err(RunError::Cancelled),
+        };
+
+        match outcome {
+            Ok(Ok(output)) => {
+                check_json(&output).map_err(RunError::InvalidOutput)?;
+                Ok(output)
+            }
+            Ok(Err(NodeError { code, message })) => Err(RunError::Node { code, message }),
+            Err(trap) => Err(classify_trap(&trap, store.data().limiter.hit, limits)),
+        }
+    }
+}
+
+fn classify_trap(trap: &wasmtime::Error, memory_hit: bool, limits: Limits) -> RunError {
+    if memory_hit || trap.downcast_ref::<MemoryLimitHit>().is_some() {
+        return RunError::MemoryLimit(limits.max_memory);
+    }
+    match trap.downcast_ref::<Interrupt>() {
+        Some(Interrupt::Deadline) => RunError::Timeout(limits.timeout),
+        Some(Interrupt::Cancelled) => RunError::Cancelled,
+        None => RunError::Trap(format!("{trap:#}")),
+    }
+}
+
+/// Every import must be WASI or our own `capability` interface, and `run` must be
+/// exported; say exactly which one is off.
+fn check_world(engine: &Engine, component: &Component) -> Result<(), String> {
+    let ty = component.component_type();
+    for (name, _) in ty.imports(engine) {
+        if name.starts_with("wasi:") || name == "wf:node/capability@0.1.0" {
+            continue;
+        }
+        if name.starts_with("wf:node/") {
+            return Err(format!(
+                "it imports `{name}`, but this host provides `wf:node/capability@0.1.0`; rebuild it against this host's `wit/`"
+            ));
+        }
+        return Err(format!(
+            "it imports `{name}`, which wf-host does not provide; a node may import only `wf:node/capability@0.1.0` and WASI"
+        ));
+    }
+    if component.get_export_index(None, "run").is_none() {
+        return Err("it has no export `run`; a node exports `run: func(input: string) -> result<string, node-error>`".into());
+    }
+    Ok(())
+}
+
+fn describe_link_error(e: &wasmtime::Error) -> String {
+    format!("{e:#}")
+}
+
+fn check_json(text: &str) -> Result<(), String> {
+    serde_json::from_str::<serde::de::IgnoredAny>(text)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+fn next_run_id() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    format!("run-{}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Advances the engine's epoch on a dedicated thread; stops and is joined on drop.
+struct EpochTicker {
+    // Dropping the sender wakes the thread at once; no need to wait a tick.
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EpochTicker {
+    fn start(engine: Engine) -> Self {
+        let (stop, stopped) = mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("wf-epoch".into())
+            .spawn(move || {
+                while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(EPOCH_TICK) {
+                    engine.increment_epoch();
+                }
+            })
+            .expect("spawning the epoch thread");
+        EpochTicker {
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
