@@ -1,1 +1,303 @@
+//! The `wf-host` command line: output, exit codes and error text.
 
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+use common::*;
+
+/// Runs `wf-host` with `args`, an isolated cache and optional stdin.
+fn wf_host(args: &[&str], stdin: Option<&str>) -> Output {
+    let cache = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(wf_host_bin());
+    cmd.args(args)
+        .current_dir(repo_root())
+        .env("WF_HOST_CACHE_DIR", cache.path())
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
+    let mut child = cmd.spawn().expect("spawn wf-host");
+    if let Some(text) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn run_prints_the_output_and_exits_zero() {
+    let out = wf_host(
+        &[
+            "run",
+            "plugins/echo.wasm",
+            "--input",
+            r#"{"hello": "wörld"}"#,
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
+    assert_eq!(stdout(&out), "{\"hello\": \"wörld\"}\n");
+    assert!(
+        stderr(&out).contains("echo: 19 bytes"),
+        "the node's log line goes to stderr: {}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn bare_run_uses_null_without_piped_input() {
+    let out = wf_host(&["run", "plugins/echo.wasm"], None);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
+    assert_eq!(stdout(&out), "null\n");
+}
+
+#[test]
+fn run_reads_piped_stdin_and_input_files() {
+    let out = wf_host(&["run", "plugins/echo.wasm"], Some("[1, 2, 3]\n"));
+    assert_eq!(stdout(&out), "[1, 2, 3]\n");
+    let out = wf_host(
+        &["run", "plugins/echo.wasm", "--input-file", "-"],
+        Some(r#""dash""#),
+    );
+    assert_eq!(stdout(&out), "\"dash\"\n");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("in.json");
+    std::fs::write(&file, r#"{"from": "file"}"#).unwrap();
+    let out = wf_host(
+        &[
+            "run",
+            "plugins/echo.wasm",
+            "--input-file",
+            file.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(stdout(&out), "{\"from\": \"file\"}\n");
+}
+
+#[test]
+fn invalid_json_input_gives_the_position_and_exit_two() {
+    let out = wf_host(
+        &["run", "plugins/echo.wasm", "--input", "{\"a\": 1,}"],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        stderr(&out),
+        "error: --input is not valid JSON: key must be a string at line 1 column 9\n"
+    );
+}
+
+#[test]
+fn a_missing_component_is_named() {
+    let out = wf_host(&["run", "plugins/nope.wasm"], None);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        stderr(&out),
+        "error: component `plugins/nope.wasm` not found\n"
+    );
+}
+
+#[test]
+fn a_core_module_is_rejected_with_how_to_wrap_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("core.wasm");
+    std::fs::write(&path, wat::parse_str("(module)").unwrap()).unwrap();
+    let out = wf_host(&["run", path.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(2));
+    let p = path.display();
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "error: `{p}` is a core WebAssembly module, not a component; build it for `wasm32-wasip2`, or wrap it with `wasm-tools component new {p} -o node.wasm` (add `--adapt wasi_snapshot_preview1=<adapter.wasm>` if it imports WASI preview 1)\n"
+        )
+    );
+}
+
+#[test]
+fn a_component_for_another_world_is_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("other.wasm");
+    std::fs::write(
+        &path,
+        wat::parse_str(r#"(component (import "acme:kv/store@1.0.0" (instance)))"#).unwrap(),
+    )
+    .unwrap();
+    let out = wf_host(&["run", path.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "error: `{}` does not target the `wf:node/node@0.1.0` world: it imports `acme:kv/store@1.0.0`, which wf-host does not provide; a node may import only `wf:node/capability@0.1.0` and WASI\n",
+            path.display()
+        )
+    );
+}
+
+#[test]
+fn garbage_is_not_a_webassembly_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("garbage.wasm");
+    std::fs::write(&path, b"\x7fELF\x02\x01").unwrap();
+    let out = wf_host(&["run", path.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "error: `{}` is not a WebAssembly file (it does not start with the `\\0asm` header); wf-host runs components built for the `wf:node/node@0.1.0` world\n",
+            path.display()
+        )
+    );
+}
+
+#[test]
+fn a_node_error_exits_one_with_its_code() {
+    let out = wf_host(
+        &[
+            "run",
+            "plugins/call.wasm",
+            "--input",
+            r#"{"capability": "fixture.echo"}"#,
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out),
+        "error: `call` failed: node returned error `unavailable`: no MCP connection is configured; add a [connections.<id>] table to the config\n"
+    );
+    assert_eq!(stdout(&out), "");
+}
+
+#[test]
+fn limits_from_the_command_line_are_enforced() {
+    let misbehave = guest("misbehave");
+    let m = misbehave.to_str().unwrap();
+    let out = wf_host(
+        &[
+            "run",
+            m,
+            "--timeout",
+            "300ms",
+            "--input",
+            r#"{"mode": "loop"}"#,
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out),
+        "error: `misbehave` failed: run exceeded its time limit of 300ms\n"
+    );
+
+    let out = wf_host(
+        &[
+            "run",
+            m,
+            "--max-memory",
+            "16MiB",
+            "--input",
+            r#"{"mode": "grow", "mib": 32}"#,
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out),
+        "error: `misbehave` failed: run exceeded its memory limit of 16.0 MiB\n"
+    );
+}
+
+#[test]
+fn a_bad_config_file_is_named_with_exit_two() {
+    let out = wf_host(&["run", "plugins/echo.wasm", "--config", "nope.toml"], None);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(stderr(&out), "error: config file `nope.toml` not found\n");
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "[runtime]\ntimeout = \"soon\"\n").unwrap();
+    let out = wf_host(
+        &[
+            "run",
+            "plugins/echo.wasm",
+            "--config",
+            path.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).starts_with(&format!(
+            "error: config file `{}` is invalid: TOML parse error at line 2",
+            path.display()
+        )),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn usage_errors_exit_two() {
+    let out = wf_host(&["run"], None);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("required arguments were not provided"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn run_help_shows_examples() {
+    let out = wf_host(&["run", "--help"], None);
+    assert_eq!(out.status.code(), Some(0));
+    let help = stdout(&out);
+    assert!(help.contains("Examples:"), "{help}");
+    assert!(
+        help.contains("wf-host run plugins/echo.wasm --input"),
+        "{help}"
+    );
+}
+
+#[test]
+fn compile_warms_the_cache_for_the_next_run() {
+    let cache = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        Command::new(wf_host_bin())
+            .args(args)
+            .current_dir(repo_root())
+            .env("WF_HOST_CACHE_DIR", cache.path())
+            .output()
+            .unwrap()
+    };
+    let out = run(&["compile", "plugins/echo.wasm"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).starts_with("compiled: "), "{}", stdout(&out));
+    let out = run(&["compile", "plugins/echo.wasm"]);
+    assert!(
+        stdout(&out).starts_with("already cached: "),
+        "{}",
+        stdout(&out)
+    );
+    let entries = std::fs::read_dir(cache.path()).unwrap().count();
+    assert_eq!(entries, 1);
+}

@@ -41,10 +41,13 @@ async fn echo_round_trips_a_one_mib_input() {
     assert_eq!(expect_ok(&report), input);
 }
 
+/// One call that reached the backend: connection, tool, arguments.
+type RecordedCall = (String, String, Map<String, Value>);
+
 /// A backend that records what reached it and answers like an MCP server would.
 #[derive(Default)]
 struct RecordingBackend {
-    calls: Mutex<Vec<(String, String, Map<String, Value>)>>,
+    calls: Mutex<Vec<RecordedCall>>,
 }
 
 #[async_trait]

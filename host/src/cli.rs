@@ -15,6 +15,7 @@ use bytesize::ByteSize;
 use clap::{Args, Parser, Subcommand};
 use wf_host::capability::{CapabilityBackend, NoBackend};
 use wf_host::config::Config;
+use wf_host::pool::{Pool, PoolConfig};
 use wf_host::runtime::{Limits, RunOptions, Runtime, RuntimeConfig, default_cache_dir};
 
 const EXIT_RUN_FAILED: u8 = 1;
@@ -153,6 +154,7 @@ fn init_tracing() {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .init();
 }
@@ -169,6 +171,14 @@ fn load_config(path: Option<&Path>) -> Result<Config, Failure> {
     match path {
         Some(path) => Config::load(path).map_err(usage),
         None => Ok(Config::default()),
+    }
+}
+
+fn pool_config(config: &Config) -> PoolConfig {
+    PoolConfig {
+        connections: config.connections.clone(),
+        base_dir: config.base_dir.clone(),
+        ..PoolConfig::default()
     }
 }
 
@@ -206,11 +216,19 @@ async fn run_node(args: RunArgs) -> Result<(), Failure> {
             .map_or(defaults.max_memory, |b| b.as_u64()),
     };
     let input = read_input(&args)?;
-    let backend: Arc<dyn CapabilityBackend> = Arc::new(NoBackend);
+    let pool = (!config.connections.is_empty()).then(|| Pool::new(pool_config(&config)));
+    let backend: Arc<dyn CapabilityBackend> = match &pool {
+        Some(pool) => Arc::new(pool.clone()),
+        None => Arc::new(NoBackend),
+    };
     let runtime =
         Runtime::new(runtime_config(&config, &args.common, limits), backend).map_err(usage)?;
     let node = runtime.load(&args.component).map_err(usage)?;
     let report = runtime.run(&node, &input, RunOptions::default()).await;
+    if let Some(pool) = pool {
+        // Close sessions and reap MCP server processes before exiting.
+        pool.shutdown().await;
+    }
     match report.result {
         Ok(output) => {
             println!("{output}");
@@ -219,7 +237,7 @@ async fn run_node(args: RunArgs) -> Result<(), Failure> {
         Err(e @ wf_host::runtime::RunError::InvalidInput(_)) => Err(usage(e)),
         Err(e) => Err(Failure {
             code: EXIT_RUN_FAILED,
-            error: anyhow!(e).context(format!("node `{}` failed", node.name())),
+            error: anyhow!("`{}` failed: {e}", node.name()),
         }),
     }
 }
@@ -248,11 +266,7 @@ fn read_input(args: &RunArgs) -> Result<String, Failure> {
         ("null".to_owned(), "default".to_owned())
     };
     if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&text) {
-        return Err(usage(anyhow!(
-            "{source} is not valid JSON: {e} (line {}, column {})",
-            e.line(),
-            e.column()
-        )));
+        return Err(usage(anyhow!("{source} is not valid JSON: {e}")));
     }
     Ok(text)
 }
@@ -289,39 +303,28 @@ fn compile(args: CompileArgs) -> Result<(), Failure> {
 }
 
 async fn fixture_server(args: FixtureArgs) -> Result<(), Failure> {
-    #[cfg(any())] // TEMP-FIXTURE
-    {
-        let opts = match &args.canned {
-            Some(path) => {
-                wf_host::fixture::FixtureOptions::from_canned_file(path).map_err(usage)?
-            }
-            None => wf_host::fixture::FixtureOptions::default(),
-        };
-        let served = match args.http {
-            Some(addr) => {
-                let listener = tokio::net::TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("cannot listen on {addr}"))
-                    .map_err(usage)?;
-                eprintln!(
-                    "fixture MCP server listening on http://{}/mcp",
-                    listener.local_addr().map_err(|e| usage(anyhow!(e)))?
-                );
-                wf_host::fixture::serve_http(listener, opts, shutdown_signal()).await
-            }
-            None => wf_host::fixture::serve_stdio(opts).await,
-        };
-        served.map_err(|e| Failure {
-            code: EXIT_RUN_FAILED,
-            error: e.context("fixture server failed"),
-        })
-    } // TEMP-FIXTURE
-    #[allow(unreachable_code)] // TEMP-FIXTURE
-    {
-        let _ = args;
-        let _ = shutdown_signal;
-        unimplemented!()
-    } // TEMP-FIXTURE
+    let opts = match &args.canned {
+        Some(path) => wf_host::fixture::FixtureOptions::from_canned_file(path),
+        None => Ok(wf_host::fixture::FixtureOptions::default()),
+    }
+    .and_then(|opts| opts.with_env())
+    .map_err(usage)?;
+    let served = match args.http {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr}"))
+                .map_err(usage)?;
+            let local = listener.local_addr().map_err(|e| usage(anyhow!(e)))?;
+            eprintln!("fixture MCP server listening on http://{local}/mcp");
+            wf_host::fixture::serve_http(listener, opts, shutdown_signal()).await
+        }
+        None => wf_host::fixture::serve_stdio(opts).await,
+    };
+    served.map_err(|e| Failure {
+        code: EXIT_RUN_FAILED,
+        error: e.context("fixture server failed"),
+    })
 }
 
 /// Resolves on ctrl-c or SIGTERM.

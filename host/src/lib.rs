@@ -5,6 +5,8 @@
 //!   per run, with time and memory limits.
 //! - [`capability`] is the WIT-facing dispatch of the `wf:node/capability`
 //!   interface, in front of a [`capability::CapabilityBackend`].
+//! - [`pool`] holds one persistent MCP client session per connection and is
+//!   the backend behind every capability call.
 //! - [`fixture`] is an MCP server for tests.
 //!
 //! ```no_run
@@ -24,4 +26,5 @@ mod bindings;
 pub mod capability;
 pub mod config;
 pub mod fixture;
+pub mod pool;
 pub mod runtime;

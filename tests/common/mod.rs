@@ -71,3 +71,13 @@ pub fn expect_ok(report: &wf_host::runtime::RunReport) -> &str {
         ),
     }
 }
+
+pub mod fixture;
+
+/// Sends `tracing` output to the test's captured output; `RUST_LOG` selects it.
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}

@@ -106,7 +106,7 @@ pub enum LoadError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RunError {
     /// The node's `run` returned an error.
-    #[error("node failed with `{code}`: {message}")]
+    #[error("node returned error `{code}`: {message}")]
     Node { code: String, message: String },
     #[error("input is not valid JSON: {0}")]
     InvalidInput(String),

@@ -1,0 +1,91 @@
+//! Instantiate + `run` of the `echo` node: pooling allocator vs on-demand.
+//!
+//! `cargo bench -p wf-host --bench runtime` prints median and p99 per mode and
+//! their ratio, measured side by side in one process.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wf_host::capability::NoBackend;
+use wf_host::runtime::{Allocator, RunOptions, Runtime, RuntimeConfig};
+
+const WARMUP: usize = 200;
+const ROUNDS: usize = 10;
+const PER_ROUND: usize = 500;
+
+fn main() {
+    let echo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/echo.wasm");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let modes = [
+        ("pooling", Allocator::Pooling),
+        ("on-demand", Allocator::OnDemand),
+    ];
+    let runtimes: Vec<_> = modes
+        .iter()
+        .map(|(name, allocator)| {
+            let runtime = Runtime::new(
+                RuntimeConfig {
+                    allocator: *allocator,
+                    ..Default::default()
+                },
+                Arc::new(NoBackend),
+            )
+            .unwrap();
+            let node = runtime.load(&echo).unwrap();
+            (*name, runtime, node)
+        })
+        .collect();
+
+    let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); runtimes.len()];
+    rt.block_on(async {
+        for (_, runtime, node) in &runtimes {
+            for _ in 0..WARMUP {
+                runtime
+                    .run(node, "{\"k\":1}", RunOptions::default())
+                    .await
+                    .result
+                    .unwrap();
+            }
+        }
+        // Interleave rounds so drift on a noisy machine hits both modes alike.
+        for _ in 0..ROUNDS {
+            for (i, (_, runtime, node)) in runtimes.iter().enumerate() {
+                for _ in 0..PER_ROUND {
+                    let start = Instant::now();
+                    let report = runtime.run(node, "{\"k\":1}", RunOptions::default()).await;
+                    samples[i].push(start.elapsed());
+                    report.result.unwrap();
+                }
+            }
+        }
+    });
+
+    println!(
+        "echo: instantiate + run, {} samples per mode",
+        ROUNDS * PER_ROUND
+    );
+    let mut medians = Vec::new();
+    for ((name, _, _), s) in runtimes.iter().zip(&mut samples) {
+        s.sort();
+        let median = s[s.len() / 2];
+        let p99 = s[s.len() * 99 / 100];
+        medians.push(median);
+        println!(
+            "  {name:<10} median {:>8.1} µs   p99 {:>8.1} µs",
+            us(median),
+            us(p99)
+        );
+    }
+    println!(
+        "  ratio on-demand / pooling (median): {:.2}x",
+        medians[1].as_secs_f64() / medians[0].as_secs_f64()
+    );
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}

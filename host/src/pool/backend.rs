@@ -1,0 +1,129 @@
+//! The pool as the node [`CapabilityBackend`], and the one place pool errors
+//! become guest-visible capability errors.
+
+use async_trait::async_trait;
+use serde_json::{Map, Value, json};
+
+use super::{Pool, PoolError};
+use crate::capability::{CapabilityBackend, CapabilityEntry, CapabilityError, CapabilityKind};
+
+/// MCP's JSON-RPC codes that mean "no such thing" and "bad arguments".
+const METHOD_NOT_FOUND: i32 = -32601;
+const INVALID_PARAMS: i32 = -32602;
+const RESOURCE_NOT_FOUND: i32 = -32002;
+
+/// Maps a pool error to what a node may see. Operator detail (paths, commands,
+/// URLs, transport errors) stays in logs and `host.status`; the guest gets the
+/// connection id and the kind of failure.
+pub fn to_capability_error(e: PoolError) -> CapabilityError {
+    match e {
+        PoolError::UnknownConnection { connection } => {
+            CapabilityError::NotFound(format!("no connection `{connection}`"))
+        }
+        PoolError::ConnectFailed { connection, .. } => CapabilityError::Unavailable(format!(
+            "connection `{connection}` could not be established"
+        )),
+        PoolError::CircuitOpen {
+            connection,
+            retry_in,
+            ..
+        } => CapabilityError::Unavailable(format!(
+            "connection `{connection}` is failing; next attempt in {}ms",
+            retry_in.as_millis()
+        )),
+        PoolError::SessionClosed { connection, .. } | PoolError::Expired { connection } => {
+            CapabilityError::Unavailable(format!(
+                "connection `{connection}`: the session to the server was lost"
+            ))
+        }
+        PoolError::ShutDown => CapabilityError::Unavailable("the host is shutting down".into()),
+        PoolError::Timeout {
+            connection, after, ..
+        } => CapabilityError::Timeout(format!(
+            "connection `{connection}`: no answer within {}ms; the request was cancelled",
+            after.as_millis()
+        )),
+        PoolError::Server {
+            connection,
+            code,
+            message,
+        } => {
+            let message = format!("connection `{connection}`: {message}");
+            match code {
+                INVALID_PARAMS => CapabilityError::InvalidArguments(message),
+                METHOD_NOT_FOUND | RESOURCE_NOT_FOUND => CapabilityError::NotFound(message),
+                _ => CapabilityError::Unavailable(message),
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl CapabilityBackend for Pool {
+    async fn call_tool(
+        &self,
+        connection: &str,
+        tool: &str,
+        arguments: Map<String, Value>,
+    ) -> Result<Value, CapabilityError> {
+        Pool::call_tool(self, connection, tool, arguments, None)
+            .await
+            .map_err(to_capability_error)
+    }
+
+    async fn read_resource(&self, connection: &str, uri: &str) -> Result<Value, CapabilityError> {
+        Pool::read_resource(self, connection, uri)
+            .await
+            .map_err(to_capability_error)
+    }
+
+    async fn get_prompt(
+        &self,
+        connection: &str,
+        prompt: &str,
+        arguments: Map<String, Value>,
+    ) -> Result<Value, CapabilityError> {
+        Pool::get_prompt(self, connection, prompt, arguments)
+            .await
+            .map_err(to_capability_error)
+    }
+
+    async fn list(&self) -> Result<Vec<CapabilityEntry>, CapabilityError> {
+        let mut entries = Vec::new();
+        for connection in self.connections() {
+            let catalog = match self.catalog(&connection).await {
+                Ok(catalog) => catalog,
+                Err(e) => {
+                    // One dead upstream must not hide the others' capabilities.
+                    tracing::warn!(connection, "not listing capabilities: {e}");
+                    continue;
+                }
+            };
+            for tool in &catalog.tools {
+                entries.push(CapabilityEntry {
+                    name: format!("{connection}.{}", tool.name),
+                    kind: CapabilityKind::Tool,
+                    description: tool.description.as_ref().map(|d| d.to_string()),
+                    schema: Some(Value::Object((*tool.input_schema).clone())),
+                });
+            }
+            for resource in &catalog.resources {
+                entries.push(CapabilityEntry {
+                    name: format!("{connection}.{}", resource.uri),
+                    kind: CapabilityKind::Resource,
+                    description: resource.description.clone(),
+                    schema: Some(json!({ "uri": resource.uri, "mimeType": resource.mime_type })),
+                });
+            }
+            for prompt in &catalog.prompts {
+                entries.push(CapabilityEntry {
+                    name: format!("{connection}.{}", prompt.name),
+                    kind: CapabilityKind::Prompt,
+                    description: prompt.description.clone(),
+                    schema: Some(serde_json::to_value(&prompt.arguments).unwrap_or(Value::Null)),
+                });
+            }
+        }
+        Ok(entries)
+    }
+}

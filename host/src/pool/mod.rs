@@ -1,0 +1,633 @@
+//! The MCP runtime pool: one persistent client session per connection, shared by
+//! every node, run and RPC request.
+//!
+//! Sessions are keyed by a fingerprint of the connection's settings. The first
+//! callers of a connection wait on one connect (no thundering herd); later ones
+//! reuse the live session. A dead session fails its pending operations and is
+//! rebuilt on next use. Repeated connect failures back off exponentially with
+//! jitter, and meanwhile the breaker fails callers fast.
+//!
+//! The pool knows nothing about WebAssembly; [`backend`] adapts it to the node
+//! capability interface.
+
+mod backend;
+mod catalog;
+mod session;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use rmcp::model::{
+    CallToolRequestParams, GetPromptRequestParams, Prompt, ReadResourceRequestParams, Resource,
+    Tool,
+};
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+use tokio::sync::{oneshot, watch};
+
+pub use backend::to_capability_error;
+pub use catalog::Catalog;
+pub use session::{OpFn, OpMeta};
+use session::{Operation, Session};
+
+use crate::config::ConnectionConfig;
+
+/// Default per-operation timeout.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default cap on catalog entries per kind.
+pub const DEFAULT_CATALOG_CAP: usize = 1000;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
+const BACKOFF_BASE: Duration = Duration::from_millis(250);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// Why a pool operation failed. Messages name the connection.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PoolError {
+    #[error("connection `{connection}` is not configured")]
+    UnknownConnection { connection: String },
+    #[error("connection `{connection}`: {detail}")]
+    ConnectFailed { connection: String, detail: String },
+    #[error(
+        "connection `{connection}`: circuit open after {failures} failed connects; retrying in {}ms; last error: {last_error}",
+        retry_in.as_millis()
+    )]
+    CircuitOpen {
+        connection: String,
+        failures: u32,
+        retry_in: Duration,
+        last_error: String,
+    },
+    #[error("connection `{connection}`: session lost: {reason}")]
+    SessionClosed { connection: String, reason: String },
+    #[error("connection `{connection}`: the server forgot the session (HTTP 404)")]
+    Expired { connection: String },
+    #[error("connection `{connection}`: `{operation}` timed out after {}ms", after.as_millis())]
+    Timeout {
+        connection: String,
+        operation: &'static str,
+        after: Duration,
+    },
+    #[error("connection `{connection}`: server error {code}: {message}")]
+    Server {
+        connection: String,
+        code: i32,
+        message: String,
+    },
+    #[error("the pool is shut down")]
+    ShutDown,
+}
+
+/// How the pool is built.
+#[derive(Debug, Clone, Default)]
+pub struct PoolConfig {
+    pub connections: BTreeMap<String, ConnectionConfig>,
+    /// What `command = "wf-host"` runs; defaults to this executable.
+    pub self_exe: Option<PathBuf>,
+    /// Relative `cwd`s resolve against this (the config file's directory).
+    pub base_dir: PathBuf,
+    /// Catalog entries per kind; defaults to [`DEFAULT_CATALOG_CAP`].
+    pub catalog_cap: Option<usize>,
+}
+
+/// A connection's settings, normalised; what the fingerprint hashes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize)]
+pub(crate) struct Settings {
+    pub id: Arc<str>,
+    pub transport: Transport,
+    pub call_timeout: Duration,
+    pub idle_timeout: Option<Duration>,
+    pub ping_interval: Option<Duration>,
+    pub catalog_cap: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize)]
+pub(crate) enum Transport {
+    Stdio {
+        program: PathBuf,
+        args: Vec<String>,
+        env: BTreeMap<String, String>,
+        cwd: Option<PathBuf>,
+    },
+    Http {
+        url: String,
+        headers: BTreeMap<String, String>,
+    },
+}
+
+impl Settings {
+    fn from_config(id: &str, c: &ConnectionConfig, pool: &PoolConfig) -> Settings {
+        let transport = match (&c.command, &c.url) {
+            (Some(command), _) => Transport::Stdio {
+                program: if command == "wf-host" {
+                    pool.self_exe
+                        .clone()
+                        .or_else(|| std::env::current_exe().ok())
+                        .unwrap_or_else(|| PathBuf::from(command))
+                } else {
+                    PathBuf::from(command)
+                },
+                args: c.args.clone(),
+                env: c.env.clone(),
+                cwd: c.cwd.as_ref().map(|d| pool.base_dir.join(d)),
+            },
+            (None, url) => Transport::Http {
+                url: url.clone().unwrap_or_default(),
+                headers: c.headers.clone(),
+            },
+        };
+        let is_http = matches!(transport, Transport::Http { .. });
+        Settings {
+            id: id.into(),
+            transport,
+            call_timeout: c.call_timeout.unwrap_or(DEFAULT_CALL_TIMEOUT),
+            idle_timeout: c.idle_timeout,
+            // stdio death is seen at once through the pipe; HTTP needs a ping.
+            ping_interval: c
+                .ping_interval
+                .or(is_http.then_some(Duration::from_secs(15))),
+            catalog_cap: pool.catalog_cap.unwrap_or(DEFAULT_CATALOG_CAP),
+        }
+    }
+
+    /// A hash of the normalised settings: same settings, same session.
+    fn fingerprint(&self) -> String {
+        let json = serde_json::to_vec(self).unwrap_or_default();
+        hex::encode(&Sha256::digest(&json)[..8])
+    }
+
+    fn transport_name(&self) -> &'static str {
+        match self.transport {
+            Transport::Stdio { .. } => "stdio",
+            Transport::Http { .. } => "http",
+        }
+    }
+}
+
+/// Per-connection counters, kept across sessions.
+#[derive(Debug, Default)]
+pub(crate) struct ConnCounters {
+    pub sessions_opened: AtomicU64,
+    pub calls: AtomicU64,
+    pub failures: AtomicU64,
+    last_error: Mutex<Option<String>>,
+    tools: AtomicUsize,
+    resources: AtomicUsize,
+    prompts: AtomicUsize,
+}
+
+impl ConnCounters {
+    pub(crate) fn set_last_error(&self, e: &str) {
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_owned());
+    }
+
+    pub(crate) fn set_catalog(&self, c: &Catalog) {
+        self.tools.store(c.tools.len(), Ordering::Relaxed);
+        self.resources.store(c.resources.len(), Ordering::Relaxed);
+        self.prompts.store(c.prompts.len(), Ordering::Relaxed);
+    }
+}
+
+/// A snapshot of one connection, for status pages and tests.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ConnectionStats {
+    pub id: String,
+    pub transport: &'static str,
+    /// `idle` (no session yet), `ready`, `circuit-open` or `closed`.
+    pub state: &'static str,
+    pub fingerprint: String,
+    /// `initialize` handshakes completed, over the pool's life.
+    pub sessions_opened: u64,
+    pub calls: u64,
+    pub failures: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    pub tools: usize,
+    pub resources: usize,
+    pub prompts: usize,
+    /// The server's process id, for stdio connections with a live session.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+}
+
+/// One configured connection and its (at most one) live session.
+struct Slot {
+    settings: Settings,
+    fingerprint: String,
+    counters: Arc<ConnCounters>,
+    // A tokio mutex, held across connect: concurrent first callers queue here
+    // and then all reuse the one session it produced.
+    state: tokio::sync::Mutex<SlotState>,
+}
+
+#[derive(Default)]
+struct SlotState {
+    session: Option<Session>,
+    failures: u32,
+    retry_at: Option<Instant>,
+    last_connect_error: Option<String>,
+}
+
+impl Slot {
+    fn new(settings: Settings) -> Arc<Slot> {
+        Slot::with_counters(settings, Arc::default())
+    }
+
+    fn with_counters(settings: Settings, counters: Arc<ConnCounters>) -> Arc<Slot> {
+        Arc::new(Slot {
+            fingerprint: settings.fingerprint(),
+            settings,
+            counters,
+            state: tokio::sync::Mutex::new(SlotState::default()),
+        })
+    }
+
+    /// The live session, connecting if there is none.
+    async fn session(&self) -> Result<Session, PoolError> {
+        let mut state = self.state.lock().await;
+        if let Some(session) = &state.session {
+            if session.is_alive() {
+                return Ok(session.clone());
+            }
+            // Dead: its owner is already failing its callers and closing.
+            state.session = None;
+        }
+        let connection = self.settings.id.to_string();
+        if let Some(retry_at) = state.retry_at {
+            let now = Instant::now();
+            if now < retry_at {
+                return Err(PoolError::CircuitOpen {
+                    connection,
+                    failures: state.failures,
+                    retry_in: retry_at - now,
+                    last_error: state.last_connect_error.clone().unwrap_or_default(),
+                });
+            }
+        }
+        let connect = session::connect(&self.settings, self.counters.clone());
+        let outcome = match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(format!(
+                "connect timed out after {}s",
+                CONNECT_TIMEOUT.as_secs()
+            )),
+        };
+        match outcome {
+            Ok(session) => {
+                state.failures = 0;
+                state.retry_at = None;
+                state.session = Some(session.clone());
+                tracing::info!(connection = %connection, pid = ?session.pid(), "session opened");
+                Ok(session)
+            }
+            Err(detail) => {
+                state.failures += 1;
+                let delay = backoff(state.failures);
+                state.retry_at = Some(Instant::now() + delay);
+                state.last_connect_error = Some(detail.clone());
+                self.counters.failures.fetch_add(1, Ordering::Relaxed);
+                self.counters.set_last_error(&detail);
+                tracing::warn!(connection = %connection, failures = state.failures, retry_in_ms = delay.as_millis() as u64, "connect failed: {detail}");
+                Err(PoolError::ConnectFailed { connection, detail })
+            }
+        }
+    }
+
+    fn stats(&self) -> ConnectionStats {
+        let c = &self.counters;
+        let mut catalog = None;
+        let (state, pid) = match self.state.try_lock() {
+            Ok(s) => match &s.session {
+                Some(session) if session.is_alive() => {
+                    catalog = Some(session.catalog().borrow().clone());
+                    ("ready", session.pid())
+                }
+                _ if s.retry_at.is_some_and(|t| Instant::now() < t) => ("circuit-open", None),
+                Some(_) => ("closed", None),
+                None => ("idle", None),
+            },
+            // Someone holds the lock across a connect.
+            Err(_) => ("connecting", None),
+        };
+        ConnectionStats {
+            id: self.settings.id.to_string(),
+            transport: self.settings.transport_name(),
+            state,
+            fingerprint: self.fingerprint.clone(),
+            sessions_opened: c.sessions_opened.load(Ordering::Relaxed),
+            calls: c.calls.load(Ordering::Relaxed),
+            failures: c.failures.load(Ordering::Relaxed),
+            last_error: c
+                .last_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+            // The live catalog when there is one; else the last session's sizes.
+            tools: catalog
+                .as_ref()
+                .map_or(c.tools.load(Ordering::Relaxed), |c| c.tools.len()),
+            resources: catalog
+                .as_ref()
+                .map_or(c.resources.load(Ordering::Relaxed), |c| c.resources.len()),
+            prompts: catalog
+                .as_ref()
+                .map_or(c.prompts.load(Ordering::Relaxed), |c| c.prompts.len()),
+            pid,
+        }
+    }
+
+    async fn take_session(&self) -> Option<Session> {
+        self.state.lock().await.session.take()
+    }
+}
+
+/// Exponential backoff with full jitter in the upper half: `[d/2, d]`.
+fn backoff(failures: u32) -> Duration {
+    let exp = BACKOFF_BASE.saturating_mul(1u32 << failures.saturating_sub(1).min(16));
+    let capped = exp.min(BACKOFF_MAX);
+    let half = capped / 2;
+    half + half.mul_f64(rand::random::<f64>())
+}
+
+/// The shared pool. Cheap to clone; all clones share the sessions.
+#[derive(Clone)]
+pub struct Pool {
+    inner: Arc<PoolInner>,
+}
+
+struct PoolInner {
+    config: PoolConfig,
+    slots: Mutex<BTreeMap<String, Arc<Slot>>>,
+    /// Sessions replaced by a settings change, draining; kept so shutdown can
+    /// reap them too.
+    retired: Mutex<Vec<Session>>,
+    shut_down: std::sync::atomic::AtomicBool,
+}
+
+impl Pool {
+    /// A pool for `config.connections`. Nothing connects until first use.
+    pub fn new(config: PoolConfig) -> Pool {
+        let slots = config
+            .connections
+            .iter()
+            .map(|(id, c)| (id.clone(), Slot::new(Settings::from_config(id, c, &config))))
+            .collect();
+        Pool {
+            inner: Arc::new(PoolInner {
+                config,
+                slots: Mutex::new(slots),
+                retired: Mutex::default(),
+                shut_down: Default::default(),
+            }),
+        }
+    }
+
+    /// The configured connection ids.
+    pub fn connections(&self) -> Vec<String> {
+        self.slots().keys().cloned().collect()
+    }
+
+    fn slots(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<Slot>>> {
+        self.inner.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn slot(&self, connection: &str) -> Result<Arc<Slot>, PoolError> {
+        if self.inner.shut_down.load(Ordering::Acquire) {
+            return Err(PoolError::ShutDown);
+        }
+        self.slots()
+            .get(connection)
+            .cloned()
+            .ok_or_else(|| PoolError::UnknownConnection {
+                connection: connection.to_owned(),
+            })
+    }
+
+    /// Replaces the connection settings. Connections whose fingerprint changed
+    /// get a new session on next use; their old session finishes its in-flight
+    /// operations and closes. Unchanged connections keep their session.
+    pub fn update(&self, connections: BTreeMap<String, ConnectionConfig>) {
+        let mut slots = self.slots();
+        let mut next = BTreeMap::new();
+        for (id, c) in &connections {
+            let settings = Settings::from_config(id, c, &self.inner.config);
+            let fingerprint = settings.fingerprint();
+            match slots.remove(id) {
+                Some(slot) if slot.fingerprint == fingerprint => {
+                    next.insert(id.clone(), slot);
+                }
+                Some(old) => {
+                    // Same connection, new settings: counters carry over.
+                    let counters = old.counters.clone();
+                    self.retire(old);
+                    next.insert(id.clone(), Slot::with_counters(settings, counters));
+                }
+                None => {
+                    next.insert(id.clone(), Slot::new(settings));
+                }
+            }
+        }
+        for (_, old) in std::mem::take(&mut *slots) {
+            self.retire(old);
+        }
+        *slots = next;
+    }
+
+    fn retire(&self, slot: Arc<Slot>) {
+        if let Ok(mut state) = slot.state.try_lock()
+            && let Some(session) = state.session.take()
+        {
+            session.drain();
+            self.inner
+                .retired
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(session);
+        }
+    }
+
+    /// Runs `run` on `connection`'s session: the one way anything reaches an
+    /// upstream. `operation` labels spans and status only.
+    ///
+    /// # Errors
+    /// A [`PoolError`]; an HTTP session the server forgot is re-initialised and
+    /// the operation replayed once before giving up.
+    pub async fn execute(
+        &self,
+        connection: &str,
+        operation: &'static str,
+        timeout: Option<Duration>,
+        run: OpFn,
+    ) -> Result<Value, PoolError> {
+        let slot = self.slot(connection)?;
+        let timeout = timeout.unwrap_or(slot.settings.call_timeout);
+        let mut replayed = false;
+        loop {
+            let session = slot.session().await?;
+            let (reply, answer) = oneshot::channel();
+            let op = Operation {
+                meta: OpMeta {
+                    operation,
+                    connection: slot.settings.id.clone(),
+                    seq: session::next_seq(),
+                    submitted_at: Instant::now(),
+                },
+                run: run.clone(),
+                timeout,
+                reply,
+            };
+            let result = match session.submit(op) {
+                Ok(()) => answer.await.unwrap_or_else(|_| {
+                    Err(PoolError::SessionClosed {
+                        connection: connection.to_owned(),
+                        reason: "the session ended before answering".into(),
+                    })
+                }),
+                Err((_, reason)) => Err(PoolError::SessionClosed {
+                    connection: connection.to_owned(),
+                    reason,
+                }),
+            };
+            match result {
+                Err(PoolError::Expired { .. }) if !replayed => {
+                    replayed = true;
+                    tracing::info!(connection, "server forgot the session; re-initialising");
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Calls `tool` with `arguments`; the `CallToolResult` as JSON.
+    ///
+    /// # Errors
+    /// A [`PoolError`]. A tool answering `isError` is `Ok`.
+    pub async fn call_tool(
+        &self,
+        connection: &str,
+        tool: &str,
+        arguments: Map<String, Value>,
+        timeout: Option<Duration>,
+    ) -> Result<Value, PoolError> {
+        let tool: Arc<str> = tool.into();
+        let arguments = Arc::new(arguments);
+        let run: OpFn = Arc::new(move |peer| {
+            let params =
+                CallToolRequestParams::new(tool.to_string()).with_arguments((*arguments).clone());
+            async move { to_json(peer.call_tool(params).await?) }.boxed()
+        });
+        self.execute(connection, "call_tool", timeout, run).await
+    }
+
+    /// Reads `uri`; the `ReadResourceResult` as JSON.
+    ///
+    /// # Errors
+    /// A [`PoolError`].
+    pub async fn read_resource(&self, connection: &str, uri: &str) -> Result<Value, PoolError> {
+        let uri: Arc<str> = uri.into();
+        let run: OpFn = Arc::new(move |peer| {
+            let params = ReadResourceRequestParams::new(uri.to_string());
+            async move { to_json(peer.read_resource(params).await?) }.boxed()
+        });
+        self.execute(connection, "read_resource", None, run).await
+    }
+
+    /// Renders `prompt`; the `GetPromptResult` as JSON.
+    ///
+    /// # Errors
+    /// A [`PoolError`].
+    pub async fn get_prompt(
+        &self,
+        connection: &str,
+        prompt: &str,
+        arguments: Map<String, Value>,
+    ) -> Result<Value, PoolError> {
+        let prompt: Arc<str> = prompt.into();
+        let arguments = Arc::new(arguments);
+        let run: OpFn = Arc::new(move |peer| {
+            let params = GetPromptRequestParams::new(prompt.to_string())
+                .with_arguments((*arguments).clone());
+            async move { to_json(peer.get_prompt(params).await?) }.boxed()
+        });
+        self.execute(connection, "get_prompt", None, run).await
+    }
+
+    /// The connection's live catalog, connecting first if needed.
+    ///
+    /// # Errors
+    /// A [`PoolError`] when the connection cannot be established.
+    pub async fn catalog(&self, connection: &str) -> Result<Arc<Catalog>, PoolError> {
+        let slot = self.slot(connection)?;
+        let session = slot.session().await?;
+        let catalog = session.catalog().borrow().clone();
+        Ok(catalog)
+    }
+
+    /// A receiver that sees every catalog refresh of the current session.
+    ///
+    /// # Errors
+    /// As [`Pool::catalog`].
+    pub async fn watch_catalog(
+        &self,
+        connection: &str,
+    ) -> Result<watch::Receiver<Arc<Catalog>>, PoolError> {
+        let slot = self.slot(connection)?;
+        Ok(slot.session().await?.catalog())
+    }
+
+    /// The tools of `connection`, from the live catalog.
+    ///
+    /// # Errors
+    /// As [`Pool::catalog`].
+    pub async fn list_tools(&self, connection: &str) -> Result<Vec<Tool>, PoolError> {
+        Ok(self.catalog(connection).await?.tools.clone())
+    }
+
+    /// The resources of `connection`, from the live catalog.
+    ///
+    /// # Errors
+    /// As [`Pool::catalog`].
+    pub async fn list_resources(&self, connection: &str) -> Result<Vec<Resource>, PoolError> {
+        Ok(self.catalog(connection).await?.resources.clone())
+    }
+
+    /// The prompts of `connection`, from the live catalog.
+    ///
+    /// # Errors
+    /// As [`Pool::catalog`].
+    pub async fn list_prompts(&self, connection: &str) -> Result<Vec<Prompt>, PoolError> {
+        Ok(self.catalog(connection).await?.prompts.clone())
+    }
+
+    /// A snapshot per connection.
+    pub fn stats(&self) -> Vec<ConnectionStats> {
+        self.slots().values().map(|s| s.stats()).collect()
+    }
+
+    /// One connection's snapshot.
+    pub fn connection_stats(&self, connection: &str) -> Option<ConnectionStats> {
+        self.slots().get(connection).map(|s| s.stats())
+    }
+
+    /// Closes every session and waits until each child process is reaped. Later
+    /// operations fail with [`PoolError::ShutDown`].
+    pub async fn shutdown(&self) {
+        self.inner.shut_down.store(true, Ordering::Release);
+        let slots: Vec<_> = self.slots().values().cloned().collect();
+        let mut sessions: Vec<Session> =
+            std::mem::take(&mut *self.inner.retired.lock().unwrap_or_else(|p| p.into_inner()));
+        for slot in slots {
+            if let Some(session) = slot.take_session().await {
+                sessions.push(session);
+            }
+        }
+        futures::future::join_all(sessions.iter().map(|s| s.close())).await;
+    }
+}
+
+fn to_json(value: impl serde::Serialize) -> Result<Value, rmcp::ServiceError> {
+    Ok(serde_json::to_value(value).unwrap_or(Value::Null))
+}

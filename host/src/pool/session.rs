@@ -1,0 +1,602 @@
+//! One MCP client session and the task that owns it.
+//!
+//! The owner task holds the rmcp `RunningService`; nothing else does, because
+//! dropping it ends the session. Callers reach the session only by submitting an
+//! [`Operation`]: a closure over the client `Peer` plus metadata for spans and
+//! status. Operations run concurrently (MCP multiplexes by request id); the owner
+//! tracks each one so that when the transport dies it can fail all of them at
+//! once with the reason.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use rmcp::model::{
+    ClientCapabilities, ClientConfig, ClientRequest, Implementation, PingRequest, ProtocolVersion,
+};
+use rmcp::service::{NotificationContext, RunningService};
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClientTransportConfig, StreamableHttpError,
+};
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{ClientHandler, Peer, RoleClient, ServiceError, ServiceExt};
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::catalog::{self, Advertised, Catalog, Dirty};
+use super::{ConnCounters, PoolError, Settings, Transport};
+
+/// What an operation does: a closure over the session's client peer. It is `Fn`
+/// so the pool can replay it once on a fresh session after an HTTP 404.
+pub type OpFn =
+    Arc<dyn Fn(Peer<RoleClient>) -> BoxFuture<'static, Result<Value, ServiceError>> + Send + Sync>;
+
+/// Diagnostics only: spans, logs and status. Never used to decide what runs.
+#[derive(Debug, Clone)]
+pub struct OpMeta {
+    pub operation: &'static str,
+    pub connection: Arc<str>,
+    pub seq: u64,
+    pub submitted_at: Instant,
+}
+
+pub(crate) struct Operation {
+    pub meta: OpMeta,
+    pub run: OpFn,
+    pub timeout: Duration,
+    pub reply: oneshot::Sender<Result<Value, PoolError>>,
+}
+
+/// The pool's handle on a live session. Dropping the last clone stops the owner
+/// task, which closes the session and reaps a child process.
+#[derive(Clone)]
+pub(crate) struct Session {
+    inner: Arc<SessionInner>,
+}
+
+struct SessionInner {
+    ops: mpsc::UnboundedSender<Operation>,
+    /// `Some(reason)` once the session is dead.
+    death: watch::Receiver<Option<String>>,
+    catalog: watch::Receiver<Arc<Catalog>>,
+    /// Stops the owner now (shutdown, eviction).
+    stop: CancellationToken,
+    /// Stops accepting operations; the owner closes once in-flight ones finish.
+    drain: CancellationToken,
+    owner: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    pub pid: Option<u32>,
+}
+
+impl Drop for SessionInner {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl Session {
+    pub(crate) fn is_alive(&self) -> bool {
+        self.inner.death.borrow().is_none() && !self.inner.ops.is_closed()
+    }
+
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.inner.pid
+    }
+
+    pub(crate) fn catalog(&self) -> watch::Receiver<Arc<Catalog>> {
+        self.inner.catalog.clone()
+    }
+
+    /// Queues `op`. Fails with the death reason if the session is gone.
+    pub(crate) fn submit(&self, op: Operation) -> Result<(), (Operation, String)> {
+        if let Some(reason) = self.inner.death.borrow().clone() {
+            return Err((op, reason));
+        }
+        self.inner
+            .ops
+            .send(op)
+            .map_err(|e| (e.0, "session closed".to_owned()))
+    }
+
+    /// Lets in-flight operations finish, then closes (settings changed).
+    pub(crate) fn drain(&self) {
+        self.inner.drain.cancel();
+    }
+
+    /// Stops the owner and waits for it, so the child is reaped when this returns.
+    pub(crate) async fn close(&self) {
+        self.inner.stop.cancel();
+        let owner = self
+            .inner
+            .owner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(owner) = owner {
+            let _ = owner.await;
+        }
+    }
+}
+
+/// The rmcp client handler: names us, and turns `list_changed` into a dirty
+/// mark for the refresher. It never awaits a request: the response could only be
+/// routed by the receive loop it would be blocking.
+struct PoolClient {
+    dirty: Arc<Dirty>,
+}
+
+impl ClientHandler for PoolClient {
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("wf-host", env!("CARGO_PKG_VERSION")),
+        )
+        .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
+    }
+
+    async fn on_tool_list_changed(&self, _: NotificationContext<RoleClient>) {
+        self.dirty.mark(catalog::TOOLS);
+    }
+
+    async fn on_resource_list_changed(&self, _: NotificationContext<RoleClient>) {
+        self.dirty.mark(catalog::RESOURCES);
+    }
+
+    async fn on_prompt_list_changed(&self, _: NotificationContext<RoleClient>) {
+        self.dirty.mark(catalog::PROMPTS);
+    }
+}
+
+/// How long a stubborn child may take to exit after we close its stdin.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(8);
+/// How long a health ping may take before the session is declared dead.
+const PING_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Opens a session: spawn or connect, `initialize`, list the catalog, and start
+/// the owner task.
+pub(crate) async fn connect(
+    settings: &Settings,
+    counters: Arc<ConnCounters>,
+) -> Result<Session, String> {
+    let dirty = Arc::new(Dirty::default());
+    let handler = PoolClient {
+        dirty: dirty.clone(),
+    };
+    let mut aux = JoinSet::new();
+    let (running, pid) = match &settings.transport {
+        Transport::Stdio {
+            program,
+            args,
+            env,
+            cwd,
+        } => {
+            let mut cmd = tokio::process::Command::new(program);
+            cmd.args(args).envs(env).kill_on_drop(true);
+            if let Some(cwd) = cwd {
+                cmd.current_dir(cwd);
+            }
+            let (transport, stderr) = TokioChildProcess::builder(cmd)
+                .stderr(Stdio::piped())
+                .spawn()
+                .map_err(|e| format!("cannot start `{}`: {e}", program.display()))?;
+            let pid = transport.id();
+            if let Some(stderr) = stderr {
+                let connection = settings.id.clone();
+                // Drained so the child never blocks on a full pipe; ends at EOF.
+                aux.spawn(async move {
+                    use tokio::io::AsyncBufReadExt;
+                    let mut lines = tokio::io::BufReader::new(stderr).lines();
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        tracing::debug!(target: "wf_host::upstream", connection = %connection, "{line}");
+                    }
+                });
+            }
+            let running = handler
+                .serve(transport)
+                .await
+                .map_err(|e| format!("initialize failed: {e}"))?;
+            (running, pid)
+        }
+        Transport::Http { url, headers } => {
+            let mut custom = std::collections::HashMap::new();
+            for (name, value) in headers {
+                let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|e| format!("header `{name}`: {e}"))?;
+                let value = reqwest::header::HeaderValue::from_str(value)
+                    .map_err(|e| format!("header `{name}`: {e}"))?;
+                custom.insert(name, value);
+            }
+            let mut backoff =
+                rmcp::transport::common::client_side_sse::ExponentialBackoff::default();
+            // Bounded: with the default, requests on a dead server hang forever.
+            // One immediate resume attempt: a server's `retry:` hint (3s for
+            // rmcp servers) would otherwise hold a dead server's callers for
+            // seconds. A failed resume makes the owner ping, which decides.
+            backoff.max_times = Some(1);
+            backoff.base_duration = Duration::from_millis(200);
+            backoff.max_delay = Some(Duration::from_secs(2));
+            let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
+                .custom_headers(custom)
+                // We re-initialise ourselves, so the pool's stats count it.
+                .reinit_on_expired_session(false);
+            config.retry_config = Arc::new(backoff);
+            let client = reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(5))
+                .build()
+                .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+            let transport = StreamableHttpClientTransport::with_client(client, config);
+            let running = handler
+                .serve(transport)
+                .await
+                .map_err(|e| format!("initialize failed: {e}"))?;
+            (running, None)
+        }
+    };
+    counters.sessions_opened.fetch_add(1, Ordering::Relaxed);
+
+    let peer = running.peer().clone();
+    // rmcp's response cache would answer list calls from stale data after the
+    // server died, hiding the failure.
+    peer.set_response_cache_config(rmcp::ClientCacheConfig::disabled())
+        .await;
+    let advertised = peer
+        .peer_info()
+        .map(|info| Advertised {
+            tools: info.capabilities.tools.is_some(),
+            resources: info.capabilities.resources.is_some(),
+            prompts: info.capabilities.prompts.is_some(),
+        })
+        .unwrap_or(Advertised {
+            tools: true,
+            resources: false,
+            prompts: false,
+        });
+    let (catalog_tx, catalog_rx) = watch::channel(Arc::new(Catalog::default()));
+    catalog::refresh(
+        &peer,
+        &settings.id,
+        catalog::ALL,
+        advertised,
+        settings.catalog_cap,
+        &catalog_tx,
+    )
+    .await
+    .map_err(|e| format!("listing the catalog failed: {e}"))?;
+    counters.set_catalog(&catalog_rx.borrow());
+
+    let (ops_tx, ops_rx) = mpsc::unbounded_channel();
+    let (death_tx, death_rx) = watch::channel(None);
+    let stop = CancellationToken::new();
+    let drain = CancellationToken::new();
+    let owner = Owner {
+        settings: settings.clone(),
+        counters,
+        peer,
+        advertised,
+        dirty,
+        catalog: catalog_tx,
+        death: death_tx,
+        stop: stop.clone(),
+        drain: drain.clone(),
+        aux,
+    };
+    let span = tracing::info_span!("session", connection = %settings.id);
+    let handle = tokio::spawn(owner.run(running, ops_rx).instrument(span));
+    Ok(Session {
+        inner: Arc::new(SessionInner {
+            ops: ops_tx,
+            death: death_rx,
+            catalog: catalog_rx,
+            stop,
+            drain,
+            owner: std::sync::Mutex::new(Some(handle)),
+            pid,
+        }),
+    })
+}
+
+struct Owner {
+    settings: Settings,
+    counters: Arc<ConnCounters>,
+    peer: Peer<RoleClient>,
+    advertised: Advertised,
+    dirty: Arc<Dirty>,
+    catalog: watch::Sender<Arc<Catalog>>,
+    death: watch::Sender<Option<String>>,
+    stop: CancellationToken,
+    drain: CancellationToken,
+    /// Helper tasks that live exactly as long as the session (stderr drain).
+    aux: JoinSet<()>,
+}
+
+/// How an in-flight operation ended, as seen by the owner.
+enum Ended {
+    Done,
+    /// The transport failed under it: check whether the session is still alive.
+    TransportError,
+    /// The HTTP server forgot the session.
+    Expired,
+}
+
+impl Owner {
+    async fn run(
+        mut self,
+        running: RunningService<RoleClient, PoolClient>,
+        mut ops: mpsc::UnboundedReceiver<Operation>,
+    ) {
+        let mut quit = Some(running.cancellation_token());
+        let mut done = Box::pin(running.waiting());
+        let mut inflight: JoinSet<Ended> = JoinSet::new();
+        let mut refresher = self.spawn_refresher();
+        let mut ping = self.settings.ping_interval.map(|every| {
+            let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            interval
+        });
+        let mut last_activity = tokio::time::Instant::now();
+        let mut accepting = true;
+
+        let reason: String = loop {
+            let idle_deadline = self
+                .settings
+                .idle_timeout
+                .filter(|_| inflight.is_empty())
+                .map(|idle| last_activity + idle);
+            tokio::select! {
+                quit_reason = &mut done => {
+                    break match quit_reason {
+                        Ok(rmcp::service::QuitReason::Closed) => "the server closed the session (process exited or stream ended)".to_owned(),
+                        Ok(other) => format!("session ended: {other:?}"),
+                        Err(e) => format!("session task failed: {e}"),
+                    };
+                }
+                _ = self.stop.cancelled() => break "the session was closed by the host".to_owned(),
+                _ = self.drain.cancelled(), if accepting => {
+                    accepting = false;
+                    ops.close();
+                }
+                op = ops.recv(), if accepting => match op {
+                    Some(op) => {
+                        last_activity = tokio::time::Instant::now();
+                        self.start(op, &mut inflight);
+                    }
+                    None => accepting = false,
+                },
+                Some(ended) = inflight.join_next() => {
+                    last_activity = tokio::time::Instant::now();
+                    match ended {
+                        Ok(Ended::Done) => {}
+                        Ok(Ended::Expired) => break "the server forgot the session (HTTP 404)".to_owned(),
+                        Ok(Ended::TransportError) => {
+                            if let Some(reason) = self.health_check().await {
+                                break reason;
+                            }
+                        }
+                        Err(e) if e.is_panic() => tracing::error!("an operation panicked: {e}"),
+                        Err(_) => {}
+                    }
+                }
+                _ = async { ping.as_mut().expect("guarded").tick().await }, if ping.is_some() => {
+                    if let Some(reason) = self.health_check().await {
+                        break reason;
+                    }
+                }
+                _ = async { tokio::time::sleep_until(idle_deadline.expect("guarded")).await }, if idle_deadline.is_some() => {
+                    break "idle timeout".to_owned();
+                }
+                _ = &mut refresher => {
+                    // The refresher only ends when listing failed; find out why.
+                    if let Some(reason) = self.health_check().await {
+                        break reason;
+                    }
+                    refresher = self.spawn_refresher();
+                }
+                else => {
+                    if !accepting && inflight.is_empty() {
+                        break "drained after a settings change".to_owned();
+                    }
+                }
+            }
+            if !accepting && inflight.is_empty() {
+                break "drained after a settings change".to_owned();
+            }
+        };
+
+        // Fail everything still pending, at once, with the reason.
+        tracing::info!(reason = %reason, "session closing");
+        // Each in-flight operation watches `death` and fails at once.
+        let _ = self.death.send(Some(reason.clone()));
+        refresher.abort();
+        self.counters.set_last_error(&reason);
+        ops.close();
+        while let Ok(op) = ops.try_recv() {
+            let _ = op.reply.send(Err(self.closed_error(&reason)));
+        }
+        // The operations reply themselves on `died`; wait for them briefly.
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            while inflight.join_next().await.is_some() {}
+        })
+        .await;
+        inflight.abort_all();
+
+        // Close the service and wait for it, so a child process is reaped.
+        if let Some(quit) = quit.take() {
+            quit.cancel();
+        }
+        if tokio::time::timeout(CLOSE_TIMEOUT, &mut done)
+            .await
+            .is_err()
+        {
+            tracing::warn!("session did not close in time; dropping it");
+        }
+        drop(done);
+        self.aux.shutdown().await;
+    }
+
+    fn closed_error(&self, reason: &str) -> PoolError {
+        PoolError::SessionClosed {
+            connection: self.settings.id.to_string(),
+            reason: reason.to_owned(),
+        }
+    }
+
+    fn start(&self, op: Operation, inflight: &mut JoinSet<Ended>) {
+        let Operation {
+            meta,
+            run,
+            timeout,
+            mut reply,
+        } = op;
+        let span = tracing::info_span!(
+            "op",
+            operation = meta.operation,
+            connection = %meta.connection,
+            seq = meta.seq,
+            queued_us = meta.submitted_at.elapsed().as_micros() as u64,
+        );
+        let peer = self.peer.clone();
+        let counters = self.counters.clone();
+        let connection = self.settings.id.to_string();
+        let mut death = self.death.subscribe();
+        inflight.spawn(
+            async move {
+                counters.calls.fetch_add(1, Ordering::Relaxed);
+                let call = tokio::time::timeout(timeout, run(peer));
+                // Dropping `call` (caller gone, session died) drops the rmcp
+                // request future, which sends `notifications/cancelled`.
+                let (result, ended) = tokio::select! {
+                    r = call => match r {
+                        Ok(Ok(value)) => (Ok(value), Ended::Done),
+                        Ok(Err(e)) => classify(&connection, e),
+                        Err(_) => (Err(PoolError::Timeout { connection, operation: meta.operation, after: timeout }), Ended::Done),
+                    },
+                    _ = reply.closed() => {
+                        tracing::debug!("caller went away; request cancelled");
+                        return Ended::Done;
+                    }
+                    reason = death.wait_for(Option::is_some) => {
+                        let reason = reason.ok().and_then(|r| r.clone()).unwrap_or_else(|| "session closed".into());
+                        (Err(PoolError::SessionClosed { connection, reason }), Ended::Done)
+                    }
+                };
+                if let Err(e) = &result {
+                    counters.failures.fetch_add(1, Ordering::Relaxed);
+                    counters.set_last_error(&e.to_string());
+                    tracing::debug!(error = %e, "operation failed");
+                }
+                let _ = reply.send(result);
+                ended
+            }
+            .instrument(span),
+        );
+    }
+
+    /// Pings with a deadline. `Some(reason)` means the session is dead.
+    async fn health_check(&self) -> Option<String> {
+        if self.peer.is_transport_closed() {
+            return Some("the transport closed".to_owned());
+        }
+        let ping = self
+            .peer
+            .send_request(ClientRequest::PingRequest(PingRequest::default()));
+        match tokio::time::timeout(PING_TIMEOUT, ping).await {
+            Ok(Ok(_)) => None,
+            Ok(Err(e)) if is_session_expired(&e) => {
+                Some("the server forgot the session (HTTP 404)".to_owned())
+            }
+            Ok(Err(e)) => Some(format!("ping failed: {e}")),
+            Err(_) => Some(format!(
+                "ping got no answer within {}s",
+                PING_TIMEOUT.as_secs()
+            )),
+        }
+    }
+
+    /// One refresher per session: waits for dirty marks and relists, so a burst
+    /// of `list_changed` costs one refresh, on this same session.
+    fn spawn_refresher(&self) -> tokio::task::JoinHandle<()> {
+        let peer = self.peer.clone();
+        let dirty = self.dirty.clone();
+        let catalog = self.catalog.clone();
+        let counters = self.counters.clone();
+        let advertised = self.advertised;
+        let id = self.settings.id.clone();
+        let cap = self.settings.catalog_cap;
+        tokio::spawn(
+            async move {
+                loop {
+                    let kinds = dirty.take().await;
+                    if let Err(e) =
+                        catalog::refresh(&peer, &id, kinds, advertised, cap, &catalog).await
+                    {
+                        tracing::warn!("catalog refresh failed: {e}");
+                        // Keep the kinds dirty for the next attempt.
+                        dirty.mark(kinds);
+                        return;
+                    }
+                    counters.set_catalog(&catalog.borrow());
+                    tracing::debug!(kinds, "catalog refreshed");
+                }
+            }
+            .in_current_span(),
+        )
+    }
+}
+
+fn classify(connection: &str, e: ServiceError) -> (Result<Value, PoolError>, Ended) {
+    let connection = connection.to_owned();
+    match e {
+        ServiceError::McpError(data) => (
+            Err(PoolError::Server {
+                connection,
+                code: data.code.0,
+                message: data.message.to_string(),
+            }),
+            Ended::Done,
+        ),
+        ServiceError::Timeout { timeout } => (
+            Err(PoolError::Timeout {
+                connection,
+                operation: "request",
+                after: timeout,
+            }),
+            Ended::Done,
+        ),
+        e if is_session_expired(&e) => (Err(PoolError::Expired { connection }), Ended::Expired),
+        e => (
+            Err(PoolError::SessionClosed {
+                connection,
+                reason: e.to_string(),
+            }),
+            Ended::TransportError,
+        ),
+    }
+}
+
+/// An HTTP 404 for our session id: the server restarted or dropped us.
+fn is_session_expired(err: &ServiceError) -> bool {
+    let ServiceError::TransportSend(e) = err else {
+        return false;
+    };
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e.error.as_ref());
+    while let Some(s) = source {
+        if matches!(
+            s.downcast_ref::<StreamableHttpError<reqwest::Error>>(),
+            Some(StreamableHttpError::SessionExpired)
+        ) {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// Sequence numbers for operation metadata, process-wide.
+pub(crate) fn next_seq() -> u64 {
+    static SEQ: AtomicU64 = AtomicU64::new(1);
+    SEQ.fetch_add(1, Ordering::Relaxed)
+}
