@@ -174,6 +174,8 @@ fn a_node_error_exits_one_with_its_code() {
         &[
             "run",
             "plugins/call.wasm",
+            "--allow",
+            "fixture.echo",
             "--input",
             r#"{"capability": "fixture.echo"}"#,
         ],
@@ -300,4 +302,204 @@ fn compile_warms_the_cache_for_the_next_run() {
     );
     let entries = std::fs::read_dir(cache.path()).unwrap().count();
     assert_eq!(entries, 1);
+}
+
+#[test]
+fn test_passes_on_good_cases() {
+    let out = wf_host(
+        &[
+            "test",
+            "plugins/call.wasm",
+            "--case",
+            "plugins/call/cases/echo.toml",
+            "--case",
+            "plugins/call/cases/denied.toml",
+        ],
+        None,
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert_eq!(
+        stdout(&out),
+        "ok   plugins/call/cases/echo.toml\nok   plugins/call/cases/denied.toml\n2 passed, 0 failed\n"
+    );
+}
+
+#[test]
+fn test_fails_on_a_bad_case_with_a_diff() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = dir.path().join("bad.toml");
+    std::fs::write(
+        &case,
+        r#"input = { capability = "fixture.echo", arguments = { text = "hi" } }
+allow = ["fixture.echo"]
+
+[expect]
+output_includes = { content = [{ text = "bye" }] }
+calls = [{ tool = "echo", arguments = { text = "bye" } }]
+"#,
+    )
+    .unwrap();
+    let out = wf_host(
+        &[
+            "test",
+            "plugins/call.wasm",
+            "--case",
+            case.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stdout(&out),
+        format!(
+            r#"FAIL {}
+  output does not include `expect.output_includes`:
+  json atoms at path ".content[0].text" are not equal:
+      expected:
+          "bye"
+      actual:
+          "hi"
+  call 0 (`echo`) arguments differ:
+  json atoms at path ".text" are not equal:
+      expected:
+          "bye"
+      actual:
+          "hi"
+  node output: {{"content":[{{"text":"hi","type":"text"}}],"isError":false,"structuredContent":{{"text":"hi"}}}}
+  --- node log ---
+  debug calling fixture.echo
+
+0 passed, 1 failed
+"#,
+            case.display()
+        )
+    );
+    assert_eq!(stderr(&out), "error: 1 of 1 cases failed\n");
+}
+
+#[test]
+fn test_shows_guest_output_when_a_case_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = dir.path().join("print.toml");
+    std::fs::write(
+        &case,
+        "input = { mode = \"print\", stdout = \"out line\\n\", stderr = \"err line\\n\" }\n[expect]\noutput = \"something else\"\n",
+    )
+    .unwrap();
+    let misbehave = guest("misbehave");
+    let out = wf_host(
+        &[
+            "test",
+            misbehave.to_str().unwrap(),
+            "--case",
+            case.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let text = stdout(&out);
+    assert!(
+        text.contains("  --- guest stdout ---\n  out line\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("  --- guest stderr ---\n  err line\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("json atoms at path \"(root)\" are not equal:\n      actual:\n          \"printed\"\n      expected:\n          \"something else\""),
+        "{text}"
+    );
+}
+
+#[test]
+fn test_rejects_an_invalid_case_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = dir.path().join("empty.toml");
+    std::fs::write(&case, "input = 1\n[expect]\n").unwrap();
+    let out = wf_host(
+        &[
+            "test",
+            "plugins/echo.wasm",
+            "--case",
+            case.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "error: case file `{}` is invalid: [expect] needs exactly one of `output`, `output_includes`, `error`\n",
+            case.display()
+        )
+    );
+}
+
+#[test]
+fn run_with_the_example_config_calls_the_fixture() {
+    let out = wf_host(
+        &[
+            "run",
+            "plugins/call.wasm",
+            "--config",
+            "examples/fixture.toml",
+            "--input",
+            r#"{"capability":"fixture.echo","arguments":{"text":"hi"}}"#,
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "{\"content\":[{\"text\":\"hi\",\"type\":\"text\"}],\"isError\":false,\"structuredContent\":{\"text\":\"hi\"}}\n"
+    );
+}
+
+#[test]
+fn run_denies_ungranted_capabilities() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("wf.toml");
+    std::fs::write(
+        &config,
+        "[connections.fixture]\ncommand = \"wf-host\"\nargs = [\"fixture-server\"]\n",
+    )
+    .unwrap();
+    let input = r#"{"capability":"fixture.echo","arguments":{"text":"hi"}}"#;
+    let out = wf_host(
+        &[
+            "run",
+            "plugins/call.wasm",
+            "--config",
+            config.to_str().unwrap(),
+            "--input",
+            input,
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out),
+        "error: `call` failed: node returned error `denied`: `fixture.echo` is not granted to this node (this node has no grants); allow it with the grant `fixture.echo` or `fixture.*`\n"
+    );
+    let out = wf_host(
+        &[
+            "run",
+            "plugins/call.wasm",
+            "--config",
+            config.to_str().unwrap(),
+            "--allow",
+            "fixture.echo",
+            "--input",
+            input,
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 }

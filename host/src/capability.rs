@@ -1,7 +1,7 @@
 //! The `wf:node/capability` interface: the WIT-facing dispatch.
 //!
-//! This module is what a node sees. It decodes the guest's arguments, hands each
-//! call to a [`CapabilityBackend`] (the MCP pool in production), and maps every
+//! This module is what a node sees. It decodes the guest's arguments, checks the
+//! node's [`Grants`], hands each call to a [`CapabilityBackend`] (the MCP pool in production), and maps every
 //! failure to the WIT `error` variant in one place ([`CapabilityError::to_wit`]).
 //! It knows nothing about MCP sessions; the backend knows nothing about
 //! WebAssembly.
@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use serde_json::{Map, Value};
 
 use crate::bindings::wf::node::capability as wit;
+use crate::grants::Grants;
 
 /// Why a capability call failed. Each case becomes the WIT case of the same name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -213,25 +214,71 @@ pub fn tool_result_to_outcome(result: Value) -> Result<Value, CapabilityError> {
     Ok(result)
 }
 
+/// One `log` call from a node.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LogRecord {
+    pub level: &'static str,
+    pub message: String,
+}
+
+/// How many log records a run keeps for its report; later ones still reach
+/// `tracing`.
+const MAX_LOG_RECORDS: usize = 1000;
+
 /// Per-run state behind the `capability` imports.
 pub struct CapabilityCtx {
     pub(crate) backend: Arc<dyn CapabilityBackend>,
+    pub(crate) grants: Arc<Grants>,
     pub(crate) run_id: Arc<str>,
     pub(crate) node: Arc<str>,
+    pub(crate) logs: Arc<std::sync::Mutex<Vec<LogRecord>>>,
 }
 
 impl CapabilityCtx {
+    /// Grants are checked here, at the host boundary, before anything reaches
+    /// the backend: a denied call causes no upstream traffic.
+    fn check(&self, qualified: &str) -> Result<(), CapabilityError> {
+        if self.grants.allows(qualified) {
+            Ok(())
+        } else {
+            Err(CapabilityError::Denied(self.grants.denial(qualified)))
+        }
+    }
+
     async fn call_tool(&self, name: &str, arguments: &str) -> Result<Value, CapabilityError> {
         let (connection, tool) = split_qualified(name)?;
+        self.check(name)?;
         let arguments = parse_arguments(arguments)?;
         let result = self.backend.call_tool(connection, tool, arguments).await?;
         tool_result_to_outcome(result)
     }
 
+    async fn read_resource(&self, connection: &str, uri: &str) -> Result<Value, CapabilityError> {
+        self.check(&format!("{connection}.{uri}"))?;
+        self.backend.read_resource(connection, uri).await
+    }
+
     async fn get_prompt(&self, name: &str, arguments: &str) -> Result<Value, CapabilityError> {
         let (connection, prompt) = split_qualified(name)?;
+        self.check(name)?;
         let arguments = parse_arguments(arguments)?;
         self.backend.get_prompt(connection, prompt, arguments).await
+    }
+
+    async fn list(&self) -> Result<Vec<CapabilityEntry>, CapabilityError> {
+        let mut entries = self.backend.list().await?;
+        entries.retain(|e| self.grants.allows(&e.name));
+        Ok(entries)
+    }
+
+    fn record_log(&self, level: &'static str, message: &str) {
+        let mut logs = self.logs.lock().unwrap_or_else(|e| e.into_inner());
+        if logs.len() < MAX_LOG_RECORDS {
+            logs.push(LogRecord {
+                level,
+                message: message.to_owned(),
+            });
+        }
     }
 }
 
@@ -255,7 +302,7 @@ impl wit::Host for CapabilityCtx {
         connection: String,
         uri: String,
     ) -> wasmtime::Result<Result<String, wit::Error>> {
-        let result = self.backend.read_resource(&connection, &uri).await;
+        let result = CapabilityCtx::read_resource(self, &connection, &uri).await;
         tracing::debug!(run = %self.run_id, node = %self.node, %connection, %uri, ok = result.is_ok(), "read-resource");
         Ok(wit_result(result))
     }
@@ -273,7 +320,7 @@ impl wit::Host for CapabilityCtx {
     async fn list_capabilities(
         &mut self,
     ) -> wasmtime::Result<Result<Vec<wit::CapabilityInfo>, wit::Error>> {
-        let entries = match self.backend.list().await {
+        let entries = match CapabilityCtx::list(self).await {
             Ok(entries) => entries,
             Err(e) => return Ok(Err(e.to_wit())),
         };
@@ -294,6 +341,14 @@ impl wit::Host for CapabilityCtx {
 
     async fn log(&mut self, level: wit::Level, message: String) -> wasmtime::Result<()> {
         let (run, node) = (&*self.run_id, &*self.node);
+        let name = match level {
+            wit::Level::Trace => "trace",
+            wit::Level::Debug => "debug",
+            wit::Level::Info => "info",
+            wit::Level::Warn => "warn",
+            wit::Level::Error => "error",
+        };
+        self.record_log(name, &message);
         match level {
             wit::Level::Trace => tracing::trace!(target: "wf_host::node", run, node, "{message}"),
             wit::Level::Debug => tracing::debug!(target: "wf_host::node", run, node, "{message}"),

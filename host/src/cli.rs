@@ -15,8 +15,10 @@ use bytesize::ByteSize;
 use clap::{Args, Parser, Subcommand};
 use wf_host::capability::{CapabilityBackend, NoBackend};
 use wf_host::config::Config;
+use wf_host::grants::Grants;
 use wf_host::pool::{Pool, PoolConfig};
 use wf_host::runtime::{Limits, RunOptions, Runtime, RuntimeConfig, default_cache_dir};
+use wf_host::testing::{Case, CaseOptions, run_case};
 
 const EXIT_RUN_FAILED: u8 = 1;
 const EXIT_USAGE: u8 = 2;
@@ -40,7 +42,7 @@ enum Command {
   wf-host run plugins/echo.wasm --input '{\"hello\": \"world\"}'
   echo '[1, 2, 3]' | wf-host run plugins/echo.wasm
   wf-host run plugins/echo.wasm --input-file input.json --timeout 5s --max-memory 64MiB
-  wf-host run plugins/call.wasm --config examples/fixture.toml \\
+  wf-host run plugins/call.wasm --config examples/fixture.toml --allow 'fixture.*' \\
       --input '{\"capability\": \"fixture.echo\", \"arguments\": {\"text\": \"hi\"}}'
 
 Without --input or --input-file the input is read from stdin when it is piped,
@@ -49,6 +51,18 @@ and is JSON `null` otherwise.")]
     /// Precompile a component into the cache so its first run starts fast.
     #[command(after_help = "Example:\n  wf-host compile plugins/echo.wasm")]
     Compile(CompileArgs),
+    /// Test a component against the fixture MCP server with case files.
+    #[command(after_help = "Examples:
+  wf-host test plugins/call.wasm --case plugins/call/cases/echo.toml
+  wf-host test plugins/call.wasm --case plugins/call/cases/*.toml
+
+A case file (TOML or JSON) gives the input, the grants (`allow`), optional canned
+tool results (`[canned.<tool>]`) and what to expect (`[expect]`: `output`,
+`output_includes` or `error`, and optionally `calls`). See the README.
+
+Exit codes: 0 every case passed; 1 a case failed (a diff is printed); 2 usage,
+case file or load errors.")]
+    Test(TestArgs),
     /// Serve the fixture MCP server (for tests): stdio by default.
     #[command(after_help = "Examples:
   wf-host fixture-server
@@ -87,12 +101,28 @@ struct RunArgs {
     /// Linear-memory limit, e.g. `64MiB` [default: 256MiB].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     max_memory: Option<ByteSize>,
+    /// Grant a capability: a glob over `<connection>.<name>`, e.g. `fixture.*`.
+    /// Repeatable. Nothing is granted by default; grants of config workflows
+    /// using this component apply too.
+    #[arg(long = "allow", value_name = "PATTERN")]
+    allow: Vec<String>,
 }
 
 #[derive(Args)]
 struct CompileArgs {
     /// The component (.wasm) to precompile.
     component: PathBuf,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+#[derive(Args)]
+struct TestArgs {
+    /// The component (.wasm) under test.
+    component: PathBuf,
+    /// A case file; repeatable.
+    #[arg(long = "case", value_name = "FILE", required = true)]
+    cases: Vec<PathBuf>,
     #[command(flatten)]
     common: CommonArgs,
 }
@@ -128,10 +158,15 @@ fn usage(error: impl Into<anyhow::Error>) -> Failure {
 /// Parses the command line, runs the subcommand and prints any error once.
 pub fn run() -> Result<(), ExitCode> {
     let cli = Cli::parse();
-    init_tracing();
+    // `wf-host test` reports node logs itself, with the failing case.
+    init_tracing(match cli.command {
+        Command::Test(_) => "warn",
+        _ => "warn,wf_host::node=info,wf_host::guest=info",
+    });
     let result = match cli.command {
         Command::Run(args) => block_on(run_node(args)),
         Command::Compile(args) => compile(args),
+        Command::Test(args) => block_on(test_component(args)),
         Command::FixtureServer(args) => block_on(fixture_server(args)),
     };
     result.map_err(|failure| {
@@ -147,10 +182,9 @@ pub fn run() -> Result<(), ExitCode> {
     })
 }
 
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new("warn,wf_host::node=info,wf_host::guest=info")
-    });
+fn init_tracing(default_filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -216,6 +250,9 @@ async fn run_node(args: RunArgs) -> Result<(), Failure> {
             .map_or(defaults.max_memory, |b| b.as_u64()),
     };
     let input = read_input(&args)?;
+    let mut patterns = config.grants_for_component(&args.component);
+    patterns.extend(args.allow.iter().cloned());
+    let grants = Arc::new(Grants::new(&patterns).map_err(usage)?);
     let pool = (!config.connections.is_empty()).then(|| Pool::new(pool_config(&config)));
     let backend: Arc<dyn CapabilityBackend> = match &pool {
         Some(pool) => Arc::new(pool.clone()),
@@ -224,7 +261,11 @@ async fn run_node(args: RunArgs) -> Result<(), Failure> {
     let runtime =
         Runtime::new(runtime_config(&config, &args.common, limits), backend).map_err(usage)?;
     let node = runtime.load(&args.component).map_err(usage)?;
-    let report = runtime.run(&node, &input, RunOptions::default()).await;
+    let opts = RunOptions {
+        grants,
+        ..RunOptions::default()
+    };
+    let report = runtime.run(&node, &input, opts).await;
     if let Some(pool) = pool {
         // Close sessions and reap MCP server processes before exiting.
         pool.shutdown().await;
@@ -299,6 +340,44 @@ fn compile(args: CompileArgs) -> Result<(), Failure> {
         "compiled"
     };
     println!("{state}: {}", cache.entry_path(&bytes).display());
+    Ok(())
+}
+
+async fn test_component(args: TestArgs) -> Result<(), Failure> {
+    let config = load_config(args.common.config.as_deref())?;
+    let rc = runtime_config(&config, &args.common, Limits::default());
+    let opts = CaseOptions {
+        wf_host_exe: std::env::current_exe()
+            .context("cannot find the wf-host executable to serve the fixture")
+            .map_err(usage)?,
+        cache_dir: rc.cache_dir,
+    };
+    let mut failed = 0;
+    for path in &args.cases {
+        let case = Case::load(path).map_err(usage)?;
+        let report = run_case(&args.component, &case, &opts)
+            .await
+            .map_err(usage)?;
+        if report.passed() {
+            println!("ok   {}", path.display());
+        } else {
+            failed += 1;
+            println!(
+                "FAIL {}
+{}",
+                path.display(),
+                report.render()
+            );
+        }
+    }
+    let total = args.cases.len();
+    println!("{} passed, {failed} failed", total - failed);
+    if failed > 0 {
+        return Err(Failure {
+            code: EXIT_RUN_FAILED,
+            error: anyhow!("{failed} of {total} cases failed"),
+        });
+    }
     Ok(())
 }
 

@@ -14,6 +14,11 @@
 //! [connections.notes]      # an MCP server over streamable HTTP
 //! url = "http://127.0.0.1:8080/mcp"
 //! headers = { Authorization = "Bearer …" }
+//!
+//! [workflows.call]          # a named component with its grants and limits
+//! component = "plugins/call.wasm"
+//! allow = ["fixture.*"]
+//! timeout = "10s"
 //! ```
 
 use std::collections::BTreeMap;
@@ -48,6 +53,9 @@ pub struct Config {
     /// MCP connections by id. Ids contain no `.`.
     #[serde(default)]
     pub connections: BTreeMap<String, ConnectionConfig>,
+    /// Named workflows: a component, its grants and limits.
+    #[serde(default)]
+    pub workflows: BTreeMap<String, WorkflowConfig>,
     /// Directory of the config file; relative paths resolve against it.
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -63,6 +71,20 @@ pub struct RuntimeSection {
     pub cache_dir: Option<PathBuf>,
     /// `false` disables the precompile cache.
     pub cache: Option<bool>,
+}
+
+/// `[workflows.<name>]`: a configured component, what it may reach, its limits.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkflowConfig {
+    /// The component; relative paths are from the config file.
+    pub component: PathBuf,
+    /// Grants: globs over qualified capability names (`fixture.*`). Deny by default.
+    #[serde(default)]
+    pub allow: Vec<String>,
+    #[serde(default, with = "humantime_serde")]
+    pub timeout: Option<Duration>,
+    pub max_memory: Option<ByteSize>,
 }
 
 /// `[connections.<id>]`: how to reach one MCP server.
@@ -145,7 +167,29 @@ impl Config {
                 _ => {}
             }
         }
+        for (name, workflow) in &config.workflows {
+            if let Err(e) = crate::grants::Grants::new(&workflow.allow) {
+                return Err(ConfigError::Invalid {
+                    path: path.to_owned(),
+                    message: format!("workflow `{name}`: {e}"),
+                });
+            }
+        }
         Ok(config)
+    }
+
+    /// The grants of every workflow whose component is `component` (compared
+    /// after resolving both paths).
+    pub fn grants_for_component(&self, component: &Path) -> Vec<String> {
+        let target = std::fs::canonicalize(component).ok();
+        self.workflows
+            .values()
+            .filter(|w| {
+                let path = self.resolve(&w.component);
+                target.is_some() && std::fs::canonicalize(path).ok() == target
+            })
+            .flat_map(|w| w.allow.iter().cloned())
+            .collect()
     }
 
     /// Resolves a path from the file against the file's directory.

@@ -26,5 +26,7 @@ mod bindings;
 pub mod capability;
 pub mod config;
 pub mod fixture;
+pub mod grants;
 pub mod pool;
 pub mod runtime;
+pub mod testing;

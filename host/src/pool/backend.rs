@@ -66,6 +66,29 @@ impl CapabilityBackend for Pool {
         tool: &str,
         arguments: Map<String, Value>,
     ) -> Result<Value, CapabilityError> {
+        // Checked against the live catalog first: an unknown tool or arguments
+        // that fail its input schema never reach the upstream.
+        let catalog = self
+            .catalog(connection)
+            .await
+            .map_err(to_capability_error)?;
+        let Some(definition) = catalog.tool(tool) else {
+            let mut known: Vec<_> = catalog.tools.iter().map(|t| t.name.as_ref()).collect();
+            known.sort_unstable();
+            return Err(CapabilityError::NotFound(format!(
+                "connection `{connection}` has no tool `{tool}`; it has: {}",
+                known.join(", ")
+            )));
+        };
+        let arguments = Value::Object(arguments);
+        if let Some(problem) = self.check_arguments(connection, definition, &arguments) {
+            return Err(CapabilityError::InvalidArguments(format!(
+                "arguments for `{connection}.{tool}` do not match its input schema: {problem}"
+            )));
+        }
+        let Value::Object(arguments) = arguments else {
+            unreachable!("built as an object above")
+        };
         Pool::call_tool(self, connection, tool, arguments, None)
             .await
             .map_err(to_capability_error)

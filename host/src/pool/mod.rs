@@ -14,7 +14,7 @@ mod backend;
 mod catalog;
 mod session;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use rmcp::model::{
-    CallToolRequestParams, GetPromptRequestParams, Prompt, ReadResourceRequestParams, Resource,
-    Tool,
+    CallToolRequestParams, GetPromptRequestParams, JsonObject, Prompt, ReadResourceRequestParams,
+    Resource, Tool,
 };
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
@@ -352,6 +352,9 @@ fn backoff(failures: u32) -> Duration {
     half + half.mul_f64(rand::random::<f64>())
 }
 
+/// A tool's input schema and the validator compiled from it.
+type CompiledSchema = (Arc<JsonObject>, Arc<jsonschema::Validator>);
+
 /// The shared pool. Cheap to clone; all clones share the sessions.
 #[derive(Clone)]
 pub struct Pool {
@@ -365,6 +368,9 @@ struct PoolInner {
     /// reap them too.
     retired: Mutex<Vec<Session>>,
     shut_down: std::sync::atomic::AtomicBool,
+    /// Compiled input schemas by (connection, tool), with the schema they were
+    /// compiled from: a refreshed catalog brings a new `Arc` and a recompile.
+    validators: Mutex<HashMap<(String, String), CompiledSchema>>,
 }
 
 impl Pool {
@@ -381,6 +387,7 @@ impl Pool {
                 slots: Mutex::new(slots),
                 retired: Mutex::default(),
                 shut_down: Default::default(),
+                validators: Mutex::default(),
             }),
         }
     }
@@ -600,6 +607,54 @@ impl Pool {
     /// As [`Pool::catalog`].
     pub async fn list_prompts(&self, connection: &str) -> Result<Vec<Prompt>, PoolError> {
         Ok(self.catalog(connection).await?.prompts.clone())
+    }
+
+    /// Checks `arguments` against `tool`'s input schema. `Some(problem)` names the
+    /// first failing field. A schema the server got wrong is logged and skipped,
+    /// so it cannot block every call.
+    pub fn check_arguments(
+        &self,
+        connection: &str,
+        tool: &Tool,
+        arguments: &Value,
+    ) -> Option<String> {
+        let key = (connection.to_owned(), tool.name.to_string());
+        let cached = self
+            .inner
+            .validators
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .filter(|(schema, _)| Arc::ptr_eq(schema, &tool.input_schema))
+            .map(|(_, v)| v.clone());
+        let validator = match cached {
+            Some(v) => v,
+            None => {
+                let schema = Value::Object((*tool.input_schema).clone());
+                match jsonschema::validator_for(&schema) {
+                    Ok(v) => {
+                        let v = Arc::new(v);
+                        self.inner
+                            .validators
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(key, (tool.input_schema.clone(), v.clone()));
+                        v
+                    }
+                    Err(e) => {
+                        tracing::warn!(connection, tool = %tool.name, "unusable input schema, not validating: {e}");
+                        return None;
+                    }
+                }
+            }
+        };
+        let error = validator.iter_errors(arguments).next()?;
+        let path = error.instance_path().to_string();
+        Some(if path.is_empty() {
+            format!("{error}")
+        } else {
+            format!("`{path}`: {error}")
+        })
     }
 
     /// A snapshot per connection.

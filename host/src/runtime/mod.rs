@@ -23,7 +23,8 @@ pub use cache::{CacheStats, ComponentCache, default_cache_dir};
 use stdio::CapturedOutput;
 
 use crate::bindings::{NodeError, NodePre};
-use crate::capability::{CapabilityBackend, CapabilityCtx};
+use crate::capability::{CapabilityBackend, CapabilityCtx, LogRecord};
+use crate::grants::Grants;
 
 /// The WIT world every node must target.
 pub const WORLD: &str = "wf:node/node@0.1.0";
@@ -159,8 +160,10 @@ pub struct RunOptions {
     /// Overrides the runtime's default limits.
     pub limits: Option<Limits>,
     /// Cancels the run: the guest is interrupted at the next epoch tick, and an
-    /// in-flight capability call is dropped.
+    /// in-flight capability call is dropped (which cancels it upstream).
     pub cancel: CancellationToken,
+    /// What the node may reach. Nothing by default.
+    pub grants: Arc<Grants>,
 }
 
 /// What a run produced.
@@ -172,6 +175,8 @@ pub struct RunReport {
     /// Guest stdout and stderr (bounded).
     pub stdout: String,
     pub stderr: String,
+    /// The node's `log` calls (bounded).
+    pub logs: Vec<LogRecord>,
     pub elapsed: Duration,
 }
 
@@ -442,6 +447,7 @@ impl Runtime {
         let limits = opts.limits.unwrap_or(self.limits);
         let stdout = CapturedOutput::new(CAPTURE_CAP);
         let stderr = CapturedOutput::new(CAPTURE_CAP);
+        let logs = Arc::new(std::sync::Mutex::new(Vec::new()));
 
         let span = tracing::info_span!("run", run = %run_id, node = %node.name);
         let _enter = span.enter();
@@ -449,9 +455,24 @@ impl Runtime {
 
         let result = {
             use tracing::Instrument;
-            self.run_inner(node, input, &run_id, limits, &opts.cancel, &stdout, &stderr)
-                .instrument(span.clone())
-                .await
+            let capability = CapabilityCtx {
+                backend: self.backend.clone(),
+                grants: opts.grants.clone(),
+                run_id: run_id.as_str().into(),
+                node: node.name.clone(),
+                logs: logs.clone(),
+            };
+            self.run_inner(
+                node,
+                input,
+                limits,
+                &opts.cancel,
+                &stdout,
+                &stderr,
+                capability,
+            )
+            .instrument(span.clone())
+            .await
         };
 
         let (stdout, stderr) = (stdout.contents(), stderr.contents());
@@ -466,11 +487,13 @@ impl Runtime {
                 tracing::info!(parent: &span, elapsed = ?started.elapsed(), "run failed: {e}")
             }
         }
+        let logs = std::mem::take(&mut *logs.lock().unwrap_or_else(|e| e.into_inner()));
         RunReport {
             run_id,
             result,
             stdout,
             stderr,
+            logs,
             elapsed: started.elapsed(),
         }
     }
@@ -480,11 +503,11 @@ impl Runtime {
         &self,
         node: &Node,
         input: &str,
-        run_id: &str,
         limits: Limits,
         cancel: &CancellationToken,
         stdout: &CapturedOutput,
         stderr: &CapturedOutput,
+        capability: CapabilityCtx,
     ) -> Result<String, RunError> {
         check_json(input).map_err(RunError::InvalidInput)?;
 
@@ -504,11 +527,7 @@ impl Runtime {
                 max_memory: limits.max_memory,
                 hit: false,
             },
-            capability: CapabilityCtx {
-                backend: self.backend.clone(),
-                run_id: run_id.into(),
-                node: node.name.clone(),
-            },
+            capability,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);

@@ -1,0 +1,55 @@
+//! Every `plugins/<node>/cases/*.toml` runs against `plugins/<node>.wasm` with a
+//! fresh fixture MCP server, through the same code as `wf-host test`.
+
+mod common;
+
+use wf_host::testing::{Case, CaseOptions, run_case};
+
+use common::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_plugin_case_passes() {
+    let cache = tempfile::tempdir().unwrap();
+    let opts = CaseOptions {
+        wf_host_exe: wf_host_bin(),
+        cache_dir: Some(cache.path().to_path_buf()),
+    };
+    let mut ran = 0;
+    let mut failures = Vec::new();
+    let plugins = repo_root().join("plugins");
+    let mut dirs: Vec<_> = std::fs::read_dir(&plugins)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    dirs.sort();
+    for dir in dirs {
+        let cases_dir = dir.join("cases");
+        if !cases_dir.is_dir() {
+            continue;
+        }
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let component = plugins.join(format!("{name}.wasm"));
+        assert!(
+            component.exists(),
+            "{} is missing; run ./plugins/build.sh",
+            component.display()
+        );
+        let mut cases: Vec<_> = std::fs::read_dir(&cases_dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        cases.sort();
+        for path in cases {
+            let case = Case::load(&path).unwrap();
+            let report = run_case(&component, &case, &opts).await.unwrap();
+            ran += 1;
+            if !report.passed() {
+                failures.push(format!("FAIL {}\n{}", path.display(), report.render()));
+            }
+        }
+    }
+    assert!(ran >= 4, "expected the plugins' cases, ran {ran}");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
