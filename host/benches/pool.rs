@@ -1,0 +1,469 @@
+//! The MCP session pool against a fresh client session per call, and a node's
+//! tool call through the capability layer against a bare rmcp client.
+//!
+//! `cargo bench -p wf-host --bench pool` measures, in one process, in
+//! interleaved rounds, and prints median and p99 per mode plus the ratios:
+//!
+//! 1. pooled `Pool::call_tool` vs a fresh rmcp session per call (spawn,
+//!    `initialize`, `echo`, close and reap) against `wf-host fixture-server`;
+//! 2. the same against a Python (`mcp` on PyPI) and a Node
+//!    (`@modelcontextprotocol/sdk`) echo server over stdio, installed by
+//!    `bench/setup.sh`; each is skipped with a message when not installed;
+//! 3. `Runtime::run` of `plugins/call.wasm` calling `fixture.echo` through the
+//!    pool, vs a bare rmcp client loop on one persistent session, vs
+//!    `Pool::call_tool` alone.
+//!
+//! `WF_BENCH_RUNTIME=current-thread` runs everything on a current-thread tokio
+//! runtime instead of the default multi-thread one.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rmcp::model::{
+    CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, ProtocolVersion,
+};
+use rmcp::transport::TokioChildProcess;
+use rmcp::{ClientHandler, ServiceExt};
+use serde_json::{Map, Value, json};
+use wf_host::config::ConnectionConfig;
+use wf_host::pool::{Pool, PoolConfig};
+use wf_host::runtime::{RunOptions, Runtime, RuntimeConfig};
+
+/// Parts 1 and 2: rounds, pooled samples per round and server.
+const ROUNDS: usize = 5;
+const POOLED_PER_ROUND: usize = 200;
+/// Fresh sessions per round: the wf-host fixture is a small Rust binary; the
+/// Python and Node servers cost 0.5–2 s each to start.
+const FRESH_FIXTURE_PER_ROUND: usize = 10;
+const FRESH_SCRIPT_PER_ROUND: usize = 6;
+/// Part 3: rounds and samples per round and mode.
+const NODE_ROUNDS: usize = 10;
+const NODE_PER_ROUND: usize = 400;
+const WARMUP: usize = 200;
+
+const POOLED_GOAL: f64 = 20.0;
+const NODE_GOAL: f64 = 1.3;
+/// Generous: a cold Python interpreter importing `mcp` takes seconds on a busy
+/// machine.
+const FRESH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A stdio MCP server with an `echo {text}` tool.
+struct Server {
+    name: &'static str,
+    program: PathBuf,
+    args: Vec<String>,
+    fresh_per_round: usize,
+}
+
+/// The bench's rmcp client: the same identity and protocol version as the pool's.
+#[derive(Clone)]
+struct BenchClient;
+
+impl ClientHandler for BenchClient {
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("wf-host-bench", env!("CARGO_PKG_VERSION")),
+        )
+        .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
+    }
+}
+
+fn main() {
+    let current_thread = std::env::var("WF_BENCH_RUNTIME").is_ok_and(|v| v == "current-thread");
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let rt = if current_thread {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_all()
+            .build()
+    }
+    .expect("tokio runtime");
+    println!(
+        "configuration: tokio {} (enable_all; the bench loop runs in block_on), wf-host {}",
+        if current_thread {
+            "current-thread".to_owned()
+        } else {
+            format!("multi-thread, {workers} worker threads")
+        },
+        wf_host_bin().display()
+    );
+    println!(
+        "  pool: stdio connections with default settings; fresh and bare clients: rmcp TokioChildProcess, protocol 2025-11-25, stderr discarded"
+    );
+    rt.block_on(async {
+        let servers = servers().await;
+        let pool = pool_for(&servers);
+        pooled_vs_fresh(&pool, &servers).await;
+        node_vs_bare(&pool).await;
+        pool.shutdown().await;
+    });
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("host/ has a parent")
+        .to_path_buf()
+}
+
+fn wf_host_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_wf-host"))
+}
+
+/// The fixture, plus the Python and Node servers when installed and working.
+async fn servers() -> Vec<Server> {
+    let bench = repo_root().join("bench");
+    let mut servers = vec![Server {
+        name: "fixture",
+        program: wf_host_bin(),
+        args: vec!["fixture-server".into()],
+        fresh_per_round: FRESH_FIXTURE_PER_ROUND,
+    }];
+
+    let python = std::env::var_os("WF_BENCH_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| bench.join("python-echo-server/.venv/bin/python"));
+    let python_server = Server {
+        name: "python",
+        program: python.clone(),
+        args: vec![path_arg(&bench.join("python-echo-server/server.py"))],
+        fresh_per_round: FRESH_SCRIPT_PER_ROUND,
+    };
+    let python_hint = "run bench/setup.sh (python3 -m venv bench/python-echo-server/.venv && \
+        bench/python-echo-server/.venv/bin/pip install -r bench/python-echo-server/requirements.txt)";
+    if !python.exists() {
+        println!(
+            "skipped: python echo server: {} not found; {python_hint}",
+            python.display()
+        );
+    } else if let Some(server) = probe(python_server, python_hint).await {
+        servers.push(server);
+    }
+
+    let node_dir = bench.join("node-echo-server");
+    let node = std::env::var_os("WF_BENCH_NODE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("node"));
+    let node_hint =
+        "run bench/setup.sh (needs node >= 18 and npm: cd bench/node-echo-server && npm install)";
+    if !node_dir
+        .join("node_modules/@modelcontextprotocol/sdk")
+        .exists()
+    {
+        println!(
+            "skipped: node echo server: {}/node_modules/@modelcontextprotocol/sdk not installed; {node_hint}",
+            node_dir.display()
+        );
+    } else if let Some(server) = probe(
+        Server {
+            name: "node",
+            program: node,
+            args: vec![path_arg(&node_dir.join("server.mjs"))],
+            fresh_per_round: FRESH_SCRIPT_PER_ROUND,
+        },
+        node_hint,
+    )
+    .await
+    {
+        servers.push(server);
+    }
+    servers
+}
+
+fn path_arg(path: &Path) -> String {
+    path.to_string_lossy().into_owned()
+}
+
+/// One fresh session, to find out whether the server works at all.
+async fn probe(server: Server, hint: &str) -> Option<Server> {
+    match fresh_call(&server).await {
+        Ok(_) => Some(server),
+        Err(e) => {
+            println!(
+                "skipped: {} echo server ({} {}): {e}; {hint}",
+                server.name,
+                server.program.display(),
+                server.args.join(" ")
+            );
+            None
+        }
+    }
+}
+
+fn pool_for(servers: &[Server]) -> Pool {
+    let connections: BTreeMap<String, ConnectionConfig> = servers
+        .iter()
+        .map(|s| {
+            let command = if s.name == "fixture" {
+                "wf-host".to_owned()
+            } else {
+                path_arg(&s.program)
+            };
+            let config = serde_json::from_value(json!({ "command": command, "args": s.args }))
+                .expect("valid connection");
+            (s.name.to_owned(), config)
+        })
+        .collect();
+    Pool::new(PoolConfig {
+        connections,
+        self_exe: Some(wf_host_bin()),
+        ..Default::default()
+    })
+}
+
+fn hi() -> Map<String, Value> {
+    let mut args = Map::new();
+    args.insert("text".into(), Value::String("hi".into()));
+    args
+}
+
+fn echo_params() -> CallToolRequestParams {
+    CallToolRequestParams::new("echo").with_arguments(hi())
+}
+
+/// Whether a `CallToolResult` (as JSON) is the echo of `hi`.
+fn is_echo(result: &Value) -> bool {
+    result["content"][0]["text"] == "hi" && result["isError"] != true
+}
+
+/// A fresh client session: spawn, `initialize`, `echo`, close (the child is
+/// reaped when `cancel` returns). Returns (time to the result, total time).
+async fn fresh_call(server: &Server) -> Result<(Duration, Duration), String> {
+    let start = Instant::now();
+    let session = async {
+        let mut cmd = tokio::process::Command::new(&server.program);
+        cmd.args(&server.args).kill_on_drop(true);
+        let (transport, _) = TokioChildProcess::builder(cmd)
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start: {e}"))?;
+        let running = BenchClient
+            .serve(transport)
+            .await
+            .map_err(|e| format!("initialize failed: {e}"))?;
+        let result = running
+            .peer()
+            .call_tool(echo_params())
+            .await
+            .map_err(|e| format!("echo failed: {e}"))?;
+        let to_result = start.elapsed();
+        running
+            .cancel()
+            .await
+            .map_err(|e| format!("close failed: {e}"))?;
+        let total = start.elapsed();
+        let result = serde_json::to_value(result).unwrap_or_default();
+        if !is_echo(&result) {
+            return Err(format!("unexpected echo result: {result}"));
+        }
+        Ok((to_result, total))
+    };
+    tokio::time::timeout(FRESH_TIMEOUT, session)
+        .await
+        .map_err(|_| format!("no answer within {}s", FRESH_TIMEOUT.as_secs()))?
+}
+
+async fn pooled_call(pool: &Pool, connection: &str) -> Duration {
+    let start = Instant::now();
+    let result = pool.call_tool(connection, "echo", hi(), None).await;
+    let elapsed = start.elapsed();
+    let result = result.unwrap_or_else(|e| panic!("pooled echo on `{connection}`: {e}"));
+    assert!(is_echo(&result), "pooled echo on `{connection}`: {result}");
+    elapsed
+}
+
+/// Parts 1 and 2.
+async fn pooled_vs_fresh(pool: &Pool, servers: &[Server]) {
+    for server in servers {
+        for _ in 0..WARMUP {
+            pooled_call(pool, server.name).await;
+        }
+    }
+    let mut pooled: Vec<Vec<Duration>> = vec![Vec::new(); servers.len()];
+    let mut fresh_result: Vec<Vec<Duration>> = vec![Vec::new(); servers.len()];
+    let mut fresh_total: Vec<Vec<Duration>> = vec![Vec::new(); servers.len()];
+    // Interleave rounds so drift on a noisy machine hits every mode alike.
+    for _ in 0..ROUNDS {
+        for (i, server) in servers.iter().enumerate() {
+            for _ in 0..POOLED_PER_ROUND {
+                pooled[i].push(pooled_call(pool, server.name).await);
+            }
+            for _ in 0..server.fresh_per_round {
+                let (to_result, total) = fresh_call(server)
+                    .await
+                    .unwrap_or_else(|e| panic!("fresh session to {}: {e}", server.name));
+                fresh_result[i].push(to_result);
+                fresh_total[i].push(total);
+            }
+        }
+    }
+
+    println!();
+    println!(
+        "1+2. echo {{\"text\":\"hi\"}} over stdio: warm pool vs a fresh rmcp session per call ({ROUNDS} interleaved rounds)"
+    );
+    for (i, server) in servers.iter().enumerate() {
+        let command = server
+            .args
+            .iter()
+            .fold(server.program.display().to_string(), |cmd, a| cmd + " " + a);
+        println!("  [{}] {command}", server.name);
+        let p = Stats::of(&mut pooled[i]);
+        let r = Stats::of(&mut fresh_result[i]);
+        let t = Stats::of(&mut fresh_total[i]);
+        p.print("pooled Pool::call_tool");
+        r.print("fresh: spawn+init+echo");
+        t.print("fresh: ... + close/reap");
+        let ratio = t.median_us / p.median_us;
+        println!(
+            "    ratio fresh (incl. close) / pooled, median: {ratio:.0}x   (to result only: {:.0}x)   goal >= {POOLED_GOAL:.0}x: {}",
+            r.median_us / p.median_us,
+            verdict(ratio >= POOLED_GOAL)
+        );
+        if let Some(stats) = pool.connection_stats(server.name) {
+            println!(
+                "    pool: sessions_opened {} calls {} failures {}",
+                stats.sessions_opened, stats.calls, stats.failures
+            );
+        }
+    }
+}
+
+/// Part 3.
+async fn node_vs_bare(pool: &Pool) {
+    let call_wasm = repo_root().join("plugins/call.wasm");
+    let runtime = Runtime::new(RuntimeConfig::default(), Arc::new(pool.clone()))
+        .expect("runtime with the pool as backend");
+    let node = runtime
+        .load(&call_wasm)
+        .unwrap_or_else(|e| panic!("{e}; build the guests with ./plugins/build.sh"));
+    let input = r#"{"capability":"fixture.echo","arguments":{"text":"hi"}}"#;
+
+    let mut cmd = tokio::process::Command::new(wf_host_bin());
+    cmd.arg("fixture-server").kill_on_drop(true);
+    let (transport, _) = TokioChildProcess::builder(cmd)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the fixture");
+    let bare = BenchClient.serve(transport).await.expect("initialize");
+    // A cloned `Peer`: the plain `call_tool`, as the pool uses.
+    let peer = bare.peer().clone();
+
+    let run_node = || async {
+        let start = Instant::now();
+        let report = runtime.run(&node, input, RunOptions::default()).await;
+        let elapsed = start.elapsed();
+        let output = report
+            .result
+            .unwrap_or_else(|e| panic!("call.wasm failed: {e}"));
+        let output: Value = serde_json::from_str(&output).expect("call.wasm output is JSON");
+        assert!(is_echo(&output), "call.wasm output: {output}");
+        elapsed
+    };
+    let run_bare = || async {
+        let start = Instant::now();
+        let result = peer.call_tool(echo_params()).await;
+        let elapsed = start.elapsed();
+        let result = serde_json::to_value(result.expect("bare echo")).unwrap_or_default();
+        assert!(is_echo(&result), "bare echo: {result}");
+        elapsed
+    };
+
+    for _ in 0..WARMUP {
+        run_node().await;
+        run_bare().await;
+        pooled_call(pool, "fixture").await;
+    }
+    let names = [
+        "(a) Runtime::run call.wasm via pool",
+        "(b) bare rmcp peer.call_tool",
+        "(c) Pool::call_tool alone",
+    ];
+    let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); names.len()];
+    for round in 0..NODE_ROUNDS {
+        // Rotate the order so no mode always runs first in a round.
+        for k in 0..names.len() {
+            let mode = (round + k) % names.len();
+            for _ in 0..NODE_PER_ROUND {
+                let d = match mode {
+                    0 => run_node().await,
+                    1 => run_bare().await,
+                    _ => pooled_call(pool, "fixture").await,
+                };
+                samples[mode].push(d);
+            }
+        }
+    }
+    let _ = bare.cancel().await;
+
+    println!();
+    println!(
+        "3. fixture.echo from a node vs a bare client ({NODE_ROUNDS} interleaved rounds x {NODE_PER_ROUND})"
+    );
+    let stats: Vec<Stats> = samples.iter_mut().map(|s| Stats::of(s)).collect();
+    for (name, s) in names.iter().zip(&stats) {
+        s.print(name);
+    }
+    let ratio = stats[0].median_us / stats[1].median_us;
+    println!(
+        "    ratio (a) / (b), median: {ratio:.2}x   goal <= {NODE_GOAL}x: {}",
+        verdict(ratio <= NODE_GOAL)
+    );
+    println!(
+        "    ratio (c) / (b), median: {:.2}x   split of (a): pool over bare {:+.1} µs, node (instantiate + run + capability) {:+.1} µs",
+        stats[2].median_us / stats[1].median_us,
+        stats[2].median_us - stats[1].median_us,
+        stats[0].median_us - stats[2].median_us
+    );
+}
+
+struct Stats {
+    n: usize,
+    median_us: f64,
+    p99_us: f64,
+}
+
+impl Stats {
+    fn of(samples: &mut [Duration]) -> Stats {
+        samples.sort();
+        let n = samples.len();
+        Stats {
+            n,
+            median_us: us(samples[n / 2]),
+            p99_us: us(samples[(n * 99 / 100).min(n - 1)]),
+        }
+    }
+
+    fn print(&self, name: &str) {
+        println!(
+            "    {name:<36} n={:<5} median {:>12}   p99 {:>12}",
+            self.n,
+            human(self.median_us),
+            human(self.p99_us)
+        );
+    }
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn human(us: f64) -> String {
+    if us >= 10_000.0 {
+        format!("{:.1} ms", us / 1000.0)
+    } else {
+        format!("{us:.1} µs")
+    }
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met { "met" } else { "MISSED" }
+}
