@@ -17,8 +17,10 @@ use wf_host::capability::{CapabilityBackend, NoBackend};
 use wf_host::config::Config;
 use wf_host::grants::Grants;
 use wf_host::pool::{Pool, PoolConfig};
+use wf_host::rpc::{Access, RpcState};
 use wf_host::runtime::{Limits, RunOptions, Runtime, RuntimeConfig, default_cache_dir};
 use wf_host::testing::{Case, CaseOptions, run_case};
+use wf_host::workflow::Workflows;
 
 const EXIT_RUN_FAILED: u8 = 1;
 const EXIT_USAGE: u8 = 2;
@@ -48,6 +50,16 @@ enum Command {
 Without --input or --input-file the input is read from stdin when it is piped,
 and is JSON `null` otherwise.")]
     Run(RunArgs),
+    /// Serve JSON-RPC 2.0 over HTTP: start and follow workflows, call capabilities.
+    #[command(after_help = "Examples:
+  wf-host serve --config examples/fixture.toml
+  curl -s localhost:7878/rpc -d '{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"workflow.start\",\"params\":{\"workflow\":\"echo\",\"input\":[1],\"wait\":true}}'
+  WF_HOST_TOKEN=secret wf-host serve --listen 0.0.0.0:7878 --config wf.toml
+
+Only workflows named in the config can be started. Binding to a non-loopback
+address requires a bearer token. SIGINT/SIGTERM stop accepting, let runs finish
+for the grace period, then cancel them and close every MCP session.")]
+    Serve(ServeArgs),
     /// Precompile a component into the cache so its first run starts fast.
     #[command(after_help = "Example:\n  wf-host compile plugins/echo.wasm")]
     Compile(CompileArgs),
@@ -117,6 +129,32 @@ struct CompileArgs {
 }
 
 #[derive(Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Address to listen on.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7878")]
+    listen: std::net::SocketAddr,
+    /// Bearer token required on every request; needed for non-loopback addresses.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "WF_HOST_TOKEN",
+        hide_env_values = true
+    )]
+    token: Option<String>,
+    /// How long running workflows may take to finish on shutdown before they are cancelled.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    grace: Duration,
+    /// Largest request body, e.g. `1MiB`.
+    #[arg(long, value_name = "SIZE", default_value = "1MiB", value_parser = parse_size)]
+    max_body: ByteSize,
+    /// How many run records to keep; the oldest finished runs are evicted past it.
+    #[arg(long, value_name = "N", default_value_t = wf_host::workflow::DEFAULT_MAX_RUNS)]
+    max_runs: usize,
+}
+
+#[derive(Args)]
 struct TestArgs {
     /// The component (.wasm) under test.
     component: PathBuf,
@@ -167,6 +205,7 @@ pub fn run() -> Result<(), ExitCode> {
         Command::Run(args) => block_on(run_node(args)),
         Command::Compile(args) => compile(args),
         Command::Test(args) => block_on(test_component(args)),
+        Command::Serve(args) => block_on(serve(args)),
         Command::FixtureServer(args) => block_on(fixture_server(args)),
     };
     result.map_err(|failure| {
@@ -341,6 +380,58 @@ fn compile(args: CompileArgs) -> Result<(), Failure> {
     };
     println!("{state}: {}", cache.entry_path(&bytes).display());
     Ok(())
+}
+
+async fn serve(args: ServeArgs) -> Result<(), Failure> {
+    let access = Access {
+        token: args.token.clone().filter(|t| !t.is_empty()),
+        max_body: usize::try_from(args.max_body.as_u64()).unwrap_or(usize::MAX),
+    };
+    wf_host::rpc::check_access(args.listen, &access).map_err(usage)?;
+    let config = load_config(args.common.config.as_deref())?;
+    let defaults = Limits::default();
+    let limits = Limits {
+        timeout: config.runtime.timeout.unwrap_or(defaults.timeout),
+        max_memory: config
+            .runtime
+            .max_memory
+            .map_or(defaults.max_memory, |b| b.as_u64()),
+    };
+    let mut rc = runtime_config(&config, &args.common, limits);
+    // The pool reserves slots for the largest limit any workflow asks for.
+    rc.memory_ceiling = config
+        .workflows
+        .values()
+        .filter_map(|w| w.max_memory.map(|m| m.as_u64()))
+        .max();
+    let pool = Pool::new(pool_config(&config));
+    let runtime = Arc::new(Runtime::new(rc, Arc::new(pool.clone())).map_err(usage)?);
+    let workflows = Arc::new(Workflows::load(&config, runtime, args.max_runs).map_err(usage)?);
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|source| {
+            usage(wf_host::rpc::ServeError::Bind {
+                addr: args.listen,
+                source,
+            })
+        })?;
+    let local = listener.local_addr().map_err(|e| usage(anyhow!(e)))?;
+    eprintln!("wf-host listening on http://{local}/rpc");
+    let app = wf_host::rpc::router(
+        RpcState {
+            workflows: workflows.clone(),
+            pool: pool.clone(),
+        },
+        access,
+    );
+    let served = wf_host::rpc::serve(listener, app, shutdown_signal()).await;
+    eprintln!("wf-host shutting down");
+    workflows.shutdown(args.grace).await;
+    pool.shutdown().await;
+    served.map_err(|e| Failure {
+        code: EXIT_RUN_FAILED,
+        error: e.into(),
+    })
 }
 
 async fn test_component(args: TestArgs) -> Result<(), Failure> {

@@ -28,5 +28,7 @@ pub mod config;
 pub mod fixture;
 pub mod grants;
 pub mod pool;
+pub mod rpc;
 pub mod runtime;
 pub mod testing;
+pub mod workflow;

@@ -1,0 +1,220 @@
+//! The RPC methods. Each one parses its params into a struct (naming the param
+//! that is wrong), then calls the workflows or the shared pool.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value, json};
+
+use super::jsonrpc::{self, RpcError, named_params};
+use crate::capability::{CapabilityBackend, CapabilityError};
+use crate::pool::Pool;
+use crate::workflow::{Status, WorkflowError, Workflows};
+
+/// What the methods work on.
+#[derive(Clone)]
+pub struct RpcState {
+    pub workflows: Arc<Workflows>,
+    pub pool: Pool,
+}
+
+/// Longest `workflow.wait` (and `workflow.start` with `wait`) may block.
+const MAX_WAIT: Duration = Duration::from_secs(300);
+const DEFAULT_WAIT: Duration = Duration::from_secs(30);
+
+/// Calls `method` with `params`.
+pub async fn call(state: &RpcState, method: &str, params: Value) -> Result<Value, RpcError> {
+    match method {
+        "workflow.start" => workflow_start(state, params).await,
+        "workflow.get" => {
+            let p: RunParams = parse(params, &["run_id"])?;
+            Ok(json!(
+                state.workflows.get(&p.run_id).map_err(workflow_error)?
+            ))
+        }
+        "workflow.wait" => {
+            let p: WaitParams = parse(params, &["run_id", "timeout_ms"])?;
+            let timeout = p
+                .timeout_ms
+                .map_or(DEFAULT_WAIT, Duration::from_millis)
+                .min(MAX_WAIT);
+            Ok(json!(
+                state
+                    .workflows
+                    .wait(&p.run_id, timeout)
+                    .await
+                    .map_err(workflow_error)?
+            ))
+        }
+        "workflow.cancel" => {
+            let p: RunParams = parse(params, &["run_id"])?;
+            Ok(json!(
+                state
+                    .workflows
+                    .cancel(&p.run_id)
+                    .await
+                    .map_err(workflow_error)?
+            ))
+        }
+        "workflow.list" => {
+            let p: ListParams = parse(params, &["status", "limit"])?;
+            let runs = state.workflows.list(p.status, p.limit.unwrap_or(100));
+            Ok(json!({ "runs": runs }))
+        }
+        "capability.list" => {
+            let _: Empty = parse(params, &[])?;
+            let entries = state.pool.list().await.map_err(capability_error)?;
+            Ok(json!({ "capabilities": entries }))
+        }
+        "capability.call" => {
+            let p: NamedArgs = parse(params, &["name", "arguments"])?;
+            let (connection, tool) = split(&p.name)?;
+            CapabilityBackend::call_tool(&state.pool, connection, tool, p.arguments)
+                .await
+                .map_err(capability_error)
+        }
+        "resource.read" => {
+            let p: ResourceParams = parse(params, &["connection", "uri"])?;
+            CapabilityBackend::read_resource(&state.pool, &p.connection, &p.uri)
+                .await
+                .map_err(capability_error)
+        }
+        "prompt.get" => {
+            let p: NamedArgs = parse(params, &["name", "arguments"])?;
+            let (connection, prompt) = split(&p.name)?;
+            CapabilityBackend::get_prompt(&state.pool, connection, prompt, p.arguments)
+                .await
+                .map_err(capability_error)
+        }
+        "host.status" => {
+            let _: Empty = parse(params, &[])?;
+            Ok(json!({ "connections": state.pool.stats(), "workflows": state.workflows.names() }))
+        }
+        "rpc.discover" => Ok(super::openrpc::document()),
+        other => Err(RpcError::new(
+            jsonrpc::METHOD_NOT_FOUND,
+            format!("method `{other}` not found; `rpc.discover` lists the methods"),
+        )),
+    }
+}
+
+async fn workflow_start(state: &RpcState, params: Value) -> Result<Value, RpcError> {
+    let p: StartParams = parse(params, &["workflow", "input", "wait", "idempotency_key"])?;
+    let record = state
+        .workflows
+        .start(&p.workflow, p.input, p.idempotency_key)
+        .map_err(workflow_error)?;
+    let record = if p.wait {
+        state
+            .workflows
+            .wait(&record.run_id, MAX_WAIT)
+            .await
+            .map_err(workflow_error)?
+    } else {
+        record
+    };
+    let mut out = json!({ "run_id": record.run_id, "status": record.status });
+    if let Some(output) = record.output {
+        out["output"] = output;
+    }
+    if let Some(error) = record.error {
+        out["error"] = json!(error);
+    }
+    Ok(out)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StartParams {
+    workflow: String,
+    #[serde(default)]
+    input: Value,
+    #[serde(default)]
+    wait: bool,
+    idempotency_key: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunParams {
+    run_id: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WaitParams {
+    run_id: String,
+    timeout_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListParams {
+    status: Option<Status>,
+    limit: Option<usize>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NamedArgs {
+    name: String,
+    #[serde(default)]
+    arguments: Map<String, Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResourceParams {
+    connection: String,
+    uri: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Empty {}
+
+/// Parses params, naming the offending param on error.
+fn parse<T: DeserializeOwned>(params: Value, names: &[&str]) -> Result<T, RpcError> {
+    let map = named_params(params, names)?;
+    serde_path_to_error::deserialize(Value::Object(map)).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner().to_string();
+        if path == "." {
+            RpcError::invalid_params(inner)
+        } else {
+            RpcError::invalid_params(format!("param `{path}`: {inner}"))
+        }
+    })
+}
+
+fn split(name: &str) -> Result<(&str, &str), RpcError> {
+    crate::capability::split_qualified(name)
+        .map_err(|e| RpcError::invalid_params(format!("param `name`: {}", e.message())))
+}
+
+fn workflow_error(e: WorkflowError) -> RpcError {
+    let code = match &e {
+        WorkflowError::UnknownWorkflow(_) => jsonrpc::UNKNOWN_WORKFLOW,
+        WorkflowError::UnknownRun(_) => jsonrpc::UNKNOWN_RUN,
+        WorkflowError::ShuttingDown => jsonrpc::SHUTTING_DOWN,
+        WorkflowError::Load { .. } | WorkflowError::Config { .. } => jsonrpc::INTERNAL_ERROR,
+    };
+    RpcError::new(code, e.to_string())
+}
+
+fn capability_error(e: CapabilityError) -> RpcError {
+    let code = match &e {
+        CapabilityError::NotFound(_) => jsonrpc::NOT_FOUND,
+        CapabilityError::Denied(_) => jsonrpc::DENIED,
+        CapabilityError::InvalidArguments(_) => jsonrpc::INVALID_PARAMS,
+        CapabilityError::ToolError(_) | CapabilityError::Unavailable(_) => jsonrpc::UNAVAILABLE,
+        CapabilityError::Timeout(_) => jsonrpc::TIMEOUT,
+    };
+    RpcError {
+        code,
+        message: e.message().to_owned(),
+        data: Some(json!({ "kind": e.code() })),
+    }
+}
