@@ -654,3 +654,41 @@ async fn the_oldest_finished_runs_are_evicted_past_the_limit() {
     assert_eq!(gone["error"]["code"], -32002);
     state.pool.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_cancels_runs_after_the_grace_period_and_reaps_the_mcp_server() {
+    let mut server = Server::start(&["--grace", "300ms"]);
+    server
+        .call(
+            "capability.call",
+            json!({"name": "fixture.echo", "arguments": {"text": "x"}}),
+        )
+        .await;
+    let status = server.call("host.status", json!({})).await;
+    let fixture_pid = status["connections"][0]["pid"].as_u64().unwrap() as u32;
+    server
+        .call(
+            "workflow.start",
+            json!({"workflow": "spin", "input": {"mode": "loop"}}),
+        )
+        .await;
+
+    // SAFETY: sending a signal to our own child process.
+    unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let exit = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "wf-host serve did not stop on SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(exit.code(), Some(0));
+    assert!(
+        common::fixture::process_gone(fixture_pid),
+        "the fixture server {fixture_pid} outlived the host"
+    );
+}
