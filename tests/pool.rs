@@ -147,10 +147,7 @@ async fn a_timeout_cancels_the_request_and_keeps_the_session(kind: Kind) {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let log = call(&pool, "call_log", json!({})).await.unwrap();
-        if log["structuredContent"]["cancelled"]
-            .as_array()
-            .is_some_and(|c| c.iter().any(|c| c["tool"] == "sleep"))
-        {
+        if saw_cancelled(&log, "sleep") {
             break;
         }
         assert!(
@@ -246,18 +243,7 @@ async fn a_crash_mid_call_fails_every_pending_caller_and_the_next_call_reconnect
     assert_eq!(stats(&pool).sessions_opened, 2);
 
     if kind == Kind::Stdio {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !process_gone(first_pid) {
-            assert!(
-                !is_zombie(first_pid) || Instant::now() < deadline,
-                "crashed child {first_pid} left a zombie"
-            );
-            assert!(
-                Instant::now() < deadline,
-                "crashed child {first_pid} still running"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_gone(first_pid).await;
         let second_pid = stats(&pool).pid.unwrap();
         assert_ne!(first_pid, second_pid);
         pool.shutdown().await;
@@ -297,14 +283,7 @@ async fn a_changed_connection_gets_a_new_session(kind: Kind) {
     }
     if let Some(old_pid) = old_pid {
         // The old session drained and its child was reaped.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !process_gone(old_pid) {
-            assert!(
-                Instant::now() < deadline,
-                "old child {old_pid} still running"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_gone(old_pid).await;
         assert_ne!(stats(&pool).pid, Some(old_pid));
     }
     pool.shutdown().await;
@@ -450,14 +429,7 @@ async fn an_idle_session_closes_and_reopens_on_demand() {
     ));
     call(&pool, "echo", json!({"text": "x"})).await.unwrap();
     let pid = stats(&pool).pid.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !process_gone(pid) {
-        assert!(
-            Instant::now() < deadline,
-            "idle session's child {pid} still alive"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_gone(pid).await;
     call(&pool, "echo", json!({"text": "y"})).await.unwrap();
     assert_eq!(stats(&pool).sessions_opened, 2);
     pool.shutdown().await;

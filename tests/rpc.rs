@@ -268,10 +268,7 @@ async fn cancel_stops_a_looping_node_and_an_upstream_sleep() {
         let log = server
             .call("capability.call", json!({"name": "fixture.call_log"}))
             .await;
-        if log["structuredContent"]["cancelled"]
-            .as_array()
-            .is_some_and(|c| c.iter().any(|c| c["tool"] == "sleep"))
-        {
+        if common::fixture::saw_cancelled(&log, "sleep") {
             break;
         }
         assert!(

@@ -143,3 +143,23 @@ pub fn is_zombie(pid: u32) -> bool {
         })
         .unwrap_or(false)
 }
+
+/// Whether the fixture's `call_log` result records a cancelled call of `tool`.
+pub fn saw_cancelled(call_log: &serde_json::Value, tool: &str) -> bool {
+    call_log["structuredContent"]["cancelled"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(|c| c["tool"] == tool))
+}
+
+/// Waits up to 5 s for `pid` to be gone (exited and reaped).
+pub async fn wait_gone(pid: u32) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !process_gone(pid) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {pid} still there after 5s (zombie: {})",
+            is_zombie(pid)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

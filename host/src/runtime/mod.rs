@@ -450,8 +450,6 @@ impl Runtime {
         let logs = Arc::new(std::sync::Mutex::new(Vec::new()));
 
         let span = tracing::info_span!("run", run = %run_id, node = %node.name);
-        let _enter = span.enter();
-        drop(_enter);
 
         let result = {
             use tracing::Instrument;
