@@ -158,8 +158,8 @@ struct ServeArgs {
 struct TestArgs {
     /// The component (.wasm) under test.
     component: PathBuf,
-    /// A case file; repeatable.
-    #[arg(long = "case", value_name = "FILE", required = true)]
+    /// Case files: `--case a.toml b.toml` or `--case a.toml --case b.toml`.
+    #[arg(long = "case", value_name = "FILE", required = true, num_args = 1..)]
     cases: Vec<PathBuf>,
     #[command(flatten)]
     common: CommonArgs,
