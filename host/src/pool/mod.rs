@@ -339,6 +339,15 @@ impl Slot {
         }
     }
 
+    /// Drops `session` from the slot if it is still the current one, so the next
+    /// caller connects afresh.
+    async fn evict(&self, session: &Session) {
+        let mut state = self.state.lock().await;
+        if state.session.as_ref().is_some_and(|s| s.same(session)) {
+            state.session = None;
+        }
+    }
+
     async fn take_session(&self) -> Option<Session> {
         self.state.lock().await.session.take()
     }
@@ -493,15 +502,26 @@ impl Pool {
                         reason: "the session ended before answering".into(),
                     })
                 }),
+                // The session died between lookup and submit: the operation never
+                // left the host, so a fresh session may take it.
+                Err((_, reason)) if !replayed => {
+                    replayed = true;
+                    tracing::debug!(connection, reason, "session gone before submit; retrying");
+                    slot.evict(&session).await;
+                    continue;
+                }
                 Err((_, reason)) => Err(PoolError::SessionClosed {
                     connection: connection.to_owned(),
                     reason,
                 }),
             };
             match result {
+                // Refused unprocessed by a server that forgot us: replay once.
                 Err(PoolError::Expired { .. }) if !replayed => {
                     replayed = true;
                     tracing::info!(connection, "server forgot the session; re-initialising");
+                    // Its owner may not have noticed yet; never hand it out again.
+                    slot.evict(&session).await;
                 }
                 other => return other,
             }

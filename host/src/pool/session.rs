@@ -83,6 +83,10 @@ impl Session {
         self.inner.death.borrow().is_none() && !self.inner.ops.is_closed()
     }
 
+    pub(crate) fn same(&self, other: &Session) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     pub(crate) fn pid(&self) -> Option<u32> {
         self.inner.pid
     }
@@ -150,6 +154,10 @@ impl ClientHandler for PoolClient {
         self.dirty.mark(catalog::PROMPTS);
     }
 }
+
+/// The death reason when the HTTP server no longer knows the session. Requests
+/// with that session id were refused unprocessed, so they are safe to replay.
+pub(crate) const EXPIRED: &str = "the server forgot the session (HTTP 404)";
 
 /// How long a stubborn child may take to exit after we close its stdin.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(8);
@@ -226,6 +234,10 @@ pub(crate) async fn connect(
             config.retry_config = Arc::new(backoff);
             let client = reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(5))
+                // No idle keep-alive reuse: after a server restart a stale pooled
+                // connection fails the next POST with a transport error instead
+                // of the 404 that lets us re-initialise transparently.
+                .pool_max_idle_per_host(0)
                 .build()
                 .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
             let transport = StreamableHttpClientTransport::with_client(client, config);
@@ -370,7 +382,7 @@ impl Owner {
                     last_activity = tokio::time::Instant::now();
                     match ended {
                         Ok(Ended::Done) => {}
-                        Ok(Ended::Expired) => break "the server forgot the session (HTTP 404)".to_owned(),
+                        Ok(Ended::Expired) => break EXPIRED.to_owned(),
                         Ok(Ended::TransportError) => {
                             if let Some(reason) = self.health_check().await {
                                 break reason;
@@ -480,7 +492,12 @@ impl Owner {
                     }
                     reason = death.wait_for(Option::is_some) => {
                         let reason = reason.ok().and_then(|r| r.clone()).unwrap_or_else(|| "session closed".into());
-                        (Err(PoolError::SessionClosed { connection, reason }), Ended::Done)
+                        let error = if reason == EXPIRED {
+                            PoolError::Expired { connection }
+                        } else {
+                            PoolError::SessionClosed { connection, reason }
+                        };
+                        (Err(error), Ended::Done)
                     }
                 };
                 if let Err(e) = &result {
