@@ -10,8 +10,12 @@
 //!    (`@modelcontextprotocol/sdk`) echo server over stdio, installed by
 //!    `bench/setup.sh`; each is skipped with a message when not installed;
 //! 3. `Runtime::run` of `plugins/call.wasm` calling `fixture.echo` through the
-//!    pool, vs a bare rmcp client loop on one persistent session, vs
-//!    `Pool::call_tool` alone.
+//!    pool (a), vs a bare rmcp client loop on one persistent session (b), vs
+//!    `Pool::call_tool` alone (c). To show where (a)'s time goes it also times
+//!    `echo.wasm` with no call (d), the pool's `CapabilityBackend::call_tool`
+//!    with its catalog and schema checks (e), `call.wasm` against an in-process
+//!    backend that answers at once (f) or from another task (g), and the
+//!    backend call as seen from inside (a) (a').
 //!
 //! `WF_BENCH_RUNTIME=current-thread` runs everything on a current-thread tokio
 //! runtime instead of the default multi-thread one.
@@ -28,9 +32,11 @@ use rmcp::model::{
 use rmcp::transport::TokioChildProcess;
 use rmcp::{ClientHandler, ServiceExt};
 use serde_json::{Map, Value, json};
+use wf_host::capability::{CapabilityBackend, CapabilityEntry, CapabilityError};
 use wf_host::config::ConnectionConfig;
+use wf_host::grants::Grants;
 use wf_host::pool::{Pool, PoolConfig};
-use wf_host::runtime::{RunOptions, Runtime, RuntimeConfig};
+use wf_host::runtime::{Node, RunOptions, Runtime, RuntimeConfig};
 
 /// Parts 1 and 2: rounds, pooled samples per round and server.
 const ROUNDS: usize = 5;
@@ -337,15 +343,119 @@ async fn pooled_vs_fresh(pool: &Pool, servers: &[Server]) {
     }
 }
 
+/// Answers `call_tool` in process, as the fixture's `echo` would: the node's
+/// capability path without any I/O. With `hop`, the answer comes from another
+/// task through a oneshot, so the host call is pending once, as a pooled one is.
+struct InstantBackend {
+    hop: bool,
+}
+
+#[async_trait::async_trait]
+impl CapabilityBackend for InstantBackend {
+    async fn call_tool(
+        &self,
+        _: &str,
+        _: &str,
+        arguments: Map<String, Value>,
+    ) -> Result<Value, CapabilityError> {
+        let result =
+            json!({ "content": [{ "type": "text", "text": arguments["text"] }], "isError": false });
+        if !self.hop {
+            return Ok(result);
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let _ = tx.send(result);
+        });
+        rx.await
+            .map_err(|_| CapabilityError::Unavailable("hop dropped".into()))
+    }
+    async fn read_resource(&self, _: &str, _: &str) -> Result<Value, CapabilityError> {
+        Err(CapabilityError::Unavailable("instant backend".into()))
+    }
+    async fn get_prompt(
+        &self,
+        _: &str,
+        _: &str,
+        _: Map<String, Value>,
+    ) -> Result<Value, CapabilityError> {
+        Err(CapabilityError::Unavailable("instant backend".into()))
+    }
+    async fn list(&self) -> Result<Vec<CapabilityEntry>, CapabilityError> {
+        Ok(Vec::new())
+    }
+}
+
+/// The pool, timing each `call_tool` as the node's host call sees it.
+struct TimedBackend {
+    pool: Pool,
+    inside: std::sync::Mutex<Vec<Duration>>,
+}
+
+#[async_trait::async_trait]
+impl CapabilityBackend for TimedBackend {
+    async fn call_tool(
+        &self,
+        connection: &str,
+        tool: &str,
+        arguments: Map<String, Value>,
+    ) -> Result<Value, CapabilityError> {
+        let start = Instant::now();
+        let result = CapabilityBackend::call_tool(&self.pool, connection, tool, arguments).await;
+        let elapsed = start.elapsed();
+        self.inside.lock().unwrap().push(elapsed);
+        result
+    }
+    async fn read_resource(&self, connection: &str, uri: &str) -> Result<Value, CapabilityError> {
+        CapabilityBackend::read_resource(&self.pool, connection, uri).await
+    }
+    async fn get_prompt(
+        &self,
+        connection: &str,
+        prompt: &str,
+        arguments: Map<String, Value>,
+    ) -> Result<Value, CapabilityError> {
+        CapabilityBackend::get_prompt(&self.pool, connection, prompt, arguments).await
+    }
+    async fn list(&self) -> Result<Vec<CapabilityEntry>, CapabilityError> {
+        CapabilityBackend::list(&self.pool).await
+    }
+}
+
 /// Part 3.
 async fn node_vs_bare(pool: &Pool) {
     let call_wasm = repo_root().join("plugins/call.wasm");
-    let runtime = Runtime::new(RuntimeConfig::default(), Arc::new(pool.clone()))
+    let echo_wasm = repo_root().join("plugins/echo.wasm");
+    let timed = Arc::new(TimedBackend {
+        pool: pool.clone(),
+        inside: std::sync::Mutex::default(),
+    });
+    let runtime = Runtime::new(RuntimeConfig::default(), timed.clone())
         .expect("runtime with the pool as backend");
     let node = runtime
         .load(&call_wasm)
         .unwrap_or_else(|e| panic!("{e}; build the guests with ./plugins/build.sh"));
+    let echo_node = runtime
+        .load(&echo_wasm)
+        .unwrap_or_else(|e| panic!("{e}; build the guests with ./plugins/build.sh"));
+    let instant = Runtime::new(
+        RuntimeConfig::default(),
+        Arc::new(InstantBackend { hop: false }),
+    )
+    .expect("runtime with an in-process backend");
+    let instant_node = instant.load(&call_wasm).expect("call.wasm");
+    let hop = Runtime::new(
+        RuntimeConfig::default(),
+        Arc::new(InstantBackend { hop: true }),
+    )
+    .expect("runtime with an in-process backend");
+    let hop_node = hop.load(&call_wasm).expect("call.wasm");
     let input = r#"{"capability":"fixture.echo","arguments":{"text":"hi"}}"#;
+    // Runs are deny-by-default; grant exactly the one tool, as a workflow would.
+    let options = RunOptions {
+        grants: Arc::new(Grants::new(["fixture.echo"]).expect("valid grant")),
+        ..Default::default()
+    };
 
     let mut cmd = tokio::process::Command::new(wf_host_bin());
     cmd.arg("fixture-server").kill_on_drop(true);
@@ -359,13 +469,42 @@ async fn node_vs_bare(pool: &Pool) {
 
     let run_node = || async {
         let start = Instant::now();
-        let report = runtime.run(&node, input, RunOptions::default()).await;
+        let report = runtime.run(&node, input, options.clone()).await;
         let elapsed = start.elapsed();
         let output = report
             .result
             .unwrap_or_else(|e| panic!("call.wasm failed: {e}"));
         let output: Value = serde_json::from_str(&output).expect("call.wasm output is JSON");
         assert!(is_echo(&output), "call.wasm output: {output}");
+        elapsed
+    };
+    let run_echo = || async {
+        let start = Instant::now();
+        let report = runtime.run(&echo_node, input, options.clone()).await;
+        let elapsed = start.elapsed();
+        let output = report
+            .result
+            .unwrap_or_else(|e| panic!("echo.wasm failed: {e}"));
+        assert_eq!(output, input, "echo.wasm output");
+        elapsed
+    };
+    let run_in_process = async |runtime: &Runtime, node: &Node| {
+        let start = Instant::now();
+        let report = runtime.run(node, input, options.clone()).await;
+        let elapsed = start.elapsed();
+        let output = report
+            .result
+            .unwrap_or_else(|e| panic!("call.wasm (instant backend) failed: {e}"));
+        let output: Value = serde_json::from_str(&output).expect("call.wasm output is JSON");
+        assert!(is_echo(&output), "call.wasm output: {output}");
+        elapsed
+    };
+    let run_backend = || async {
+        let start = Instant::now();
+        let result = CapabilityBackend::call_tool(pool, "fixture", "echo", hi()).await;
+        let elapsed = start.elapsed();
+        let result = result.unwrap_or_else(|e| panic!("backend echo: {e}"));
+        assert!(is_echo(&result), "backend echo: {result}");
         elapsed
     };
     let run_bare = || async {
@@ -381,11 +520,20 @@ async fn node_vs_bare(pool: &Pool) {
         run_node().await;
         run_bare().await;
         pooled_call(pool, "fixture").await;
+        run_echo().await;
+        run_backend().await;
+        run_in_process(&instant, &instant_node).await;
+        run_in_process(&hop, &hop_node).await;
     }
+    timed.inside.lock().unwrap().clear();
     let names = [
         "(a) Runtime::run call.wasm via pool",
         "(b) bare rmcp peer.call_tool",
         "(c) Pool::call_tool alone",
+        "(d) Runtime::run echo.wasm, no call",
+        "(e) CapabilityBackend::call_tool",
+        "(f) Runtime::run call.wasm, no I/O",
+        "(g) (f), answer from another task",
     ];
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); names.len()];
     for round in 0..NODE_ROUNDS {
@@ -396,7 +544,11 @@ async fn node_vs_bare(pool: &Pool) {
                 let d = match mode {
                     0 => run_node().await,
                     1 => run_bare().await,
-                    _ => pooled_call(pool, "fixture").await,
+                    2 => pooled_call(pool, "fixture").await,
+                    3 => run_echo().await,
+                    4 => run_backend().await,
+                    5 => run_in_process(&instant, &instant_node).await,
+                    _ => run_in_process(&hop, &hop_node).await,
                 };
                 samples[mode].push(d);
             }
@@ -412,16 +564,41 @@ async fn node_vs_bare(pool: &Pool) {
     for (name, s) in names.iter().zip(&stats) {
         s.print(name);
     }
+    let inside = Stats::of(&mut timed.inside.lock().unwrap());
+    inside.print("(a') the backend call inside (a)");
     let ratio = stats[0].median_us / stats[1].median_us;
     println!(
         "    ratio (a) / (b), median: {ratio:.2}x   goal <= {NODE_GOAL}x: {}",
         verdict(ratio <= NODE_GOAL)
     );
     println!(
-        "    ratio (c) / (b), median: {:.2}x   split of (a): pool over bare {:+.1} µs, node (instantiate + run + capability) {:+.1} µs",
-        stats[2].median_us / stats[1].median_us,
-        stats[2].median_us - stats[1].median_us,
-        stats[0].median_us - stats[2].median_us
+        "    ratio (c) / (b), median: {:.2}x",
+        stats[2].median_us / stats[1].median_us
+    );
+    let [a, b, c, d, e, f, g] = [0, 1, 2, 3, 4, 5, 6].map(|i| stats[i].median_us);
+    println!("    split of (a), medians:");
+    println!("      bare rmcp call (b)                                   {b:>8.1} µs");
+    println!(
+        "      pool: owner task, oneshot reply (c - b)              {:>+8.1} µs",
+        c - b
+    );
+    println!(
+        "      backend: catalog lookup, schema check (e - c)        {:>+8.1} µs",
+        e - c
+    );
+    println!("      instantiate + run echo.wasm (d)                      {d:>+8.1} µs");
+    println!(
+        "      call.wasm's host call and JSON, no I/O (f - d)       {:>+8.1} µs",
+        f - d
+    );
+    println!(
+        "      rest: waiting on a pending host call (a - e - f)     {:>+8.1} µs",
+        a - e - f
+    );
+    println!(
+        "        of which the backend call is slower inside a run (a' - e): {:+.1} µs; an in-process cross-task answer costs (g - f): {:+.1} µs",
+        inside.median_us - e,
+        g - f
     );
 }
 
