@@ -91,7 +91,7 @@ async fn call_reaches_the_backend_with_name_and_arguments() {
     let node = runtime.load(&plugin("call")).unwrap();
     let input = json!({"capability": "notes.search", "arguments": {"query": "wasm", "limit": 3}});
     let report = runtime
-        .run(&node, &input.to_string(), RunOptions::default())
+        .run(&node, &input.to_string(), granting(&["notes.search"]))
         .await;
     let output: Value = serde_json::from_str(expect_ok(&report)).unwrap();
 
@@ -116,7 +116,7 @@ async fn call_without_a_backend_is_unavailable() {
         .run(
             &node,
             r#"{"capability": "fixture.echo", "arguments": {}}"#,
-            RunOptions::default(),
+            granting(&["fixture.*"]),
         )
         .await;
     match report.result {
@@ -415,6 +415,14 @@ async fn an_on_demand_runtime_runs_the_same_node() {
         expect_ok(&runtime.run(&node, "[]", RunOptions::default()).await),
         "[]"
     );
+}
+
+/// Run options that grant `patterns`; runs reach nothing by default.
+fn granting(patterns: &[&str]) -> RunOptions {
+    RunOptions {
+        grants: Arc::new(wf_host::grants::Grants::new(patterns).unwrap()),
+        ..Default::default()
+    }
 }
 
 fn wat_to_binary(text: &str) -> Vec<u8> {
