@@ -341,7 +341,7 @@ async fn health_answers() {
 }
 
 /// In-process state: the pool and workflows without a socket.
-fn state() -> (RpcState, tempfile::TempDir) {
+async fn state() -> (RpcState, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let config = wf_host::config::Config::load(&write_config(dir.path())).unwrap();
     let pool = Pool::new(PoolConfig {
@@ -357,10 +357,16 @@ fn state() -> (RpcState, tempfile::TempDir) {
         Arc::new(pool.clone()),
     )
     .unwrap();
-    let workflows = Workflows::load(&config, Arc::new(runtime), 10).unwrap();
+    let options = wf_host::workflow::Options {
+        keep_runs: 10,
+        ..Default::default()
+    };
+    let workflows = Workflows::open(&config, Arc::new(runtime), options)
+        .await
+        .unwrap();
     (
         RpcState {
-            workflows: Arc::new(workflows),
+            workflows,
             pool,
         },
         dir,
@@ -373,7 +379,7 @@ async fn answer(state: &RpcState, body: &str) -> Option<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_error_code_is_spec_exact() {
-    let (state, _dir) = state();
+    let (state, _dir) = state().await;
     let cases = [
         (
             "{",
@@ -464,7 +470,7 @@ async fn every_error_code_is_spec_exact() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_router_answers_in_process_and_refuses_big_bodies() {
-    let (state, _dir) = state();
+    let (state, _dir) = state().await;
     let app = router(
         state.clone(),
         Access {
@@ -540,7 +546,7 @@ fn assert_valid_response(reply: &Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousands_of_malformed_bodies_get_valid_errors() {
-    let (state, _dir) = state();
+    let (state, _dir) = state().await;
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
     let methods = [
         "workflow.start",
@@ -619,7 +625,7 @@ async fn thousands_of_malformed_bodies_get_valid_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_oldest_finished_runs_are_evicted_past_the_limit() {
-    let (state, _dir) = state(); // keeps 10 runs
+    let (state, _dir) = state().await; // keeps 10 runs
     let mut ids = Vec::new();
     for i in 0..15 {
         let body = json!({"jsonrpc": "2.0", "id": i, "method": "workflow.start", "params": {"workflow": "echo", "input": i, "wait": true}});

@@ -120,6 +120,48 @@ pub trait CapabilityBackend: Send + Sync + 'static {
 
     /// Every capability of every connection.
     async fn list(&self) -> Result<Vec<CapabilityEntry>, CapabilityError>;
+
+    /// [`CapabilityBackend::call_tool`] with request `_meta` (e.g. an
+    /// idempotency key). Backends that cannot send it ignore it.
+    async fn call_tool_with_meta(
+        &self,
+        connection: &str,
+        tool: &str,
+        arguments: Map<String, Value>,
+        meta: Map<String, Value>,
+    ) -> Result<Value, CapabilityError> {
+        let _ = meta;
+        self.call_tool(connection, tool, arguments).await
+    }
+}
+
+/// The `_meta` key of the idempotency key sent with every `tools/call` of a
+/// workflow step: `<run_id>/<step_id>/<item>/<call_seq>`, the same on every
+/// attempt, so servers can deduplicate.
+pub const IDEMPOTENCY_META_KEY: &str = "wf-host/idempotency-key";
+
+/// One capability call, as a journal records it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JournalEntry {
+    /// From 1, in the order the node made its calls.
+    pub seq: u32,
+    /// `<connection>.<name>`, or `<connection>.<uri>` for a resource.
+    pub name: String,
+    pub arguments: Value,
+    /// `None` when the call succeeded.
+    pub error_code: Option<&'static str>,
+    pub duration: std::time::Duration,
+}
+
+/// Where a run's capability calls are recorded (a workflow step attempt's
+/// journal), and the prefix of their idempotency keys.
+#[async_trait]
+pub trait CallJournal: Send + Sync {
+    /// `<run_id>/<step_id>/<item>`: a tool call's idempotency key is this plus
+    /// `/<seq>`.
+    fn key_prefix(&self) -> &str;
+    /// Records a finished call. Called before the node sees the result.
+    async fn record(&self, entry: JournalEntry);
 }
 
 /// The backend used when no MCP connection is configured: every call is
@@ -232,6 +274,9 @@ pub struct CapabilityCtx {
     pub(crate) run_id: Arc<str>,
     pub(crate) node: Arc<str>,
     pub(crate) logs: Arc<std::sync::Mutex<Vec<LogRecord>>>,
+    pub(crate) journal: Option<Arc<dyn CallJournal>>,
+    /// Capability calls made so far by this run.
+    pub(crate) calls: std::sync::atomic::AtomicU32,
 }
 
 impl CapabilityCtx {
@@ -249,20 +294,82 @@ impl CapabilityCtx {
         let (connection, tool) = split_qualified(name)?;
         self.check(name)?;
         let arguments = parse_arguments(arguments)?;
-        let result = self.backend.call_tool(connection, tool, arguments).await?;
-        tool_result_to_outcome(result)
+        let Some(journal) = &self.journal else {
+            let result = self.backend.call_tool(connection, tool, arguments).await?;
+            return tool_result_to_outcome(result);
+        };
+        let seq = self.next_seq();
+        let mut meta = Map::new();
+        meta.insert(
+            IDEMPOTENCY_META_KEY.into(),
+            Value::String(format!("{}/{seq}", journal.key_prefix())),
+        );
+        let started = std::time::Instant::now();
+        let recorded = Value::Object(arguments.clone());
+        let result = self
+            .backend
+            .call_tool_with_meta(connection, tool, arguments, meta)
+            .await
+            .and_then(tool_result_to_outcome);
+        self.journal(journal, seq, name, recorded, &result, started)
+            .await;
+        result
     }
 
     async fn read_resource(&self, connection: &str, uri: &str) -> Result<Value, CapabilityError> {
-        self.check(&format!("{connection}.{uri}"))?;
-        self.backend.read_resource(connection, uri).await
+        let name = format!("{connection}.{uri}");
+        self.check(&name)?;
+        let Some(journal) = &self.journal else {
+            return self.backend.read_resource(connection, uri).await;
+        };
+        let seq = self.next_seq();
+        let started = std::time::Instant::now();
+        let result = self.backend.read_resource(connection, uri).await;
+        self.journal(journal, seq, &name, Value::Null, &result, started)
+            .await;
+        result
     }
 
     async fn get_prompt(&self, name: &str, arguments: &str) -> Result<Value, CapabilityError> {
         let (connection, prompt) = split_qualified(name)?;
         self.check(name)?;
         let arguments = parse_arguments(arguments)?;
-        self.backend.get_prompt(connection, prompt, arguments).await
+        let Some(journal) = &self.journal else {
+            return self.backend.get_prompt(connection, prompt, arguments).await;
+        };
+        let seq = self.next_seq();
+        let started = std::time::Instant::now();
+        let recorded = Value::Object(arguments.clone());
+        let result = self.backend.get_prompt(connection, prompt, arguments).await;
+        self.journal(journal, seq, name, recorded, &result, started)
+            .await;
+        result
+    }
+
+    fn next_seq(&self) -> u32 {
+        self.calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1
+    }
+
+    async fn journal(
+        &self,
+        journal: &Arc<dyn CallJournal>,
+        seq: u32,
+        name: &str,
+        arguments: Value,
+        result: &Result<Value, CapabilityError>,
+        started: std::time::Instant,
+    ) {
+        journal
+            .record(JournalEntry {
+                seq,
+                name: name.to_owned(),
+                arguments,
+                error_code: result.as_ref().err().map(CapabilityError::code),
+                duration: started.elapsed(),
+            })
+            .await;
     }
 
     async fn list(&self) -> Result<Vec<CapabilityEntry>, CapabilityError> {

@@ -20,7 +20,8 @@ use wf_host::pool::{Pool, PoolConfig};
 use wf_host::rpc::{Access, RpcState};
 use wf_host::runtime::{Limits, RunOptions, Runtime, RuntimeConfig, default_cache_dir};
 use wf_host::testing::{Case, CaseOptions, run_case};
-use wf_host::workflow::Workflows;
+use wf_host::store::RunStatus;
+use wf_host::workflow::{self, Workflows};
 
 const EXIT_RUN_FAILED: u8 = 1;
 const EXIT_USAGE: u8 = 2;
@@ -98,7 +99,14 @@ struct CommonArgs {
 #[derive(Args)]
 struct RunArgs {
     /// The component (.wasm) to run.
-    component: PathBuf,
+    #[arg(required_unless_present = "workflow", conflicts_with = "workflow")]
+    component: Option<PathBuf>,
+    /// Run the whole workflow NAME of the config instead of one component.
+    #[arg(long, value_name = "NAME", requires = "config")]
+    workflow: Option<String>,
+    /// With --workflow: keep the run in this SQLite file [default: in memory].
+    #[arg(long, value_name = "PATH", requires = "workflow")]
+    state: Option<String>,
     #[command(flatten)]
     common: CommonArgs,
     /// Input JSON.
@@ -149,9 +157,14 @@ struct ServeArgs {
     /// Largest request body, e.g. `1MiB`.
     #[arg(long, value_name = "SIZE", default_value = "1MiB", value_parser = parse_size)]
     max_body: ByteSize,
-    /// How many run records to keep; the oldest finished runs are evicted past it.
-    #[arg(long, value_name = "N", default_value_t = wf_host::workflow::DEFAULT_MAX_RUNS)]
-    max_runs: usize,
+    /// How many finished runs to keep; the oldest are pruned past it
+    /// [default: `[runtime] keep_runs`, else 10000].
+    #[arg(long, value_name = "N")]
+    max_runs: Option<u64>,
+    /// Where runs are kept: a SQLite file, or `:memory:` to keep nothing
+    /// [default: `[runtime] state`, else `.wf-host/state.db` beside the config].
+    #[arg(long, value_name = "PATH")]
+    state: Option<String>,
 }
 
 #[derive(Args)]
@@ -276,6 +289,10 @@ fn runtime_config(config: &Config, common: &CommonArgs, limits: Limits) -> Runti
 }
 
 async fn run_node(args: RunArgs) -> Result<(), Failure> {
+    if let Some(name) = args.workflow.clone() {
+        return run_workflow(args, &name).await;
+    }
+    let component = args.component.clone().expect("clap requires a component");
     let config = load_config(args.common.config.as_deref())?;
     let defaults = Limits::default();
     let limits = Limits {
@@ -289,7 +306,7 @@ async fn run_node(args: RunArgs) -> Result<(), Failure> {
             .map_or(defaults.max_memory, |b| b.as_u64()),
     };
     let input = read_input(&args)?;
-    let mut patterns = config.grants_for_component(&args.component);
+    let mut patterns = config.grants_for_component(&component);
     patterns.extend(args.allow.iter().cloned());
     let grants = Arc::new(Grants::new(&patterns).map_err(usage)?);
     let pool = (!config.connections.is_empty()).then(|| Pool::new(pool_config(&config)));
@@ -299,7 +316,7 @@ async fn run_node(args: RunArgs) -> Result<(), Failure> {
     };
     let runtime =
         Runtime::new(runtime_config(&config, &args.common, limits), backend).map_err(usage)?;
-    let node = runtime.load(&args.component).map_err(usage)?;
+    let node = runtime.load(&component).map_err(usage)?;
     let opts = RunOptions {
         grants,
         ..RunOptions::default()
@@ -319,6 +336,124 @@ async fn run_node(args: RunArgs) -> Result<(), Failure> {
             code: EXIT_RUN_FAILED,
             error: anyhow!("`{}` failed: {e}", node.name()),
         }),
+    }
+}
+
+/// `wf-host run --workflow NAME`: runs a whole workflow in this process and
+/// prints its output.
+async fn run_workflow(args: RunArgs, name: &str) -> Result<(), Failure> {
+    let config = load_config(args.common.config.as_deref())?;
+    let input: serde_json::Value =
+        serde_json::from_str(&read_input(&args)?).expect("read_input checked the JSON");
+    let pool = Pool::new(pool_config(&config));
+    let limits = config_limits(&config);
+    let mut rc = runtime_config(&config, &args.common, limits);
+    rc.memory_ceiling = memory_ceiling(&config);
+    let runtime = Arc::new(Runtime::new(rc, Arc::new(pool.clone())).map_err(usage)?);
+    let options = workflow::Options {
+        state: args.state.clone().unwrap_or_else(|| ":memory:".into()),
+        ..workflow_options(&config)
+    };
+    let result = async {
+        let workflows = Workflows::open(&config, runtime, options)
+            .await
+            .map_err(usage)?;
+        if workflows.definition(name).is_none() {
+            return Err(usage(anyhow!(
+                "config has no workflow `{name}`; it has: {}",
+                workflows.names().join(", ")
+            )));
+        }
+        let record = workflows.start(name, input, None).await.map_err(|e| match e {
+            e @ wf_host::workflow::WorkflowError::InvalidInput { .. } => usage(e),
+            e => Failure {
+                code: EXIT_RUN_FAILED,
+                error: e.into(),
+            },
+        })?;
+        let record = loop {
+            let r = workflows
+                .wait(&record.run_id, Duration::from_secs(3600))
+                .await
+                .map_err(|e| usage(anyhow!(e)))?;
+            if r.status.is_finished() {
+                break r;
+            }
+        };
+        workflows.shutdown(Duration::ZERO).await;
+        match (record.status, record.output) {
+            (RunStatus::Succeeded, output) => {
+                println!("{}", output.unwrap_or(serde_json::Value::Null));
+                Ok(())
+            }
+            (status, _) => {
+                let error = record.error.map_or_else(
+                    || status.as_str().to_owned(),
+                    |e| format!("{}: {}", e.code, e.message),
+                );
+                Err(Failure {
+                    code: EXIT_RUN_FAILED,
+                    error: anyhow!("workflow `{name}` {}: {error}", status.as_str()),
+                })
+            }
+        }
+    }
+    .await;
+    pool.shutdown().await;
+    result
+}
+
+fn config_limits(config: &Config) -> Limits {
+    let defaults = Limits::default();
+    Limits {
+        timeout: config.runtime.timeout.unwrap_or(defaults.timeout),
+        max_memory: config
+            .runtime
+            .max_memory
+            .map_or(defaults.max_memory, |b| b.as_u64()),
+    }
+}
+
+/// The pool reserves memory slots for the largest limit any step asks for.
+fn memory_ceiling(config: &Config) -> Option<u64> {
+    config
+        .workflows
+        .values()
+        .flat_map(|w| {
+            w.max_memory
+                .into_iter()
+                .chain(w.steps.iter().filter_map(|s| s.max_memory))
+        })
+        .map(|m| m.as_u64())
+        .max()
+}
+
+fn workflow_options(config: &Config) -> workflow::Options {
+    let defaults = workflow::Options::default();
+    workflow::Options {
+        state: config.runtime.state.as_deref().map_or_else(
+            || {
+                config
+                    .base_dir
+                    .join(".wf-host")
+                    .join("state.db")
+                    .display()
+                    .to_string()
+            },
+            |s| {
+                if s == ":memory:" {
+                    s.to_owned()
+                } else {
+                    config.resolve(Path::new(s)).display().to_string()
+                }
+            },
+        ),
+        max_concurrent_steps: config
+            .runtime
+            .max_concurrent_steps
+            .unwrap_or(defaults.max_concurrent_steps),
+        keep_runs: config.runtime.keep_runs.unwrap_or(defaults.keep_runs),
+        keep_for: config.runtime.keep_for.unwrap_or(defaults.keep_for),
     }
 }
 
@@ -389,24 +524,28 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
     };
     wf_host::rpc::check_access(args.listen, &access).map_err(usage)?;
     let config = load_config(args.common.config.as_deref())?;
-    let defaults = Limits::default();
-    let limits = Limits {
-        timeout: config.runtime.timeout.unwrap_or(defaults.timeout),
-        max_memory: config
-            .runtime
-            .max_memory
-            .map_or(defaults.max_memory, |b| b.as_u64()),
-    };
-    let mut rc = runtime_config(&config, &args.common, limits);
-    // The pool reserves slots for the largest limit any workflow asks for.
-    rc.memory_ceiling = config
-        .workflows
-        .values()
-        .filter_map(|w| w.max_memory.map(|m| m.as_u64()))
-        .max();
+    let mut rc = runtime_config(&config, &args.common, config_limits(&config));
+    rc.memory_ceiling = memory_ceiling(&config);
     let pool = Pool::new(pool_config(&config));
     let runtime = Arc::new(Runtime::new(rc, Arc::new(pool.clone())).map_err(usage)?);
-    let workflows = Arc::new(Workflows::load(&config, runtime, args.max_runs).map_err(usage)?);
+    let mut options = workflow_options(&config);
+    if args.common.config.is_none() {
+        // No config, no workflows: nothing worth a state file.
+        options.state = ":memory:".into();
+    }
+    if let Some(state) = &args.state {
+        options.state = state.clone();
+    }
+    if let Some(n) = args.max_runs {
+        options.keep_runs = n;
+    }
+    let workflows = Workflows::open(&config, runtime, options)
+        .await
+        .map_err(usage)?;
+    let resumed = workflows.resume().await.map_err(usage)?;
+    if resumed > 0 {
+        eprintln!("wf-host resumed {resumed} unfinished runs");
+    }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|source| {

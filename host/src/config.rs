@@ -26,7 +26,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytesize::ByteSize;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 /// Why the configuration could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -71,20 +72,86 @@ pub struct RuntimeSection {
     pub cache_dir: Option<PathBuf>,
     /// `false` disables the precompile cache.
     pub cache: Option<bool>,
+    /// Where runs are kept: a SQLite file (relative to this file), or
+    /// `:memory:` to keep nothing. Default `.wf-host/state.db` beside the file.
+    pub state: Option<String>,
+    /// How many workflow steps may run at once across all runs (default 64).
+    pub max_concurrent_steps: Option<usize>,
+    /// How many finished runs to keep (default 10,000).
+    pub keep_runs: Option<u64>,
+    /// How long to keep finished runs (default 30 days).
+    #[serde(default, with = "humantime_serde")]
+    pub keep_for: Option<Duration>,
 }
 
-/// `[workflows.<name>]`: a configured component, what it may reach, its limits.
-#[derive(Debug, Clone, Deserialize)]
+/// `[workflows.<name>]`: either one component (the one-node form) or a graph
+/// of `[[workflows.<name>.steps]]`.
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkflowConfig {
-    /// The component; relative paths are from the config file.
-    pub component: PathBuf,
-    /// Grants: globs over qualified capability names (`fixture.*`). Deny by default.
+    /// The one-node form: the component; relative paths are from the config file.
+    pub component: Option<PathBuf>,
+    /// One-node form: grants, globs over qualified capability names (`fixture.*`).
+    /// Deny by default.
     #[serde(default)]
     pub allow: Vec<String>,
+    /// One-node form: the node's time limit. With `steps`: the whole run's.
+    #[serde(default, with = "humantime_serde")]
+    pub timeout: Option<Duration>,
+    /// One-node form: the node's memory limit.
+    pub max_memory: Option<ByteSize>,
+    /// One-node form: retries of the node.
+    pub retry: Option<RetryConfig>,
+    /// JSON Schema the input must satisfy, checked at `workflow.start`.
+    pub input_schema: Option<Value>,
+    /// jq over `{input, steps}`: the run's output.
+    pub output: Option<String>,
+    #[serde(default)]
+    pub steps: Vec<StepConfig>,
+}
+
+/// `[[workflows.<name>.steps]]`: one node in the graph.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepConfig {
+    pub id: String,
+    pub component: PathBuf,
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Steps that must finish first.
+    #[serde(default)]
+    pub needs: Vec<String>,
+    /// jq over `{input, steps}` (plus `item`, `index` under `for_each`).
+    pub input: Option<String>,
+    /// jq condition; false skips the step.
+    #[serde(rename = "if")]
+    pub condition: Option<String>,
+    /// jq giving an array; the node runs once per item.
+    pub for_each: Option<String>,
+    /// Items of `for_each` run at once (default 1).
+    pub concurrency: Option<usize>,
     #[serde(default, with = "humantime_serde")]
     pub timeout: Option<Duration>,
     pub max_memory: Option<ByteSize>,
+    pub retry: Option<RetryConfig>,
+}
+
+/// `retry = { … }` of a step.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryConfig {
+    /// Attempts in all, the first included (default 3).
+    pub max_attempts: Option<u32>,
+    /// First delay (default 200ms).
+    #[serde(default, with = "humantime_serde")]
+    pub initial: Option<Duration>,
+    /// Longest delay (default 10s).
+    #[serde(default, with = "humantime_serde")]
+    pub max: Option<Duration>,
+    /// Growth per attempt (default 2.0).
+    pub multiplier: Option<f64>,
+    /// Error codes worth retrying (default `unavailable`, `timeout`).
+    pub on: Option<Vec<String>>,
 }
 
 /// `[connections.<id>]`: how to reach one MCP server.
@@ -174,6 +241,14 @@ impl Config {
                     message: format!("workflow `{name}`: {e}"),
                 });
             }
+            for step in &workflow.steps {
+                if let Err(e) = crate::grants::Grants::new(&step.allow) {
+                    return Err(ConfigError::Invalid {
+                        path: path.to_owned(),
+                        message: format!("workflow `{name}`, step `{}`: {e}", step.id),
+                    });
+                }
+            }
         }
         Ok(config)
     }
@@ -184,11 +259,16 @@ impl Config {
         let target = std::fs::canonicalize(component).ok();
         self.workflows
             .values()
-            .filter(|w| {
-                let path = self.resolve(&w.component);
+            .flat_map(|w| {
+                let one = w.component.iter().map(|c| (c, &w.allow));
+                let steps = w.steps.iter().map(|s| (&s.component, &s.allow));
+                one.chain(steps)
+            })
+            .filter(|(component, _)| {
+                let path = self.resolve(component);
                 target.is_some() && std::fs::canonicalize(path).ok() == target
             })
-            .flat_map(|w| w.allow.iter().cloned())
+            .flat_map(|(_, allow)| allow.iter().cloned())
             .collect()
     }
 

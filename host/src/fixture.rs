@@ -60,6 +60,11 @@ use tokio_util::sync::CancellationToken;
 /// [`FixtureOptions::with_env`]).
 pub const PAGE_SIZE_ENV: &str = "WF_FIXTURE_PAGE_SIZE";
 
+/// Environment variable naming a file to which the server appends every tool
+/// call as a JSON line (`{"tool", "arguments", "meta"}`): a witness that
+/// outlives the process, for crash tests.
+pub const WITNESS_ENV: &str = "WF_FIXTURE_WITNESS";
+
 /// Exit status of the process when the `crash` tool is called.
 pub const CRASH_EXIT_CODE: i32 = 3;
 
@@ -85,6 +90,8 @@ pub struct FixtureOptions {
     /// Page size for `tools/list`, `resources/list` and `prompts/list`. `None` (the default)
     /// returns every item in one page.
     pub page_size: Option<usize>,
+    /// Appends every tool call to this file (see [`WITNESS_ENV`]).
+    pub witness: Option<std::path::PathBuf>,
 }
 
 impl FixtureOptions {
@@ -104,7 +111,7 @@ impl FixtureOptions {
         })?;
         let opts = Self {
             canned,
-            page_size: None,
+            ..Self::default()
         };
         opts.parse_canned()
             .with_context(|| format!("invalid canned responses in {}", path.display()))?;
@@ -130,6 +137,9 @@ impl FixtureOptions {
                 .filter(|size| *size > 0)
                 .with_context(|| format!("{PAGE_SIZE_ENV}={raw:?} is not a positive integer"))?;
             self.page_size = Some(size);
+        }
+        if self.witness.is_none() {
+            self.witness = std::env::var_os(WITNESS_ENV).map(Into::into);
         }
         Ok(self)
     }
@@ -277,6 +287,7 @@ struct Shared {
     /// Number of sessions opened so far; also the last session number handed out.
     sessions: AtomicU64,
     log: Mutex<CallLog>,
+    witness: Option<Mutex<std::fs::File>>,
 }
 
 impl Shared {
@@ -286,6 +297,18 @@ impl Shared {
             page_size: opts.page_size.filter(|size| *size > 0),
             sessions: AtomicU64::new(0),
             log: Mutex::default(),
+            witness: opts
+                .witness
+                .as_ref()
+                .map(|path| {
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(path)
+                        .with_context(|| format!("opening witness file {}", path.display()))
+                        .map(Mutex::new)
+                })
+                .transpose()?,
         }))
     }
 
@@ -709,6 +732,13 @@ impl ServerHandler for FixtureServer {
         // call_log reports the calls before it, not itself.
         if name != "call_log" {
             let arguments = Value::Object(request.arguments.clone().unwrap_or_default());
+            if let Some(witness) = &self.shared.witness {
+                use std::io::Write as _;
+                let line = json!({"tool": name, "arguments": arguments, "meta": request.meta});
+                let mut file = witness.lock().unwrap_or_else(PoisonError::into_inner);
+                // One write per line, so lines from concurrent calls never interleave.
+                let _ = file.write_all(format!("{line}\n").as_bytes());
+            }
             self.shared.record_call(session, &name, arguments);
         }
         self.run_tool(session, request, context)

@@ -30,5 +30,6 @@ pub mod grants;
 pub mod pool;
 pub mod rpc;
 pub mod runtime;
+pub mod store;
 pub mod testing;
 pub mod workflow;

@@ -66,6 +66,17 @@ impl CapabilityBackend for Pool {
         tool: &str,
         arguments: Map<String, Value>,
     ) -> Result<Value, CapabilityError> {
+        CapabilityBackend::call_tool_with_meta(self, connection, tool, arguments, Map::new())
+            .await
+    }
+
+    async fn call_tool_with_meta(
+        &self,
+        connection: &str,
+        tool: &str,
+        arguments: Map<String, Value>,
+        meta: Map<String, Value>,
+    ) -> Result<Value, CapabilityError> {
         // Checked against the live catalog first: an unknown tool or arguments
         // that fail its input schema never reach the upstream.
         let catalog = self
@@ -89,7 +100,7 @@ impl CapabilityBackend for Pool {
         let Value::Object(arguments) = arguments else {
             unreachable!("built as an object above")
         };
-        Pool::call_tool(self, connection, tool, arguments, None)
+        Pool::call_tool_with_meta(self, connection, tool, arguments, meta, None)
             .await
             .map_err(to_capability_error)
     }

@@ -539,11 +539,33 @@ impl Pool {
         arguments: Map<String, Value>,
         timeout: Option<Duration>,
     ) -> Result<Value, PoolError> {
+        self.call_tool_with_meta(connection, tool, arguments, Map::new(), timeout)
+            .await
+    }
+
+    /// [`Pool::call_tool`] with request `_meta` (sent when not empty).
+    ///
+    /// # Errors
+    /// A [`PoolError`]. A tool answering `isError` is `Ok`.
+    pub async fn call_tool_with_meta(
+        &self,
+        connection: &str,
+        tool: &str,
+        arguments: Map<String, Value>,
+        meta: Map<String, Value>,
+        timeout: Option<Duration>,
+    ) -> Result<Value, PoolError> {
         let tool: Arc<str> = tool.into();
         let arguments = Arc::new(arguments);
+        let meta = (!meta.is_empty()).then(|| Arc::new(meta));
         let run: OpFn = Arc::new(move |peer| {
-            let params =
+            let mut params =
                 CallToolRequestParams::new(tool.to_string()).with_arguments((*arguments).clone());
+            if let Some(meta) = &meta {
+                params.meta = Some(rmcp::model::RequestMetaObject(rmcp::model::MetaObject(
+                    (**meta).clone(),
+                )));
+            }
             async move { to_json(peer.call_tool(params).await?) }.boxed()
         });
         self.execute(connection, "call_tool", timeout, run).await

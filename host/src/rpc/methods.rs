@@ -11,6 +11,7 @@ use serde_json::{Map, Value, json};
 use super::jsonrpc::{self, RpcError, named_params};
 use crate::capability::{CapabilityBackend, CapabilityError};
 use crate::pool::Pool;
+use crate::store::{ListQuery, StoreError};
 use crate::workflow::{Status, WorkflowError, Workflows};
 
 /// What the methods work on.
@@ -29,9 +30,13 @@ pub async fn call(state: &RpcState, method: &str, params: Value) -> Result<Value
     match method {
         "workflow.start" => workflow_start(state, params).await,
         "workflow.get" => {
-            let p: RunParams = parse(params, &["run_id"])?;
+            let p: GetParams = parse(params, &["run_id", "calls"])?;
             Ok(json!(
-                state.workflows.get(&p.run_id).map_err(workflow_error)?
+                state
+                    .workflows
+                    .get(&p.run_id, p.calls)
+                    .await
+                    .map_err(workflow_error)?
             ))
         }
         "workflow.wait" => {
@@ -58,10 +63,30 @@ pub async fn call(state: &RpcState, method: &str, params: Value) -> Result<Value
                     .map_err(workflow_error)?
             ))
         }
+        "workflow.retry" => {
+            let p: RunParams = parse(params, &["run_id"])?;
+            Ok(json!(
+                state
+                    .workflows
+                    .retry(&p.run_id)
+                    .await
+                    .map_err(workflow_error)?
+            ))
+        }
         "workflow.list" => {
-            let p: ListParams = parse(params, &["status", "limit"])?;
-            let runs = state.workflows.list(p.status, p.limit.unwrap_or(100));
-            Ok(json!({ "runs": runs }))
+            let p: ListParams = parse(params, &["workflow", "status", "limit", "cursor"])?;
+            let query = ListQuery {
+                workflow: p.workflow,
+                status: p.status,
+                limit: p.limit.unwrap_or(100).clamp(1, 1000),
+                cursor: p.cursor,
+            };
+            let (runs, next) = state.workflows.list(&query).await.map_err(workflow_error)?;
+            let mut out = json!({ "runs": runs });
+            if let Some(next) = next {
+                out["next_cursor"] = json!(next);
+            }
+            Ok(out)
         }
         "capability.list" => {
             let _: Empty = parse(params, &[])?;
@@ -90,7 +115,12 @@ pub async fn call(state: &RpcState, method: &str, params: Value) -> Result<Value
         }
         "host.status" => {
             let _: Empty = parse(params, &[])?;
-            Ok(json!({ "connections": state.pool.stats(), "workflows": state.workflows.names() }))
+            let store = state.workflows.state_status().await.map_err(workflow_error)?;
+            Ok(json!({
+                "connections": state.pool.stats(),
+                "workflows": state.workflows.names(),
+                "state": store,
+            }))
         }
         "rpc.discover" => Ok(super::openrpc::document()),
         other => Err(RpcError::new(
@@ -105,6 +135,7 @@ async fn workflow_start(state: &RpcState, params: Value) -> Result<Value, RpcErr
     let record = state
         .workflows
         .start(&p.workflow, p.input, p.idempotency_key)
+        .await
         .map_err(workflow_error)?;
     let record = if p.wait {
         state
@@ -152,8 +183,18 @@ struct WaitParams {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ListParams {
+    workflow: Option<String>,
     status: Option<Status>,
-    limit: Option<usize>,
+    limit: Option<u32>,
+    cursor: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GetParams {
+    run_id: String,
+    #[serde(default)]
+    calls: bool,
 }
 
 #[derive(Deserialize)]
@@ -199,7 +240,12 @@ fn workflow_error(e: WorkflowError) -> RpcError {
         WorkflowError::UnknownWorkflow(_) => jsonrpc::UNKNOWN_WORKFLOW,
         WorkflowError::UnknownRun(_) => jsonrpc::UNKNOWN_RUN,
         WorkflowError::ShuttingDown => jsonrpc::SHUTTING_DOWN,
-        WorkflowError::Load { .. } | WorkflowError::Config { .. } => jsonrpc::INTERNAL_ERROR,
+        WorkflowError::InvalidInput { .. }
+        | WorkflowError::NotRetryable { .. }
+        | WorkflowError::Store(StoreError::BadCursor(_)) => jsonrpc::INVALID_PARAMS,
+        WorkflowError::Load { .. }
+        | WorkflowError::Definition(_)
+        | WorkflowError::Store(_) => jsonrpc::INTERNAL_ERROR,
     };
     RpcError::new(code, e.to_string())
 }

@@ -23,7 +23,7 @@ pub use cache::{CacheStats, ComponentCache, default_cache_dir};
 use stdio::CapturedOutput;
 
 use crate::bindings::{NodeError, NodePre};
-use crate::capability::{CapabilityBackend, CapabilityCtx, LogRecord};
+use crate::capability::{CallJournal, CapabilityBackend, CapabilityCtx, LogRecord};
 use crate::grants::Grants;
 
 /// The WIT world every node must target.
@@ -153,7 +153,7 @@ impl Node {
 }
 
 /// Options for one run.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct RunOptions {
     /// Tags logs and capability calls; generated when empty.
     pub run_id: String,
@@ -164,6 +164,9 @@ pub struct RunOptions {
     pub cancel: CancellationToken,
     /// What the node may reach. Nothing by default.
     pub grants: Arc<Grants>,
+    /// Records every capability call and keys tool calls for idempotency (a
+    /// workflow step's attempt). None for a plain run.
+    pub journal: Option<Arc<dyn CallJournal>>,
 }
 
 /// What a run produced.
@@ -459,6 +462,8 @@ impl Runtime {
                 run_id: run_id.as_str().into(),
                 node: node.name.clone(),
                 logs: logs.clone(),
+                journal: opts.journal.clone(),
+                calls: Default::default(),
             };
             self.run_inner(
                 node,

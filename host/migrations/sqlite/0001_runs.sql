@@ -1,0 +1,53 @@
+-- Runs, their steps, and a journal of every capability call.
+CREATE TABLE runs (
+    run_id          TEXT PRIMARY KEY NOT NULL,
+    workflow        TEXT NOT NULL,
+    status          TEXT NOT NULL,
+    input           TEXT NOT NULL,
+    output          TEXT,
+    error_code      TEXT,
+    error_message   TEXT,
+    -- The definition the run started with (JSON) and its hash: a run always
+    -- continues on the graph and the code it started with.
+    definition      TEXT NOT NULL,
+    definition_hash TEXT NOT NULL,
+    idempotency_key TEXT,
+    created_ms      INTEGER NOT NULL,
+    started_at      TEXT NOT NULL,
+    finished_at     TEXT,
+    finished_ms     INTEGER
+);
+CREATE UNIQUE INDEX runs_idempotency ON runs (workflow, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+CREATE INDEX runs_status ON runs (status);
+CREATE INDEX runs_created ON runs (created_ms, run_id);
+
+CREATE TABLE steps (
+    run_id        TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    step_id       TEXT NOT NULL,
+    position      INTEGER NOT NULL,
+    status        TEXT NOT NULL,
+    attempts      INTEGER NOT NULL DEFAULT 0,
+    input         TEXT,
+    output        TEXT,
+    error_code    TEXT,
+    error_message TEXT,
+    started_at    TEXT,
+    finished_at   TEXT,
+    PRIMARY KEY (run_id, step_id)
+);
+
+CREATE TABLE calls (
+    run_id      TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    step_id     TEXT NOT NULL,
+    item        INTEGER NOT NULL,
+    attempt     INTEGER NOT NULL,
+    seq         INTEGER NOT NULL,
+    name        TEXT NOT NULL,
+    arguments   TEXT NOT NULL,
+    outcome     TEXT NOT NULL,
+    error_code  TEXT,
+    duration_us INTEGER NOT NULL,
+    at          TEXT NOT NULL,
+    PRIMARY KEY (run_id, step_id, item, attempt, seq)
+);

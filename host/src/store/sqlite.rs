@@ -1,0 +1,570 @@
+//! The SQLite store: one file in WAL mode, or `:memory:`.
+//!
+//! A state file is marked with SQLite's `application_id`, so a file that
+//! belongs to something else (or is not SQLite at all) is refused, never
+//! written to. Migrations are embedded and run at open, so an older state file
+//! upgrades in place.
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use sqlx::Row;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+
+use super::{
+    CallRow, Counts, Created, Failure, ListQuery, NewRun, RunRow, RunStatus, StepRow, StepStatus,
+    Store, StoreError, now_ms, now_text,
+};
+
+/// `PRAGMA application_id` of a wf-host state file: "wfhs".
+const APPLICATION_ID: i64 = 0x7766_6873;
+
+/// The SQLite store.
+pub struct SqliteStore {
+    pool: SqlitePool,
+    location: String,
+    /// An exclusive lock on `<file>.lock` while this store is open: two hosts
+    /// on one state file would both resume the same runs.
+    _lock: Option<std::fs::File>,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the state at `location`: a file path, or
+    /// `:memory:`.
+    ///
+    /// # Errors
+    /// [`StoreError::Open`] for a file that is not a wf-host state file, is
+    /// corrupt, or cannot be created.
+    pub async fn open(location: &str) -> Result<SqliteStore, StoreError> {
+        if location == ":memory:" {
+            // One connection that never closes: an in-memory database lives
+            // and dies with its connection.
+            let options = SqliteConnectOptions::from_str("sqlite::memory:")?.foreign_keys(true);
+            let pool = SqlitePoolOptions::new()
+                .max_connections(1)
+                .min_connections(1)
+                .idle_timeout(None)
+                .max_lifetime(None)
+                .connect_with(options)
+                .await?;
+            let store = SqliteStore {
+                pool,
+                location: location.to_owned(),
+                _lock: None,
+            };
+            store.prepare(true).await?;
+            return Ok(store);
+        }
+        let path = Path::new(location);
+        let open_err = |message: String| StoreError::Open {
+            path: location.to_owned(),
+            message,
+        };
+        let fresh = match std::fs::metadata(path) {
+            Ok(meta) if meta.is_dir() => return Err(open_err("it is a directory".into())),
+            Ok(meta) => meta.len() == 0,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir)
+                        .map_err(|e| open_err(format!("cannot create its directory: {e}")))?;
+                }
+                true
+            }
+            Err(e) => return Err(open_err(e.to_string())),
+        };
+        let lock = lock_file(path).map_err(open_err)?;
+        if !fresh {
+            // Checked before SQLite touches the file: a foreign file is never
+            // turned into a database, not even by a WAL side file.
+            let mut head = [0u8; 16];
+            let n = std::io::Read::read(
+                &mut std::fs::File::open(path).map_err(|e| open_err(e.to_string()))?,
+                &mut head,
+            )
+            .map_err(|e| open_err(e.to_string()))?;
+            if n < 16 || &head != b"SQLite format 3\0" {
+                return Err(open_err(
+                    "it is not a wf-host state file (not an SQLite database); move it away or pick another `state` path".into(),
+                ));
+            }
+        }
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            // WAL + NORMAL: a killed process loses nothing that was committed;
+            // only a power cut may lose the last transactions.
+            .synchronous(SqliteSynchronous::Normal)
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(10));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await
+            .map_err(|e| open_err(e.to_string()))?;
+        let store = SqliteStore {
+            pool,
+            location: location.to_owned(),
+            _lock: Some(lock),
+        };
+        store.prepare(fresh).await.map_err(|e| match e {
+            StoreError::Db(e) => open_err(e.to_string()),
+            other => other,
+        })?;
+        Ok(store)
+    }
+
+    /// Checks that the database is ours (or empty), then migrates it.
+    async fn prepare(&self, fresh: bool) -> Result<(), StoreError> {
+        let open_err = |message: String| StoreError::Open {
+            path: self.location.clone(),
+            message,
+        };
+        let app_id: i64 = sqlx::query_scalar("PRAGMA application_id")
+            .fetch_one(&self.pool)
+            .await?;
+        if app_id != APPLICATION_ID {
+            let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM sqlite_master")
+                .fetch_one(&self.pool)
+                .await?;
+            if app_id != 0 || tables > 0 {
+                return Err(open_err(
+                    "it holds another application's database, not wf-host state; move it away or pick another `state` path".into(),
+                ));
+            }
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "PRAGMA application_id = {APPLICATION_ID}"
+            )))
+                .execute(&self.pool)
+                .await?;
+        }
+        let check: String = sqlx::query_scalar("PRAGMA quick_check")
+            .fetch_one(&self.pool)
+            .await?;
+        if check != "ok" {
+            return Err(open_err(format!("it is corrupt: {check}")));
+        }
+        sqlx::migrate!("./migrations/sqlite")
+            .run(&self.pool)
+            .await
+            .map_err(|e| open_err(format!("cannot migrate it: {e}")))?;
+        Ok(())
+    }
+
+    /// The pool, for tests that inspect the file.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+}
+
+/// Takes `<path>.lock` exclusively, or says who holds it.
+fn lock_file(path: &Path) -> Result<std::fs::File, String> {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+    let mut lock_path = path.as_os_str().to_owned();
+    lock_path.push(".lock");
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .map_err(|e| format!("cannot open its lock file: {e}"))?;
+    // SAFETY: flock on a descriptor we own; no memory is involved.
+    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+    if !locked {
+        let mut holder = String::new();
+        let _ = file.read_to_string(&mut holder);
+        let holder = holder.trim();
+        return Err(format!(
+            "another wf-host{} is using it; stop that one, or give this one its own `--state`",
+            if holder.is_empty() {
+                String::new()
+            } else {
+                format!(" (pid {holder})")
+            }
+        ));
+    }
+    let _ = file.set_len(0);
+    let _ = file.rewind();
+    let _ = write!(file, "{}", std::process::id());
+    Ok(file)
+}
+
+fn json_text(value: &Value) -> String {
+    value.to_string()
+}
+
+fn parse_json(text: Option<String>) -> Result<Option<Value>, StoreError> {
+    text.map(|t| serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(e.to_string())))
+        .transpose()
+}
+
+fn failure(code: Option<String>, message: Option<String>) -> Option<Failure> {
+    code.map(|code| Failure {
+        code,
+        message: message.unwrap_or_default(),
+    })
+}
+
+fn run_row(row: &SqliteRow) -> Result<RunRow, StoreError> {
+    Ok(RunRow {
+        run_id: row.try_get("run_id")?,
+        workflow: row.try_get("workflow")?,
+        status: RunStatus::parse(row.try_get::<&str, _>("status")?)?,
+        input: parse_json(row.try_get("input")?)?.unwrap_or(Value::Null),
+        output: parse_json(row.try_get("output")?)?,
+        error: failure(row.try_get("error_code")?, row.try_get("error_message")?),
+        definition: parse_json(row.try_get("definition")?)?.unwrap_or(Value::Null),
+        definition_hash: row.try_get("definition_hash")?,
+        idempotency_key: row.try_get("idempotency_key")?,
+        created_ms: row.try_get("created_ms")?,
+        started_at: row.try_get("started_at")?,
+        finished_at: row.try_get("finished_at")?,
+    })
+}
+
+fn step_row(row: &SqliteRow) -> Result<StepRow, StoreError> {
+    Ok(StepRow {
+        step_id: row.try_get("step_id")?,
+        status: StepStatus::parse(row.try_get::<&str, _>("status")?)?,
+        attempts: row.try_get::<i64, _>("attempts")? as u32,
+        input: parse_json(row.try_get("input")?)?,
+        output: parse_json(row.try_get("output")?)?,
+        error: failure(row.try_get("error_code")?, row.try_get("error_message")?),
+        started_at: row.try_get("started_at")?,
+        finished_at: row.try_get("finished_at")?,
+    })
+}
+
+fn cursor_of(run: &RunRow) -> String {
+    format!("{}.{}", run.created_ms, run.run_id)
+}
+
+fn parse_cursor(cursor: &str) -> Result<(i64, String), StoreError> {
+    cursor
+        .split_once('.')
+        .and_then(|(ms, id)| Some((ms.parse().ok()?, id.to_owned())))
+        .ok_or_else(|| StoreError::BadCursor(cursor.to_owned()))
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+
+    fn location(&self) -> String {
+        self.location.clone()
+    }
+
+    async fn create_run(&self, new: &NewRun) -> Result<Created, StoreError> {
+        let run = &new.run;
+        let mut tx = self.pool.begin().await?;
+        let inserted = sqlx::query(
+            "INSERT INTO runs (run_id, workflow, status, input, definition, definition_hash,
+                               idempotency_key, created_ms, started_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(&run.run_id)
+        .bind(&run.workflow)
+        .bind(run.status.as_str())
+        .bind(json_text(&run.input))
+        .bind(json_text(&run.definition))
+        .bind(&run.definition_hash)
+        .bind(&run.idempotency_key)
+        .bind(run.created_ms)
+        .bind(&run.started_at)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if inserted == 0 {
+            let existing = sqlx::query(
+                "SELECT * FROM runs WHERE workflow = ? AND idempotency_key = ? OR run_id = ?",
+            )
+            .bind(&run.workflow)
+            .bind(&run.idempotency_key)
+            .bind(&run.run_id)
+            .fetch_one(&mut *tx)
+            .await?;
+            tx.rollback().await?;
+            return Ok(Created::Existing(run_row(&existing)?));
+        }
+        for (position, step) in new.steps.iter().enumerate() {
+            sqlx::query(
+                "INSERT INTO steps (run_id, step_id, position, status) VALUES (?, ?, ?, 'pending')",
+            )
+            .bind(&run.run_id)
+            .bind(step)
+            .bind(position as i64)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(Created::New)
+    }
+
+    async fn run(&self, run_id: &str) -> Result<Option<RunRow>, StoreError> {
+        sqlx::query("SELECT * FROM runs WHERE run_id = ?")
+            .bind(run_id)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(run_row)
+            .transpose()
+    }
+
+    async fn steps(&self, run_id: &str) -> Result<Vec<StepRow>, StoreError> {
+        sqlx::query("SELECT * FROM steps WHERE run_id = ? ORDER BY position")
+            .bind(run_id)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(step_row)
+            .collect()
+    }
+
+    async fn calls(&self, run_id: &str, step_id: &str) -> Result<Vec<CallRow>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT * FROM calls WHERE run_id = ? AND step_id = ? ORDER BY attempt, item, seq",
+        )
+        .bind(run_id)
+        .bind(step_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(CallRow {
+                    run_id: row.try_get("run_id")?,
+                    step_id: row.try_get("step_id")?,
+                    item: row.try_get::<i64, _>("item")? as u32,
+                    attempt: row.try_get::<i64, _>("attempt")? as u32,
+                    seq: row.try_get::<i64, _>("seq")? as u32,
+                    name: row.try_get("name")?,
+                    arguments: parse_json(row.try_get("arguments")?)?.unwrap_or(Value::Null),
+                    outcome: row.try_get("outcome")?,
+                    error_code: row.try_get("error_code")?,
+                    duration_us: row.try_get::<i64, _>("duration_us")? as u64,
+                    at: row.try_get("at")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn list_runs(
+        &self,
+        query: &ListQuery,
+    ) -> Result<(Vec<RunRow>, Option<String>), StoreError> {
+        let (after_ms, after_id) = match &query.cursor {
+            Some(c) => parse_cursor(c)?,
+            None => (i64::MAX, String::new()),
+        };
+        let limit = query.limit.clamp(1, 1000);
+        let rows = sqlx::query(
+            "SELECT * FROM runs
+             WHERE (?1 IS NULL OR workflow = ?1) AND (?2 IS NULL OR status = ?2)
+               AND (created_ms < ?3 OR (created_ms = ?3 AND run_id < ?4))
+             ORDER BY created_ms DESC, run_id DESC
+             LIMIT ?5",
+        )
+        .bind(&query.workflow)
+        .bind(query.status.map(RunStatus::as_str))
+        .bind(after_ms)
+        .bind(if query.cursor.is_some() {
+            after_id
+        } else {
+            "\u{10FFFF}".to_owned()
+        })
+        .bind(i64::from(limit) + 1)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut runs = rows.iter().map(run_row).collect::<Result<Vec<_>, _>>()?;
+        let next = if runs.len() > limit as usize {
+            runs.truncate(limit as usize);
+            runs.last().map(cursor_of)
+        } else {
+            None
+        };
+        Ok((runs, next))
+    }
+
+    async fn unfinished_runs(&self) -> Result<Vec<RunRow>, StoreError> {
+        sqlx::query("SELECT * FROM runs WHERE status = 'running' ORDER BY created_ms, run_id")
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(run_row)
+            .collect()
+    }
+
+    async fn step_started(
+        &self,
+        run_id: &str,
+        step_id: &str,
+        attempt: u32,
+        input: Option<&Value>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE steps SET status = 'running', attempts = ?, input = ?, output = NULL,
+                              error_code = NULL, error_message = NULL,
+                              started_at = ?, finished_at = NULL
+             WHERE run_id = ? AND step_id = ?",
+        )
+        .bind(i64::from(attempt))
+        .bind(input.map(json_text))
+        .bind(now_text())
+        .bind(run_id)
+        .bind(step_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn step_attempt(
+        &self,
+        run_id: &str,
+        step_id: &str,
+        attempt: u32,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE steps SET attempts = max(attempts, ?) WHERE run_id = ? AND step_id = ?",
+        )
+        .bind(i64::from(attempt))
+        .bind(run_id)
+        .bind(step_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn step_finished(
+        &self,
+        run_id: &str,
+        step_id: &str,
+        status: StepStatus,
+        output: Option<&Value>,
+        error: Option<&Failure>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE steps SET status = ?, output = ?, error_code = ?, error_message = ?,
+                              finished_at = ?
+             WHERE run_id = ? AND step_id = ?",
+        )
+        .bind(status.as_str())
+        .bind(output.map(json_text))
+        .bind(error.map(|e| e.code.as_str()))
+        .bind(error.map(|e| e.message.as_str()))
+        .bind(now_text())
+        .bind(run_id)
+        .bind(step_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn run_finished(
+        &self,
+        run_id: &str,
+        status: RunStatus,
+        output: Option<&Value>,
+        error: Option<&Failure>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE runs SET status = ?, output = ?, error_code = ?, error_message = ?,
+                             finished_at = ?, finished_ms = ?
+             WHERE run_id = ?",
+        )
+        .bind(status.as_str())
+        .bind(output.map(json_text))
+        .bind(error.map(|e| e.code.as_str()))
+        .bind(error.map(|e| e.message.as_str()))
+        .bind(now_text())
+        .bind(now_ms())
+        .bind(run_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn reopen_run(&self, run_id: &str) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let reopened = sqlx::query(
+            "UPDATE runs SET status = 'running', output = NULL, error_code = NULL,
+                             error_message = NULL, finished_at = NULL, finished_ms = NULL
+             WHERE run_id = ? AND status IN ('failed', 'cancelled')",
+        )
+        .bind(run_id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if reopened == 0 {
+            return Ok(false);
+        }
+        sqlx::query(
+            "UPDATE steps SET status = 'pending', error_code = NULL, error_message = NULL,
+                              finished_at = NULL
+             WHERE run_id = ? AND status IN ('failed', 'cancelled')",
+        )
+        .bind(run_id)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn record_call(&self, call: &CallRow) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT OR REPLACE INTO calls (run_id, step_id, item, attempt, seq, name, arguments,
+                                           outcome, error_code, duration_us, at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&call.run_id)
+        .bind(&call.step_id)
+        .bind(i64::from(call.item))
+        .bind(i64::from(call.attempt))
+        .bind(i64::from(call.seq))
+        .bind(&call.name)
+        .bind(json_text(&call.arguments))
+        .bind(&call.outcome)
+        .bind(&call.error_code)
+        .bind(call.duration_us as i64)
+        .bind(&call.at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn counts(&self) -> Result<Counts, StoreError> {
+        let row = sqlx::query(
+            "SELECT count(*) AS total, coalesce(sum(status = 'running'), 0) AS running FROM runs",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(Counts {
+            runs_running: row.try_get::<i64, _>("running")? as u64,
+            runs_total: row.try_get::<i64, _>("total")? as u64,
+        })
+    }
+
+    async fn prune(&self, keep_runs: u64, finished_before_ms: i64) -> Result<u64, StoreError> {
+        let deleted = sqlx::query(
+            "DELETE FROM runs WHERE status != 'running' AND (
+                 finished_ms < ?1
+                 OR run_id NOT IN (SELECT run_id FROM runs WHERE status != 'running'
+                                   ORDER BY finished_ms DESC, run_id DESC LIMIT ?2))",
+        )
+        .bind(finished_before_ms)
+        .bind(i64::try_from(keep_runs).unwrap_or(i64::MAX))
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(deleted)
+    }
+}

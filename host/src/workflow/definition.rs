@@ -1,0 +1,613 @@
+//! Workflow definitions: the config's TOML turned into a checked graph of
+//! steps, with every jq expression compiled once.
+//!
+//! A definition has two forms. [`Spec`] is plain data, resolved against the
+//! config file (absolute component paths, their content hashes, every default
+//! filled in); it is what a run stores, so a run always continues on the graph
+//! and the code it started with. [`Definition`] is a spec compiled: jq
+//! expressions, grants and the input schema, ready for the engine.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::expr::{CompileError, Expr};
+use crate::config::{Config, RetryConfig, StepConfig, WorkflowConfig};
+use crate::grants::Grants;
+use crate::runtime::Limits;
+
+/// Why a workflow definition was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum DefinitionError {
+    #[error("workflow `{workflow}`: {message}")]
+    Workflow { workflow: String, message: String },
+    #[error("workflow `{workflow}`, step `{step}`: {message}")]
+    Step {
+        workflow: String,
+        step: String,
+        message: String,
+    },
+}
+
+/// Retry policy of a step, defaults filled in.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RetryPolicy {
+    pub max_attempts: u32,
+    pub initial_ms: u64,
+    pub max_ms: u64,
+    pub multiplier: f64,
+    pub on: Vec<String>,
+}
+
+impl Default for RetryPolicy {
+    /// One attempt: no retry.
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 1,
+            initial_ms: 200,
+            max_ms: 10_000,
+            multiplier: 2.0,
+            on: vec!["unavailable".into(), "timeout".into()],
+        }
+    }
+}
+
+impl RetryPolicy {
+    fn from_config(c: &RetryConfig) -> Result<Self, String> {
+        let d = RetryPolicy::default();
+        let p = RetryPolicy {
+            max_attempts: c.max_attempts.unwrap_or(3),
+            initial_ms: c.initial.map_or(d.initial_ms, |t| t.as_millis() as u64),
+            max_ms: c.max.map_or(d.max_ms, |t| t.as_millis() as u64),
+            multiplier: c.multiplier.unwrap_or(d.multiplier),
+            on: c.on.clone().unwrap_or(d.on),
+        };
+        if p.max_attempts == 0 {
+            return Err("`retry.max_attempts` must be at least 1".into());
+        }
+        if !(p.multiplier.is_finite() && p.multiplier >= 1.0) {
+            return Err("`retry.multiplier` must be a number ≥ 1".into());
+        }
+        if p.max_ms < p.initial_ms {
+            return Err("`retry.max` must not be less than `retry.initial`".into());
+        }
+        Ok(p)
+    }
+
+    /// Whether a failure with `code` after `attempt` (from 1) is tried again.
+    pub fn retries(&self, code: &str, attempt: u32) -> bool {
+        attempt < self.max_attempts && self.on.iter().any(|c| c == code)
+    }
+
+    /// The delay before attempt `attempt + 1`: exponential, capped, with
+    /// jitter in its upper half so retries of many runs spread out.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let exp = self.multiplier.powi(attempt.saturating_sub(1) as i32);
+        let ms = (self.initial_ms as f64 * exp).min(self.max_ms as f64);
+        let jitter = rand::random::<f64>() * 0.5 + 0.5;
+        Duration::from_millis((ms * jitter) as u64)
+    }
+}
+
+/// One step as data.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepSpec {
+    pub id: String,
+    pub component: PathBuf,
+    /// sha256 of the component's bytes, hex.
+    pub component_hash: String,
+    pub allow: Vec<String>,
+    pub needs: Vec<String>,
+    pub input: Option<String>,
+    pub condition: Option<String>,
+    pub for_each: Option<String>,
+    pub concurrency: usize,
+    pub timeout_ms: u64,
+    pub max_memory: u64,
+    pub retry: RetryPolicy,
+}
+
+/// A whole workflow as data: what a run stores.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Spec {
+    pub input_schema: Option<Value>,
+    pub output: Option<String>,
+    pub timeout_ms: Option<u64>,
+    pub steps: Vec<StepSpec>,
+}
+
+impl Spec {
+    /// Resolves `[workflows.<name>]` against `config`: paths, hashes, defaults.
+    ///
+    /// # Errors
+    /// A [`DefinitionError`] naming the workflow and step.
+    pub fn from_config(
+        name: &str,
+        w: &WorkflowConfig,
+        config: &Config,
+        defaults: Limits,
+    ) -> Result<Spec, DefinitionError> {
+        let wf_err = |message: String| DefinitionError::Workflow {
+            workflow: name.to_owned(),
+            message,
+        };
+        let one_node;
+        let (steps, run_timeout): (&[StepConfig], Option<Duration>) =
+            match (&w.component, w.steps.is_empty()) {
+                (Some(_), false) => {
+                    return Err(wf_err(
+                        "sets both `component` (one node) and `steps` (a graph); pick one".into(),
+                    ));
+                }
+                (None, true) => {
+                    return Err(wf_err(
+                        "needs `component` (one node) or `[[workflows.NAME.steps]]`".into(),
+                    ));
+                }
+                (Some(component), true) => {
+                    // The one-node form is a one-step graph; its limits are the node's.
+                    one_node = [StepConfig {
+                        id: "main".into(),
+                        component: component.clone(),
+                        allow: w.allow.clone(),
+                        timeout: w.timeout,
+                        max_memory: w.max_memory,
+                        retry: w.retry.clone(),
+                        ..StepConfig::default()
+                    }];
+                    (&one_node, None)
+                }
+                (None, false) => {
+                    if !w.allow.is_empty() || w.max_memory.is_some() || w.retry.is_some() {
+                        return Err(wf_err(
+                            "`allow`, `max_memory` and `retry` belong on each step when the workflow has `steps`".into(),
+                        ));
+                    }
+                    (&w.steps, w.timeout)
+                }
+            };
+        let mut specs = Vec::with_capacity(steps.len());
+        for s in steps {
+            let step_err = |message: String| DefinitionError::Step {
+                workflow: name.to_owned(),
+                step: s.id.clone(),
+                message,
+            };
+            let path = config.resolve(&s.component);
+            let bytes = std::fs::read(&path).map_err(|e| {
+                step_err(match e.kind() {
+                    std::io::ErrorKind::NotFound => {
+                        format!("component `{}` not found", path.display())
+                    }
+                    _ => format!("cannot read component `{}`: {e}", path.display()),
+                })
+            })?;
+            let retry = match &s.retry {
+                Some(r) => RetryPolicy::from_config(r).map_err(step_err)?,
+                None => RetryPolicy::default(),
+            };
+            let concurrency = s.concurrency.unwrap_or(1);
+            if concurrency == 0 {
+                return Err(step_err("`concurrency` must be at least 1".into()));
+            }
+            if s.concurrency.is_some() && s.for_each.is_none() {
+                return Err(step_err(
+                    "`concurrency` only applies to a step with `for_each`".into(),
+                ));
+            }
+            let timeout = s.timeout.unwrap_or(defaults.timeout);
+            if timeout.is_zero() {
+                return Err(step_err("`timeout` must be more than 0".into()));
+            }
+            specs.push(StepSpec {
+                id: s.id.clone(),
+                component: std::path::absolute(&path).unwrap_or(path),
+                component_hash: content_hash(&bytes),
+                allow: s.allow.clone(),
+                needs: s.needs.clone(),
+                input: s.input.clone(),
+                condition: s.condition.clone(),
+                for_each: s.for_each.clone(),
+                concurrency,
+                timeout_ms: timeout.as_millis() as u64,
+                max_memory: s.max_memory.map_or(defaults.max_memory, |m| m.as_u64()),
+                retry,
+            });
+        }
+        if run_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(wf_err("`timeout` must be more than 0".into()));
+        }
+        Ok(Spec {
+            input_schema: w.input_schema.clone(),
+            output: w.output.clone(),
+            timeout_ms: run_timeout.map(|t| t.as_millis() as u64),
+            steps: specs,
+        })
+    }
+
+    /// A stable hash of the whole spec, hex.
+    pub fn hash(&self) -> String {
+        content_hash(
+            serde_json::to_string(self)
+                .expect("a spec is plain data")
+                .as_bytes(),
+        )
+    }
+}
+
+/// sha256 of `bytes`, hex.
+pub fn content_hash(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// A compiled step.
+#[derive(Debug, Clone)]
+pub struct Step {
+    pub spec: StepSpec,
+    pub grants: Arc<Grants>,
+    pub input: Option<Expr>,
+    pub condition: Option<Expr>,
+    pub for_each: Option<Expr>,
+    pub limits: Limits,
+}
+
+/// A compiled workflow.
+#[derive(Clone)]
+pub struct Definition {
+    pub name: String,
+    pub spec: Arc<Spec>,
+    pub hash: String,
+    /// In an order where every step comes after its needs.
+    pub steps: Vec<Step>,
+    pub output: Option<Expr>,
+    pub input_schema: Option<Arc<jsonschema::Validator>>,
+    pub timeout: Option<Duration>,
+    /// Ids of the steps nothing depends on, in definition order.
+    pub leaves: Vec<String>,
+}
+
+impl std::fmt::Debug for Definition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Definition")
+            .field("name", &self.name)
+            .field("hash", &self.hash)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Definition {
+    /// Checks and compiles `spec`: ids, needs, cycles, jq, grants, schema.
+    ///
+    /// # Errors
+    /// A [`DefinitionError`] naming the workflow, the step and the problem.
+    pub fn compile(name: &str, spec: Spec) -> Result<Definition, DefinitionError> {
+        let wf_err = |message: String| DefinitionError::Workflow {
+            workflow: name.to_owned(),
+            message,
+        };
+        let mut seen = HashSet::new();
+        for s in &spec.steps {
+            let step_err = |message: String| DefinitionError::Step {
+                workflow: name.to_owned(),
+                step: s.id.clone(),
+                message,
+            };
+            if s.id.is_empty()
+                || !s
+                    .id
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
+                return Err(wf_err(format!(
+                    "step id `{}` must be non-empty and use only letters, digits, `_` and `-`",
+                    s.id
+                )));
+            }
+            if !seen.insert(s.id.as_str()) {
+                return Err(step_err("duplicate step id".into()));
+            }
+        }
+        for s in &spec.steps {
+            for need in &s.needs {
+                if !seen.contains(need.as_str()) {
+                    return Err(DefinitionError::Step {
+                        workflow: name.to_owned(),
+                        step: s.id.clone(),
+                        message: format!("`needs` names unknown step `{need}`"),
+                    });
+                }
+                if need == &s.id {
+                    return Err(DefinitionError::Step {
+                        workflow: name.to_owned(),
+                        step: s.id.clone(),
+                        message: "a step cannot need itself".into(),
+                    });
+                }
+            }
+        }
+        let order = topological_order(&spec.steps).map_err(|cycle| {
+            wf_err(format!("the steps form a cycle: {}", cycle.join(" → ")))
+        })?;
+
+        let compile = |step: &str, what: &str, source: &Option<String>| {
+            source
+                .as_deref()
+                .map(Expr::compile)
+                .transpose()
+                .map_err(|e: CompileError| {
+                    let message = format!("`{what}`: {e}");
+                    if step.is_empty() {
+                        wf_err(message)
+                    } else {
+                        DefinitionError::Step {
+                            workflow: name.to_owned(),
+                            step: step.to_owned(),
+                            message,
+                        }
+                    }
+                })
+        };
+        let mut steps = Vec::with_capacity(order.len());
+        for index in order {
+            let s = &spec.steps[index];
+            let grants = Grants::new(&s.allow).map_err(|e| DefinitionError::Step {
+                workflow: name.to_owned(),
+                step: s.id.clone(),
+                message: e.to_string(),
+            })?;
+            steps.push(Step {
+                input: compile(&s.id, "input", &s.input)?,
+                condition: compile(&s.id, "if", &s.condition)?,
+                for_each: compile(&s.id, "for_each", &s.for_each)?,
+                grants: Arc::new(grants),
+                limits: Limits {
+                    timeout: Duration::from_millis(s.timeout_ms),
+                    max_memory: s.max_memory,
+                },
+                spec: s.clone(),
+            });
+        }
+        let output = compile("", "output", &spec.output)?;
+        let input_schema = spec
+            .input_schema
+            .as_ref()
+            .map(|schema| {
+                jsonschema::validator_for(schema)
+                    .map(Arc::new)
+                    .map_err(|e| wf_err(format!("`input_schema` is not a valid JSON Schema: {e}")))
+            })
+            .transpose()?;
+        let needed: HashSet<&str> = spec
+            .steps
+            .iter()
+            .flat_map(|s| s.needs.iter().map(String::as_str))
+            .collect();
+        let leaves = spec
+            .steps
+            .iter()
+            .filter(|s| !needed.contains(s.id.as_str()))
+            .map(|s| s.id.clone())
+            .collect();
+        Ok(Definition {
+            name: name.to_owned(),
+            hash: spec.hash(),
+            timeout: spec.timeout_ms.map(Duration::from_millis),
+            spec: Arc::new(spec),
+            steps,
+            output,
+            input_schema,
+            leaves,
+        })
+    }
+
+    /// The step with `id`.
+    pub fn step(&self, id: &str) -> Option<&Step> {
+        self.steps.iter().find(|s| s.spec.id == id)
+    }
+
+    /// Checks `input` against `input_schema`.
+    ///
+    /// # Errors
+    /// A message naming the field that breaks the schema.
+    pub fn check_input(&self, input: &Value) -> Result<(), String> {
+        let Some(schema) = &self.input_schema else {
+            return Ok(());
+        };
+        match schema.iter_errors(input).next() {
+            None => Ok(()),
+            Some(e) => {
+                let at = e.instance_path().to_string();
+                let at = if at.is_empty() {
+                    "the input".to_owned()
+                } else {
+                    format!("input field `{at}`")
+                };
+                Err(format!("{at} does not match `input_schema`: {e}"))
+            }
+        }
+    }
+}
+
+/// Indexes of `steps` with every step after its needs (Kahn's algorithm, ties
+/// in definition order), or a cycle as ids, first repeated at the end.
+fn topological_order(steps: &[StepSpec]) -> Result<Vec<usize>, Vec<String>> {
+    let index: HashMap<&str, usize> = steps
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.id.as_str(), i))
+        .collect();
+    let mut missing: Vec<usize> = steps.iter().map(|s| s.needs.len()).collect();
+    let mut order = Vec::with_capacity(steps.len());
+    let mut done = vec![false; steps.len()];
+    while order.len() < steps.len() {
+        let Some(next) = (0..steps.len()).find(|&i| !done[i] && missing[i] == 0) else {
+            return Err(find_cycle(steps, &index, &done));
+        };
+        done[next] = true;
+        order.push(next);
+        for (i, s) in steps.iter().enumerate() {
+            if s.needs.iter().any(|n| n == &steps[next].id) {
+                missing[i] -= s.needs.iter().filter(|n| *n == &steps[next].id).count();
+            }
+        }
+    }
+    Ok(order)
+}
+
+/// A cycle among the steps not yet ordered: walk needs until one repeats.
+fn find_cycle(steps: &[StepSpec], index: &HashMap<&str, usize>, done: &[bool]) -> Vec<String> {
+    let start = (0..steps.len()).find(|&i| !done[i]).unwrap_or(0);
+    let mut path: Vec<usize> = vec![start];
+    let mut at = start;
+    loop {
+        let next = steps[at]
+            .needs
+            .iter()
+            .filter_map(|n| index.get(n.as_str()).copied())
+            .find(|&i| !done[i]);
+        let Some(next) = next else {
+            return path.iter().map(|&i| steps[i].id.clone()).collect();
+        };
+        if let Some(pos) = path.iter().position(|&i| i == next) {
+            // `a needs b` means b runs first: show the flow, b → a.
+            let mut cycle: Vec<String> = path[pos..].iter().map(|&i| steps[i].id.clone()).collect();
+            cycle.reverse();
+            cycle.push(cycle[0].clone());
+            return cycle;
+        }
+        path.push(next);
+        at = next;
+    }
+}
+
+/// Resolves and compiles every `[workflows.*]` of `config`.
+///
+/// # Errors
+/// The first [`DefinitionError`].
+pub fn load_all(
+    config: &Config,
+    defaults: Limits,
+) -> Result<BTreeMap<String, Definition>, DefinitionError> {
+    config
+        .workflows
+        .iter()
+        .map(|(name, w)| {
+            let spec = Spec::from_config(name, w, config, defaults)?;
+            Ok((name.clone(), Definition::compile(name, spec)?))
+        })
+        .collect()
+}
+
+/// Whether `path` still holds the bytes with `hash`; `Err` with the current
+/// hash (or why it cannot be read) when not.
+pub fn check_component(path: &Path, hash: &str) -> Result<(), String> {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let now = content_hash(&bytes);
+            if now == hash { Ok(()) } else { Err(now) }
+        }
+        Err(e) => Err(format!("unreadable: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(id: &str, needs: &[&str]) -> StepSpec {
+        StepSpec {
+            id: id.into(),
+            component: "x.wasm".into(),
+            component_hash: String::new(),
+            allow: vec![],
+            needs: needs.iter().map(|s| s.to_string()).collect(),
+            input: None,
+            condition: None,
+            for_each: None,
+            concurrency: 1,
+            timeout_ms: 1000,
+            max_memory: 1 << 20,
+            retry: RetryPolicy::default(),
+        }
+    }
+
+    fn spec(steps: Vec<StepSpec>) -> Spec {
+        Spec {
+            input_schema: None,
+            output: None,
+            timeout_ms: None,
+            steps,
+        }
+    }
+
+    #[test]
+    fn orders_steps_after_their_needs() {
+        let d = Definition::compile(
+            "w",
+            spec(vec![step("c", &["b"]), step("a", &[]), step("b", &["a"])]),
+        )
+        .unwrap();
+        let ids: Vec<_> = d.steps.iter().map(|s| s.spec.id.as_str()).collect();
+        assert_eq!(ids, ["a", "b", "c"]);
+        assert_eq!(d.leaves, ["c"]);
+    }
+
+    #[test]
+    fn prints_cycles() {
+        let e = Definition::compile(
+            "w",
+            spec(vec![step("a", &["b"]), step("b", &["a"]), step("c", &[])]),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "workflow `w`: the steps form a cycle: a → b → a"
+        );
+    }
+
+    #[test]
+    fn unknown_and_duplicate_ids() {
+        let e = Definition::compile("w", spec(vec![step("a", &["zz"])])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "workflow `w`, step `a`: `needs` names unknown step `zz`"
+        );
+        let e = Definition::compile("w", spec(vec![step("a", &[]), step("a", &[])])).unwrap_err();
+        assert_eq!(e.to_string(), "workflow `w`, step `a`: duplicate step id");
+    }
+
+    #[test]
+    fn jq_errors_name_step_and_expression() {
+        let mut s = step("a", &[]);
+        s.input = Some("{x: }".into());
+        let e = Definition::compile("w", spec(vec![s])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "workflow `w`, step `a`: `input`: jq expression `{x: }` is invalid at position 4: expected term, found `}`"
+        );
+    }
+
+    #[test]
+    fn retry_delays_grow_and_stay_capped() {
+        let p = RetryPolicy {
+            max_attempts: 10,
+            initial_ms: 100,
+            max_ms: 1000,
+            multiplier: 2.0,
+            on: vec!["unavailable".into()],
+        };
+        for attempt in 1..10 {
+            let d = p.delay(attempt).as_millis() as f64;
+            let full = (100.0 * 2f64.powi(attempt as i32 - 1)).min(1000.0);
+            assert!(d >= full * 0.5 - 1.0 && d <= full, "attempt {attempt}: {d}");
+        }
+        assert!(p.retries("unavailable", 1));
+        assert!(!p.retries("denied", 1));
+        assert!(!p.retries("unavailable", 10));
+    }
+}

@@ -1,0 +1,581 @@
+//! The scheduler: drives one run through its graph.
+//!
+//! A step starts as soon as its needs have finished; independent steps run in
+//! parallel, each node run holding one of the host's step slots. Every
+//! transition is written to the store before the scheduler acts on it, so a
+//! step's output is durable before any step that needs it starts, and a crash
+//! leaves a state that [`drive`] can pick up again: finished steps are kept,
+//! an interrupted step runs again as its next attempt.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use serde_json::{Map, Value, json};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::definition::{Definition, Step};
+use crate::capability::{CallJournal, JournalEntry};
+use crate::runtime::{Node, RunError, RunOptions, Runtime};
+use crate::store::{
+    CallRow, Failure, RunStatus, StepRow, StepStatus, Store, StoreError, now_text,
+};
+
+/// Records a step attempt's capability calls in the store.
+struct StepJournal {
+    store: Arc<dyn Store>,
+    run_id: String,
+    step_id: String,
+    item: u32,
+    attempt: u32,
+    prefix: String,
+}
+
+#[async_trait::async_trait]
+impl CallJournal for StepJournal {
+    fn key_prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    async fn record(&self, entry: JournalEntry) {
+        let row = CallRow {
+            run_id: self.run_id.clone(),
+            step_id: self.step_id.clone(),
+            item: self.item,
+            attempt: self.attempt,
+            seq: entry.seq,
+            name: entry.name,
+            arguments: entry.arguments,
+            outcome: if entry.error_code.is_some() { "error" } else { "ok" }.into(),
+            error_code: entry.error_code.map(str::to_owned),
+            duration_us: entry.duration.as_micros() as u64,
+            at: now_text(),
+        };
+        if let Err(e) = self.store.record_call(&row).await {
+            tracing::warn!(run = %self.run_id, step = %self.step_id, "cannot journal a call: {e}");
+        }
+    }
+}
+
+/// What a run needs while it is driven.
+pub(crate) struct RunCtx {
+    pub run_id: String,
+    pub def: Definition,
+    /// The node of each step id that may still run.
+    pub nodes: HashMap<String, Node>,
+    pub input: Value,
+    pub store: Arc<dyn Store>,
+    pub runtime: Arc<Runtime>,
+    /// Step slots shared by every run of the host.
+    pub slots: Arc<Semaphore>,
+    /// `workflow.cancel`.
+    pub cancel: CancellationToken,
+    /// The process is stopping: stop, and leave the stored state as it is so
+    /// the next start resumes the run.
+    pub shutdown: CancellationToken,
+}
+
+/// How driving a run ended.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Ending {
+    Finished(RunStatus),
+    /// Stopped by shutdown; the run stays `running` in the store.
+    Interrupted,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    Cancelled,
+    Timeout,
+    Shutdown,
+}
+
+/// How a step ended, before it is stored.
+enum Outcome {
+    Succeeded {
+        output: Value,
+        input: Option<Value>,
+    },
+    Skipped,
+    Failed(Failure),
+    /// Its node was stopped by a cancel, the run deadline or shutdown.
+    Interrupted,
+}
+
+struct StepState {
+    status: StepStatus,
+    output: Option<Value>,
+    attempts: u32,
+    error: Option<Failure>,
+}
+
+/// Drives a run until every step has finished or it is stopped.
+///
+/// `rows` is the run's stored steps: all `pending` for a new run; for a resumed
+/// or retried run, finished steps keep their outputs and are never re-run.
+///
+/// # Errors
+/// A [`StoreError`]: the run's state could not be recorded, so it stops (and
+/// stays `running`, to be resumed).
+pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending, StoreError> {
+    let mut states: HashMap<String, StepState> = rows
+        .into_iter()
+        .map(|r| {
+            // A step left `running` was interrupted by a crash: it runs again.
+            let status = if r.status == StepStatus::Running {
+                StepStatus::Pending
+            } else {
+                r.status
+            };
+            (
+                r.step_id,
+                StepState {
+                    status,
+                    output: r.output,
+                    attempts: r.attempts,
+                    error: r.error,
+                },
+            )
+        })
+        .collect();
+    let deadline = ctx.def.timeout.map(|t| Instant::now() + t);
+    let stop_token = CancellationToken::new();
+    let mut stop: Option<Stop> = None;
+    let mut running: JoinSet<(String, Outcome)> = JoinSet::new();
+
+    loop {
+        if stop.is_none() {
+            launch_ready(&ctx, &mut states, &mut running, &stop_token).await?;
+        }
+        if running.is_empty() {
+            break;
+        }
+        tokio::select! {
+            joined = running.join_next() => {
+                let Some(joined) = joined else { continue };
+                let (id, outcome) = match joined {
+                    Ok(done) => done,
+                    Err(e) => {
+                        // A panic in a step is a host bug; fail the run loudly
+                        // rather than hang it.
+                        tracing::error!(run = %ctx.run_id, "a step task failed: {e}");
+                        return Err(StoreError::Corrupt(format!("a step task failed: {e}")));
+                    }
+                };
+                record(&ctx, &mut states, &id, outcome, stop).await?;
+            }
+            _ = ctx.cancel.cancelled(), if stop.is_none() => {
+                stop = Some(Stop::Cancelled);
+                stop_token.cancel();
+            }
+            _ = sleep_until(deadline), if stop.is_none() && deadline.is_some() => {
+                stop = Some(Stop::Timeout);
+                stop_token.cancel();
+            }
+            _ = ctx.shutdown.cancelled(), if stop.is_none() => {
+                stop = Some(Stop::Shutdown);
+                stop_token.cancel();
+            }
+        }
+    }
+    if stop == Some(Stop::Shutdown) {
+        return Ok(Ending::Interrupted);
+    }
+    finish(&ctx, &mut states, stop).await
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Starts every pending step whose needs have finished; settles those that
+/// cannot run (a need failed: cancelled; a need skipped: skipped).
+async fn launch_ready(
+    ctx: &Arc<RunCtx>,
+    states: &mut HashMap<String, StepState>,
+    running: &mut JoinSet<(String, Outcome)>,
+    stop_token: &CancellationToken,
+) -> Result<(), StoreError> {
+    // Steps are in an order where needs come first, so one pass settles chains.
+    for step in &ctx.def.steps {
+        let id = &step.spec.id;
+        if states[id].status != StepStatus::Pending {
+            continue;
+        }
+        let needs: Vec<(&String, StepStatus)> = step
+            .spec
+            .needs
+            .iter()
+            .map(|n| (n, states[n].status))
+            .collect();
+        if !needs.iter().all(|(_, s)| s.is_finished()) {
+            continue;
+        }
+        if let Some((need, _)) = needs
+            .iter()
+            .find(|(_, s)| matches!(s, StepStatus::Failed | StepStatus::Cancelled))
+        {
+            let error = Failure::new("need-failed", format!("not run: step `{need}` did not succeed"));
+            ctx.store
+                .step_finished(&ctx.run_id, id, StepStatus::Cancelled, None, Some(&error))
+                .await?;
+            let state = states.get_mut(id).expect("every step has a state");
+            state.status = StepStatus::Cancelled;
+            state.error = Some(error);
+            continue;
+        }
+        if needs.iter().any(|(_, s)| *s == StepStatus::Skipped) {
+            ctx.store
+                .step_finished(&ctx.run_id, id, StepStatus::Skipped, None, None)
+                .await?;
+            states.get_mut(id).expect("every step has a state").status = StepStatus::Skipped;
+            continue;
+        }
+        let data = context(&ctx.input, states);
+        let state = states.get_mut(id).expect("every step has a state");
+        state.status = StepStatus::Running;
+        let first_attempt = state.attempts + 1;
+        let ctx = ctx.clone();
+        let step = step.clone();
+        let stop = stop_token.clone();
+        let id = id.clone();
+        running.spawn(async move {
+            let outcome = run_step(&ctx, &step, data, first_attempt, &stop).await;
+            (id, outcome)
+        });
+    }
+    Ok(())
+}
+
+/// `{input, steps: {<id>: {output}}}` over the steps that have finished.
+fn context(input: &Value, states: &HashMap<String, StepState>) -> Value {
+    let steps: Map<String, Value> = states
+        .iter()
+        .filter(|(_, s)| matches!(s.status, StepStatus::Succeeded | StepStatus::Skipped))
+        .map(|(id, s)| {
+            (
+                id.clone(),
+                json!({ "output": s.output.clone().unwrap_or(Value::Null) }),
+            )
+        })
+        .collect();
+    json!({ "input": input, "steps": steps })
+}
+
+/// Stores how a step ended and updates the scheduler's view.
+async fn record(
+    ctx: &RunCtx,
+    states: &mut HashMap<String, StepState>,
+    id: &str,
+    outcome: Outcome,
+    stop: Option<Stop>,
+) -> Result<(), StoreError> {
+    let (status, output, error) = match outcome {
+        Outcome::Succeeded { output, .. } => (StepStatus::Succeeded, Some(output), None),
+        Outcome::Skipped => (StepStatus::Skipped, None, None),
+        Outcome::Failed(f) => (StepStatus::Failed, None, Some(f)),
+        Outcome::Interrupted if stop == Some(Stop::Shutdown) => {
+            // Left `running` in the store: the next start runs it again.
+            states.get_mut(id).expect("every step has a state").status = StepStatus::Running;
+            return Ok(());
+        }
+        Outcome::Interrupted => {
+            let f = match stop {
+                Some(Stop::Timeout) => {
+                    Failure::new("timeout", "stopped: the run reached its time limit")
+                }
+                _ => Failure::new("cancelled", "the run was cancelled"),
+            };
+            (StepStatus::Cancelled, None, Some(f))
+        }
+    };
+    ctx.store
+        .step_finished(&ctx.run_id, id, status, output.as_ref(), error.as_ref())
+        .await?;
+    let state = states.get_mut(id).expect("every step has a state");
+    state.status = status;
+    state.output = output;
+    state.error = error;
+    Ok(())
+}
+
+/// Settles the steps that never ran and records how the run ended.
+async fn finish(
+    ctx: &RunCtx,
+    states: &mut HashMap<String, StepState>,
+    stop: Option<Stop>,
+) -> Result<Ending, StoreError> {
+    for step in &ctx.def.steps {
+        let id = &step.spec.id;
+        if states[id].status == StepStatus::Pending {
+            let error = match stop {
+                Some(Stop::Timeout) => {
+                    Failure::new("timeout", "not run: the run reached its time limit")
+                }
+                _ => Failure::new("cancelled", "not run: the run was cancelled"),
+            };
+            ctx.store
+                .step_finished(&ctx.run_id, id, StepStatus::Cancelled, None, Some(&error))
+                .await?;
+            let state = states.get_mut(id).expect("every step has a state");
+            state.status = StepStatus::Cancelled;
+            state.error = Some(error);
+        }
+    }
+    let single = ctx.def.steps.len() == 1;
+    let failed_step = ctx
+        .def
+        .steps
+        .iter()
+        .find(|s| states[&s.spec.id].status == StepStatus::Failed);
+    let (status, output, error) = match (stop, failed_step) {
+        (Some(Stop::Cancelled), _) => (
+            RunStatus::Cancelled,
+            None,
+            Some(Failure::new("cancelled", "the run was cancelled")),
+        ),
+        (Some(Stop::Timeout), _) => {
+            let limit = ctx.def.timeout.unwrap_or_default();
+            (
+                RunStatus::Failed,
+                None,
+                Some(Failure::new(
+                    "timeout",
+                    format!(
+                        "the run exceeded its time limit of {}",
+                        humantime::format_duration(limit)
+                    ),
+                )),
+            )
+        }
+        (_, Some(step)) => {
+            let f = states[&step.spec.id]
+                .error
+                .clone()
+                .unwrap_or_else(|| Failure::new("failed", "the step failed"));
+            let f = if single {
+                f
+            } else {
+                Failure::new(f.code, format!("step `{}`: {}", step.spec.id, f.message))
+            };
+            (RunStatus::Failed, None, Some(f))
+        }
+        (_, None) => match run_output(ctx, states) {
+            Ok(output) => (RunStatus::Succeeded, Some(output), None),
+            Err(f) => (RunStatus::Failed, None, Some(f)),
+        },
+    };
+    ctx.store
+        .run_finished(&ctx.run_id, status, output.as_ref(), error.as_ref())
+        .await?;
+    Ok(Ending::Finished(status))
+}
+
+/// The `output` mapping, or the output of the one step nothing needs (an
+/// object keyed by id when there are several).
+fn run_output(ctx: &RunCtx, states: &HashMap<String, StepState>) -> Result<Value, Failure> {
+    if let Some(expr) = &ctx.def.output {
+        return expr
+            .eval(&context(&ctx.input, states))
+            .map_err(|e| Failure::new("output-mapping", e.to_string()));
+    }
+    let output_of = |id: &String| states[id].output.clone().unwrap_or(Value::Null);
+    Ok(match ctx.def.leaves.as_slice() {
+        [one] => output_of(one),
+        many => Value::Object(many.iter().map(|id| (id.clone(), output_of(id))).collect()),
+    })
+}
+
+/// Runs one step: its condition, its input mapping, then its node once (or
+/// once per `for_each` item), with retries.
+async fn run_step(
+    ctx: &Arc<RunCtx>,
+    step: &Step,
+    data: Value,
+    first_attempt: u32,
+    stop: &CancellationToken,
+) -> Outcome {
+    let id = &step.spec.id;
+    if let Some(cond) = &step.condition {
+        match cond.eval_bool(&data) {
+            Ok(true) => {}
+            Ok(false) => return Outcome::Skipped,
+            Err(e) => return Outcome::Failed(Failure::new("condition", e.to_string())),
+        }
+    }
+    // The attempt counter is the step's, shared by its items: every node run
+    // (a first try or a retry) takes the next number, so the journal never
+    // mixes two runs of the node.
+    let attempts = AtomicU32::new(first_attempt);
+    let Some(each) = &step.for_each else {
+        let input = match step_input(ctx, step, &data, None) {
+            Ok(input) => input,
+            Err(f) => return Outcome::Failed(f),
+        };
+        if let Err(e) = ctx
+            .store
+            .step_started(&ctx.run_id, id, first_attempt, Some(&input))
+            .await
+        {
+            return Outcome::Failed(store_failure(e));
+        }
+        return match run_item(ctx, step, None, &input, &attempts, stop).await {
+            Ok(output) => Outcome::Succeeded {
+                output,
+                input: Some(input),
+            },
+            Err(outcome) => outcome,
+        };
+    };
+    let items = match each.eval_array(&data) {
+        Ok(items) => items,
+        Err(e) => return Outcome::Failed(Failure::new("input-mapping", e.to_string())),
+    };
+    let mut inputs = Vec::with_capacity(items.len());
+    for (index, item) in items.into_iter().enumerate() {
+        let mut data = data.clone();
+        data["item"] = item;
+        data["index"] = json!(index);
+        match step_input(ctx, step, &data, Some(index)) {
+            Ok(input) => inputs.push(input),
+            Err(f) => return Outcome::Failed(f),
+        }
+    }
+    let all = Value::Array(inputs.clone());
+    if let Err(e) = ctx
+        .store
+        .step_started(&ctx.run_id, id, first_attempt, Some(&all))
+        .await
+    {
+        return Outcome::Failed(store_failure(e));
+    }
+    let attempts = &attempts;
+    let inputs = &inputs;
+    let outputs = futures::stream::iter(0..inputs.len())
+        .map(|index| run_item(ctx, step, Some(index), &inputs[index], attempts, stop))
+        .buffered(step.spec.concurrency)
+        .try_collect::<Vec<Value>>()
+        .await;
+    match outputs {
+        Ok(outputs) => Outcome::Succeeded {
+            output: Value::Array(outputs),
+            input: Some(all),
+        },
+        Err(outcome) => outcome,
+    }
+}
+
+fn store_failure(e: StoreError) -> Failure {
+    Failure::new("state", e.to_string())
+}
+
+/// The step's input: its mapping, or by default the item (under `for_each`),
+/// the workflow input (no needs), the need's output (one need), or an object
+/// of the needs' outputs by id.
+fn step_input(
+    _ctx: &RunCtx,
+    step: &Step,
+    data: &Value,
+    item: Option<usize>,
+) -> Result<Value, Failure> {
+    if let Some(expr) = &step.input {
+        return expr
+            .eval(data)
+            .map_err(|e| Failure::new("input-mapping", e.to_string()));
+    }
+    if item.is_some() {
+        return Ok(data["item"].clone());
+    }
+    let output_of = |id: &str| data["steps"][id]["output"].clone();
+    Ok(match step.spec.needs.as_slice() {
+        [] => data["input"].clone(),
+        [one] => output_of(one),
+        many => Value::Object(many.iter().map(|id| (id.clone(), output_of(id))).collect()),
+    })
+}
+
+/// Runs the node on one input, retrying as the step's policy says.
+async fn run_item(
+    ctx: &RunCtx,
+    step: &Step,
+    item: Option<usize>,
+    input: &Value,
+    attempts: &AtomicU32,
+    stop: &CancellationToken,
+) -> Result<Value, Outcome> {
+    let node = &ctx.nodes[&step.spec.id];
+    let text = input.to_string();
+    let mut tries = 0u32;
+    let mut attempt = attempts.load(Ordering::Relaxed);
+    loop {
+        tries += 1;
+        let result = {
+            let permit = tokio::select! {
+                permit = ctx.slots.acquire() => permit,
+                _ = stop.cancelled() => return Err(Outcome::Interrupted),
+            };
+            let _permit = permit.expect("the step slots are never closed");
+            let run_id = match item {
+                Some(i) => format!("{}/{}/{i}", ctx.run_id, step.spec.id),
+                None => format!("{}/{}", ctx.run_id, step.spec.id),
+            };
+            let item = item.unwrap_or(0) as u32;
+            let journal = StepJournal {
+                store: ctx.store.clone(),
+                run_id: ctx.run_id.clone(),
+                step_id: step.spec.id.clone(),
+                item,
+                attempt,
+                prefix: format!("{}/{}/{item}", ctx.run_id, step.spec.id),
+            };
+            let opts = RunOptions {
+                run_id,
+                limits: Some(step.limits),
+                cancel: stop.child_token(),
+                grants: step.grants.clone(),
+                journal: Some(Arc::new(journal)),
+            };
+            ctx.runtime.run(node, &text, opts).await.result
+        };
+        let failure = match result {
+            Ok(output) => {
+                return serde_json::from_str(&output).map_err(|e| {
+                    Outcome::Failed(Failure::new("invalid-output", e.to_string()))
+                });
+            }
+            Err(RunError::Cancelled) => return Err(Outcome::Interrupted),
+            Err(e) => Failure::new(
+                e.code(),
+                match &e {
+                    RunError::Node { message, .. } => message.clone(),
+                    other => other.to_string(),
+                },
+            ),
+        };
+        if !step.spec.retry.retries(&failure.code, tries) {
+            return Err(Outcome::Failed(failure));
+        }
+        let delay: Duration = step.spec.retry.delay(tries);
+        tracing::info!(
+            run = %ctx.run_id, step = %step.spec.id, attempt, code = %failure.code,
+            "step attempt failed; retrying in {delay:?}"
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = stop.cancelled() => return Err(Outcome::Interrupted),
+        }
+        attempt = attempts.fetch_add(1, Ordering::Relaxed) + 1;
+        ctx.store
+            .step_attempt(&ctx.run_id, &step.spec.id, attempt)
+            .await
+            .map_err(|e| Outcome::Failed(store_failure(e)))?;
+    }
+}

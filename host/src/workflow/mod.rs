@@ -1,0 +1,652 @@
+//! Workflows and their runs.
+//!
+//! A workflow is a graph of steps ([`definition`]), each a node with its own
+//! grants and limits, wired together with jq ([`expr`]). Starting one creates
+//! a run in the [`Store`]; a task owned by [`Workflows`] drives it through the
+//! graph ([`engine`]). Runs are durable: when the host starts on a state that
+//! holds unfinished runs, it resumes them.
+
+pub mod definition;
+mod engine;
+pub mod expr;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::sync::{Semaphore, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::runtime::{LoadError, Node, Runtime};
+use crate::store::sqlite::SqliteStore;
+use crate::store::{
+    CallRow, Counts, Created, Failure, ListQuery, NewRun, RunRow, RunStatus, StepStatus, Store,
+    StoreError, now_ms, now_text,
+};
+pub use definition::{Definition, DefinitionError, Spec};
+use engine::{Ending, RunCtx};
+
+/// The run state a client sees (`status` of `workflow.get`).
+pub type Status = RunStatus;
+
+/// Default number of finished runs kept.
+pub const DEFAULT_KEEP_RUNS: u64 = 10_000;
+/// Default age past which finished runs are pruned.
+pub const DEFAULT_KEEP_FOR: Duration = Duration::from_secs(30 * 24 * 3600);
+/// Default number of steps that may run at once.
+pub const DEFAULT_MAX_CONCURRENT_STEPS: usize = 64;
+/// How often finished runs are pruned in the background.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// How the workflow engine is set up.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// A SQLite file, or `:memory:`.
+    pub state: String,
+    pub max_concurrent_steps: usize,
+    pub keep_runs: u64,
+    pub keep_for: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            state: ":memory:".into(),
+            max_concurrent_steps: DEFAULT_MAX_CONCURRENT_STEPS,
+            keep_runs: DEFAULT_KEEP_RUNS,
+            keep_for: DEFAULT_KEEP_FOR,
+        }
+    }
+}
+
+/// One step as `workflow.get` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepRecord {
+    pub id: String,
+    pub status: StepStatus,
+    pub attempts: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<Failure>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub calls: Option<Vec<CallRow>>,
+}
+
+/// What `workflow.get` returns.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunRecord {
+    pub run_id: String,
+    pub workflow: String,
+    pub status: Status,
+    pub input: Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<Failure>,
+    pub started_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    pub definition_hash: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steps: Option<Vec<StepRecord>>,
+}
+
+impl From<RunRow> for RunRecord {
+    fn from(r: RunRow) -> Self {
+        RunRecord {
+            run_id: r.run_id,
+            workflow: r.workflow,
+            status: r.status,
+            input: r.input,
+            output: r.output,
+            error: r.error,
+            started_at: r.started_at,
+            finished_at: r.finished_at,
+            definition_hash: r.definition_hash,
+            steps: None,
+        }
+    }
+}
+
+/// Why a workflow could not be loaded, started or found.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkflowError {
+    #[error("unknown workflow `{0}`")]
+    UnknownWorkflow(String),
+    #[error("unknown run `{0}`")]
+    UnknownRun(String),
+    #[error("the host is shutting down")]
+    ShuttingDown,
+    #[error(transparent)]
+    Definition(#[from] DefinitionError),
+    #[error("workflow `{workflow}`, step `{step}`: {source}")]
+    Load {
+        workflow: String,
+        step: String,
+        source: LoadError,
+    },
+    #[error("workflow `{workflow}`: {message}")]
+    InvalidInput { workflow: String, message: String },
+    #[error("run `{run_id}` is {status}; only a failed or cancelled run can be retried")]
+    NotRetryable { run_id: String, status: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A run driven by this process.
+struct Live {
+    cancel: CancellationToken,
+    // Flips to true once the run's task has ended; waiters watch it.
+    done: watch::Receiver<bool>,
+}
+
+/// The configured workflows and every run of them.
+pub struct Workflows {
+    runtime: Arc<Runtime>,
+    definitions: BTreeMap<String, Definition>,
+    store: Arc<dyn Store>,
+    /// Loaded components by content hash.
+    nodes: Mutex<HashMap<String, Node>>,
+    /// Step slots shared by every run (`max_concurrent_steps`).
+    slots: Arc<Semaphore>,
+    live: Mutex<HashMap<String, Live>>,
+    options: Options,
+    /// Owns every run task; shutdown waits on it.
+    tasks: TaskTracker,
+    /// Stops every run at once, leaving them to be resumed (shutdown past the
+    /// grace period).
+    shutdown: CancellationToken,
+    /// Ends `workflow.wait` long-polls when shutdown begins.
+    closing: CancellationToken,
+    /// Finished runs since the last prune.
+    finished_since_prune: std::sync::atomic::AtomicU64,
+}
+
+impl Workflows {
+    /// Loads every `[workflows.*]` of `config` (definitions and components)
+    /// and opens the state.
+    ///
+    /// # Errors
+    /// A [`WorkflowError`] naming the workflow, the step and the problem.
+    pub async fn open(
+        config: &crate::config::Config,
+        runtime: Arc<Runtime>,
+        options: Options,
+    ) -> Result<Arc<Self>, WorkflowError> {
+        let definitions = definition::load_all(config, runtime.limits())?;
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&options.state).await?);
+        let this = Arc::new(Workflows {
+            runtime,
+            definitions,
+            store,
+            nodes: Mutex::default(),
+            slots: Arc::new(Semaphore::new(options.max_concurrent_steps.max(1))),
+            live: Mutex::default(),
+            options,
+            tasks: TaskTracker::new(),
+            shutdown: CancellationToken::new(),
+            closing: CancellationToken::new(),
+            finished_since_prune: Default::default(),
+        });
+        for def in this.definitions.values() {
+            for step in &def.steps {
+                this.node_for(&step.spec)
+                    .map_err(|e| match e {
+                        NodeError::Load(source) => WorkflowError::Load {
+                            workflow: def.name.clone(),
+                            step: step.spec.id.clone(),
+                            source,
+                        },
+                        NodeError::Changed(now) => {
+                            WorkflowError::Definition(DefinitionError::Step {
+                                workflow: def.name.clone(),
+                                step: step.spec.id.clone(),
+                                message: format!(
+                                    "component `{}` changed while loading (now {now})",
+                                    step.spec.component.display()
+                                ),
+                            })
+                        }
+                    })?;
+            }
+        }
+        Ok(this)
+    }
+
+    /// Starts driving every run the state holds as `running` (the last
+    /// process stopped or crashed while they ran), and the background pruner.
+    /// Returns how many runs were resumed.
+    ///
+    /// # Errors
+    /// [`WorkflowError::Store`].
+    pub async fn resume(self: &Arc<Self>) -> Result<usize, WorkflowError> {
+        let runs = self.store.unfinished_runs().await?;
+        let count = runs.len();
+        for run in runs {
+            tracing::info!(run = %run.run_id, workflow = %run.workflow, "resuming run");
+            self.launch_stored(run).await?;
+        }
+        let this = Arc::downgrade(self);
+        let stop = self.closing.clone();
+        self.tasks.spawn(async move {
+            loop {
+                if let Some(this) = this.upgrade() {
+                    this.prune().await;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(PRUNE_EVERY) => {}
+                    _ = stop.cancelled() => return,
+                }
+            }
+        });
+        Ok(count)
+    }
+
+    /// The configured workflow names.
+    pub fn names(&self) -> Vec<String> {
+        self.definitions.keys().cloned().collect()
+    }
+
+    /// The definition of `workflow`.
+    pub fn definition(&self, workflow: &str) -> Option<&Definition> {
+        self.definitions.get(workflow)
+    }
+
+    /// The state's backend, location and counts, for `host.status`.
+    ///
+    /// # Errors
+    /// [`WorkflowError::Store`].
+    pub async fn state_status(&self) -> Result<Value, WorkflowError> {
+        let Counts {
+            runs_running,
+            runs_total,
+        } = self.store.counts().await?;
+        Ok(json!({
+            "backend": self.store.backend(),
+            "path": self.store.location(),
+            "runs_running": runs_running,
+            "runs_total": runs_total,
+        }))
+    }
+
+    fn node_for(&self, spec: &definition::StepSpec) -> Result<Node, NodeError> {
+        if let Some(node) = self
+            .nodes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&spec.component_hash)
+        {
+            return Ok(node.clone());
+        }
+        let bytes = std::fs::read(&spec.component).map_err(|source| {
+            NodeError::Load(match source.kind() {
+                std::io::ErrorKind::NotFound => LoadError::NotFound {
+                    path: spec.component.clone(),
+                },
+                _ => LoadError::Read {
+                    path: spec.component.clone(),
+                    source,
+                },
+            })
+        })?;
+        let hash = definition::content_hash(&bytes);
+        if hash != spec.component_hash {
+            return Err(NodeError::Changed(hash));
+        }
+        let name = spec
+            .component
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| spec.id.clone());
+        let node = self
+            .runtime
+            .load_bytes(&name, &bytes)
+            .map_err(NodeError::Load)?;
+        self.nodes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(hash, node.clone());
+        Ok(node)
+    }
+
+    /// Starts `workflow` on `input`. With an idempotency key already used for
+    /// this workflow, returns that run instead of starting another.
+    ///
+    /// # Errors
+    /// [`WorkflowError::UnknownWorkflow`], [`WorkflowError::InvalidInput`] when
+    /// the input breaks `input_schema`, [`WorkflowError::ShuttingDown`].
+    pub async fn start(
+        self: &Arc<Self>,
+        workflow: &str,
+        input: Value,
+        idempotency_key: Option<String>,
+    ) -> Result<RunRecord, WorkflowError> {
+        let def = self
+            .definitions
+            .get(workflow)
+            .ok_or_else(|| WorkflowError::UnknownWorkflow(workflow.to_owned()))?;
+        if self.tasks.is_closed() {
+            return Err(WorkflowError::ShuttingDown);
+        }
+        def.check_input(&input)
+            .map_err(|message| WorkflowError::InvalidInput {
+                workflow: workflow.to_owned(),
+                message,
+            })?;
+        let created_ms = now_ms();
+        let run = RunRow {
+            run_id: new_run_id(created_ms),
+            workflow: workflow.to_owned(),
+            status: RunStatus::Running,
+            input,
+            output: None,
+            error: None,
+            definition: serde_json::to_value(&*def.spec).expect("a spec is plain data"),
+            definition_hash: def.hash.clone(),
+            idempotency_key,
+            created_ms,
+            started_at: now_text(),
+            finished_at: None,
+        };
+        let new = NewRun {
+            steps: def.spec.steps.iter().map(|s| s.id.clone()).collect(),
+            run: run.clone(),
+        };
+        if let Created::Existing(existing) = self.store.create_run(&new).await? {
+            return Ok(existing.into());
+        }
+        let nodes = self.nodes_of(def).map_err(|f| {
+            WorkflowError::Store(StoreError::Corrupt(format!(
+                "{}: {}",
+                f.code, f.message
+            )))
+        })?;
+        let rows = self.store.steps(&run.run_id).await?;
+        self.launch(def.clone(), nodes, run.clone(), rows);
+        Ok(run.into())
+    }
+
+    /// The nodes of every step of `def`, checked against the hashes it
+    /// started with.
+    fn nodes_of(&self, def: &Definition) -> Result<HashMap<String, Node>, Failure> {
+        def.steps
+            .iter()
+            .map(|step| {
+                let node = self.node_for(&step.spec).map_err(|e| match e {
+                    NodeError::Changed(now) => Failure::new(
+                        "definition-changed",
+                        format!(
+                            "step `{}`: component `{}` changed since the run started (sha256 {} then, {now} now)",
+                            step.spec.id,
+                            step.spec.component.display(),
+                            step.spec.component_hash
+                        ),
+                    ),
+                    NodeError::Load(e) => Failure::new(
+                        "definition-changed",
+                        format!("step `{}`: {e}", step.spec.id),
+                    ),
+                })?;
+                Ok((step.spec.id.clone(), node))
+            })
+            .collect()
+    }
+
+    /// Drives a stored run (resume or retry) on the definition it started with.
+    async fn launch_stored(self: &Arc<Self>, run: RunRow) -> Result<(), WorkflowError> {
+        let rows = self.store.steps(&run.run_id).await?;
+        let prepared = serde_json::from_value::<Spec>(run.definition.clone())
+            .map_err(|e| Failure::new("definition-changed", format!("the stored definition cannot be read: {e}")))
+            .and_then(|spec| {
+                Definition::compile(&run.workflow, spec)
+                    .map_err(|e| Failure::new("definition-changed", e.to_string()))
+            })
+            .and_then(|def| {
+                // Only the steps that will run need their code unchanged.
+                let mut needed = def.clone();
+                needed.steps.retain(|s| {
+                    rows.iter()
+                        .any(|r| r.step_id == s.spec.id && !matches!(r.status, StepStatus::Succeeded | StepStatus::Skipped))
+                });
+                let nodes = self.nodes_of(&needed)?;
+                Ok((def, nodes))
+            });
+        match prepared {
+            Ok((def, nodes)) => {
+                self.launch(def, nodes, run, rows);
+                Ok(())
+            }
+            Err(failure) => {
+                tracing::warn!(run = %run.run_id, "cannot continue run: {}", failure.message);
+                self.store
+                    .run_finished(&run.run_id, RunStatus::Failed, None, Some(&failure))
+                    .await?;
+                Ok(())
+            }
+        }
+    }
+
+    fn launch(
+        self: &Arc<Self>,
+        def: Definition,
+        nodes: HashMap<String, Node>,
+        run: RunRow,
+        rows: Vec<crate::store::StepRow>,
+    ) {
+        let cancel = CancellationToken::new();
+        let (done_tx, done_rx) = watch::channel(false);
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            run.run_id.clone(),
+            Live {
+                cancel: cancel.clone(),
+                done: done_rx,
+            },
+        );
+        let ctx = Arc::new(RunCtx {
+            run_id: run.run_id.clone(),
+            def,
+            nodes,
+            input: run.input,
+            store: self.store.clone(),
+            runtime: self.runtime.clone(),
+            slots: self.slots.clone(),
+            cancel,
+            shutdown: self.shutdown.clone(),
+        });
+        let this = self.clone();
+        self.tasks.spawn(async move {
+            let run_id = ctx.run_id.clone();
+            match engine::drive(ctx, rows).await {
+                Ok(Ending::Finished(status)) => {
+                    tracing::debug!(run = %run_id, ?status, "run finished");
+                    this.after_finish().await;
+                }
+                Ok(Ending::Interrupted) => {
+                    tracing::info!(run = %run_id, "run interrupted by shutdown; it resumes at the next start");
+                }
+                Err(e) => tracing::error!(run = %run_id, "run stopped: {e}"),
+            }
+            this.live
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&run_id);
+            let _ = done_tx.send(true);
+        });
+    }
+
+    /// Prunes when enough runs have finished since the last time.
+    async fn after_finish(&self) {
+        use std::sync::atomic::Ordering;
+        let n = self.finished_since_prune.fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= (self.options.keep_runs / 8).max(1) {
+            self.prune().await;
+        }
+    }
+
+    async fn prune(&self) {
+        use std::sync::atomic::Ordering;
+        self.finished_since_prune.store(0, Ordering::Relaxed);
+        let before = now_ms() - i64::try_from(self.options.keep_for.as_millis()).unwrap_or(i64::MAX);
+        match self.store.prune(self.options.keep_runs, before).await {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!("pruned {n} finished runs"),
+            Err(e) => tracing::warn!("cannot prune finished runs: {e}"),
+        }
+    }
+
+    /// The record of `run_id` with its steps, and their calls when `calls`.
+    ///
+    /// # Errors
+    /// [`WorkflowError::UnknownRun`], [`WorkflowError::Store`].
+    pub async fn get(&self, run_id: &str, calls: bool) -> Result<RunRecord, WorkflowError> {
+        let run = self
+            .store
+            .run(run_id)
+            .await?
+            .ok_or_else(|| WorkflowError::UnknownRun(run_id.to_owned()))?;
+        let mut steps = Vec::new();
+        for row in self.store.steps(run_id).await? {
+            let calls = if calls {
+                Some(self.store.calls(run_id, &row.step_id).await?)
+            } else {
+                None
+            };
+            steps.push(StepRecord {
+                id: row.step_id,
+                status: row.status,
+                attempts: row.attempts,
+                started_at: row.started_at,
+                finished_at: row.finished_at,
+                output: row.output,
+                error: row.error,
+                calls,
+            });
+        }
+        let mut record = RunRecord::from(run);
+        record.steps = Some(steps);
+        Ok(record)
+    }
+
+    /// Waits until `run_id` has finished, `timeout` passes or shutdown
+    /// begins; returns the record either way.
+    ///
+    /// # Errors
+    /// [`WorkflowError::UnknownRun`], [`WorkflowError::Store`].
+    pub async fn wait(&self, run_id: &str, timeout: Duration) -> Result<RunRecord, WorkflowError> {
+        let done = self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(run_id)
+            .map(|l| l.done.clone());
+        if let Some(mut done) = done {
+            tokio::select! {
+                _ = tokio::time::timeout(timeout, done.wait_for(|d| *d)) => {}
+                _ = self.closing.cancelled() => {}
+            }
+        }
+        self.get(run_id, false).await
+    }
+
+    /// Cancels `run_id` (its running nodes are interrupted and in-flight
+    /// upstream calls cancelled) and waits briefly for it to stop.
+    ///
+    /// # Errors
+    /// [`WorkflowError::UnknownRun`], [`WorkflowError::Store`].
+    pub async fn cancel(&self, run_id: &str) -> Result<RunRecord, WorkflowError> {
+        let token = self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(run_id)
+            .map(|l| l.cancel.clone());
+        match token {
+            Some(token) => {
+                token.cancel();
+                self.wait(run_id, Duration::from_secs(5)).await
+            }
+            None => self.get(run_id, false).await,
+        }
+    }
+
+    /// Starts a failed or cancelled run again from its failed or cancelled
+    /// steps, keeping the outputs of the steps that succeeded. Same run id.
+    ///
+    /// # Errors
+    /// [`WorkflowError::UnknownRun`], [`WorkflowError::NotRetryable`],
+    /// [`WorkflowError::ShuttingDown`], [`WorkflowError::Store`].
+    pub async fn retry(self: &Arc<Self>, run_id: &str) -> Result<RunRecord, WorkflowError> {
+        if self.tasks.is_closed() {
+            return Err(WorkflowError::ShuttingDown);
+        }
+        let run = self
+            .store
+            .run(run_id)
+            .await?
+            .ok_or_else(|| WorkflowError::UnknownRun(run_id.to_owned()))?;
+        if !self.store.reopen_run(run_id).await? {
+            return Err(WorkflowError::NotRetryable {
+                run_id: run_id.to_owned(),
+                status: run.status.as_str().to_owned(),
+            });
+        }
+        let run = self
+            .store
+            .run(run_id)
+            .await?
+            .ok_or_else(|| WorkflowError::UnknownRun(run_id.to_owned()))?;
+        self.launch_stored(run).await?;
+        self.get(run_id, false).await
+    }
+
+    /// A page of runs, newest first, and the cursor of the next page.
+    ///
+    /// # Errors
+    /// [`WorkflowError::Store`] (a bad cursor among them).
+    pub async fn list(
+        &self,
+        query: &ListQuery,
+    ) -> Result<(Vec<RunRecord>, Option<String>), WorkflowError> {
+        let (runs, next) = self.store.list_runs(query).await?;
+        Ok((runs.into_iter().map(RunRecord::from).collect(), next))
+    }
+
+    /// Stops new runs and ends waits, lets running runs go on for up to
+    /// `grace`, then stops the rest. Stopped runs stay `running` in the state
+    /// and resume at the next start.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.tasks.close();
+        self.closing.cancel();
+        if tokio::time::timeout(grace, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("runs still going after the grace period; stopping them (they resume at the next start)");
+            self.shutdown.cancel();
+            self.tasks.wait().await;
+        }
+    }
+}
+
+enum NodeError {
+    Load(LoadError),
+    /// The file's content no longer has the hash the definition names.
+    Changed(String),
+}
+
+/// A run id that is unique across restarts and sorts by creation time (and,
+/// within a millisecond, by start order in this process).
+fn new_run_id(created_ms: i64) -> String {
+    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed) & 0xff_ffff;
+    let noise = rand::random::<u32>() & 0xff_ffff;
+    format!("run-{created_ms:012x}-{seq:06x}-{noise:06x}")
+}

@@ -1,0 +1,1190 @@
+//! Multi-step workflows: definitions, data passing with jq, retries, and
+//! durable runs that survive a SIGKILL. Real components built from source,
+//! the fixture MCP server as a real child process, real SQLite files.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use wf_host::config::Config;
+use wf_host::pool::{Pool, PoolConfig};
+use wf_host::runtime::{Runtime, RuntimeConfig};
+use wf_host::store::{RunStatus, StepStatus};
+use wf_host::workflow::{Options, RunRecord, WorkflowError, Workflows};
+
+use common::*;
+
+/// Config text with `{echo}`, `{call}`, `{flaky}` and `{witness}` filled in, and
+/// the fixture connection (which appends every call to `witness.jsonl`).
+fn config_text(dir: &Path, body: &str) -> String {
+    let root = repo_root();
+    let head = format!(
+        r#"[connections.fixture]
+command = "wf-host"
+args = ["fixture-server"]
+env = {{ WF_FIXTURE_WITNESS = "{witness}" }}
+
+"#,
+        witness = dir.join("witness.jsonl").display()
+    );
+    (head + body)
+        .replace("{echo}", &root.join("plugins/echo.wasm").display().to_string())
+        .replace("{call}", &root.join("plugins/call.wasm").display().to_string())
+        .replace("{flaky}", &guest("flaky").display().to_string())
+}
+
+/// Workflows over a fixture pool, in process.
+struct Host {
+    workflows: Arc<Workflows>,
+    pool: Pool,
+    dir: tempfile::TempDir,
+}
+
+impl Host {
+    async fn open(body: &str, options: Options) -> Result<Host, WorkflowError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wf.toml");
+        let text = config_text(dir.path(), body);
+        std::fs::write(&path, &text).unwrap();
+        let config = Config::parse(&text, &path, dir.path().to_owned()).expect("config parses");
+        let pool = Pool::new(PoolConfig {
+            connections: config.connections.clone(),
+            self_exe: Some(wf_host_bin()),
+            ..Default::default()
+        });
+        let runtime = Runtime::new(
+            RuntimeConfig {
+                cache_dir: Some(dir.path().join("cache")),
+                ..Default::default()
+            },
+            Arc::new(pool.clone()),
+        )
+        .unwrap();
+        let workflows = Workflows::open(&config, Arc::new(runtime), options).await?;
+        Ok(Host {
+            workflows,
+            pool,
+            dir,
+        })
+    }
+
+    async fn new(body: &str) -> Host {
+        Host::open(body, Options::default())
+            .await
+            .unwrap_or_else(|e| panic!("workflows load: {e}"))
+    }
+
+    /// Starts `workflow` and waits for it to finish; returns it with its steps.
+    async fn run(&self, workflow: &str, input: Value) -> RunRecord {
+        let started = self.workflows.start(workflow, input, None).await.unwrap();
+        self.finish(&started.run_id).await
+    }
+
+    async fn finish(&self, run_id: &str) -> RunRecord {
+        let done = self
+            .workflows
+            .wait(run_id, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert!(done.status.is_finished(), "run still going: {done:?}");
+        self.workflows.get(run_id, true).await.unwrap()
+    }
+
+    /// The calls the fixture received, from its witness file.
+    fn witness(&self) -> Vec<Value> {
+        read_witness(&self.dir.path().join("witness.jsonl"))
+    }
+
+    async fn close(self) {
+        self.workflows.shutdown(Duration::from_secs(5)).await;
+        self.pool.shutdown().await;
+    }
+}
+
+fn read_witness(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn step<'a>(run: &'a RunRecord, id: &str) -> &'a wf_host::workflow::StepRecord {
+    run.steps
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|s| s.id == id)
+        .unwrap_or_else(|| panic!("no step `{id}` in {run:#?}"))
+}
+
+fn text_of(output: &Value) -> &str {
+    output["content"][0]["text"].as_str().unwrap_or_default()
+}
+
+// ---------------------------------------------------------------------------
+// Definitions
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_load_error_names_the_workflow_the_step_and_the_problem() {
+    let not_wasm = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(not_wasm.path(), "hello").unwrap();
+    let cases = [
+        (
+            r#"[[workflows.w.steps]]
+id = "a"
+component = "{echo}"
+needs = ["nope"]"#,
+            "workflow `w`, step `a`: `needs` names unknown step `nope`".to_owned(),
+        ),
+        (
+            r#"[[workflows.w.steps]]
+id = "a"
+component = "{echo}"
+[[workflows.w.steps]]
+id = "a"
+component = "{echo}""#,
+            "workflow `w`, step `a`: duplicate step id".to_owned(),
+        ),
+        (
+            r#"[[workflows.w.steps]]
+id = "a"
+component = "{echo}"
+needs = ["b"]
+[[workflows.w.steps]]
+id = "b"
+component = "{echo}"
+needs = ["a"]"#,
+            "workflow `w`: the steps form a cycle: a → b → a".to_owned(),
+        ),
+        (
+            r#"[[workflows.w.steps]]
+id = "a"
+component = "{echo}"
+input = "{q: .input | }""#,
+            "workflow `w`, step `a`: `input`: jq expression `{q: .input | }` is invalid at position 13: expected term, found `}`".to_owned(),
+        ),
+        (
+            r#"[workflows.w]
+output = ".steps.a.output | nosuch"
+[[workflows.w.steps]]
+id = "a"
+component = "{echo}""#,
+            "workflow `w`: `output`: jq expression `.steps.a.output | nosuch` is invalid at position 18: undefined filter `nosuch`".to_owned(),
+        ),
+        (
+            r#"[[workflows.w.steps]]
+id = "a"
+component = "/nonexistent/missing.wasm""#,
+            "workflow `w`, step `a`: component `/nonexistent/missing.wasm` not found".to_owned(),
+        ),
+        (
+            &format!(
+                r#"[[workflows.w.steps]]
+id = "a"
+component = "{}""#,
+                not_wasm.path().display()
+            ),
+            format!(
+                "workflow `w`, step `a`: `{}` is not a WebAssembly file",
+                not_wasm.path().file_stem().unwrap().to_string_lossy()
+            ),
+        ),
+        (
+            r#"[[workflows.w.steps]]
+id = "a"
+component = "{echo}"
+for_each = ".input"
+concurrency = 0"#,
+            "workflow `w`, step `a`: `concurrency` must be at least 1".to_owned(),
+        ),
+        (
+            r#"[workflows.w]
+component = "{echo}"
+[[workflows.w.steps]]
+id = "a"
+component = "{echo}""#,
+            "workflow `w`: sets both `component` (one node) and `steps` (a graph); pick one"
+                .to_owned(),
+        ),
+    ];
+    for (body, expected) in cases {
+        let err = match Host::open(body, Options::default()).await {
+            Ok(_) => panic!("loaded: {body}"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            err.starts_with(&expected),
+            "for\n{body}\nexpected: {expected}\n     got: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_cycle_exits_2_from_the_cli_with_the_cycle_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("wf.toml");
+    std::fs::write(
+        &path,
+        config_text(
+            dir.path(),
+            r#"[[workflows.w.steps]]
+id = "a"
+component = "{echo}"
+needs = ["c"]
+[[workflows.w.steps]]
+id = "b"
+component = "{echo}"
+needs = ["a"]
+[[workflows.w.steps]]
+id = "c"
+component = "{echo}"
+needs = ["b"]"#,
+        ),
+    )
+    .unwrap();
+    let out = Command::new(wf_host_bin())
+        .args(["run", "--config", path.to_str().unwrap(), "--workflow", "w"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "error: workflow `w`: the steps form a cycle: a → c → b → a\n"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Data passing
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_inputs_follow_the_needs_and_the_output_is_the_leaf() {
+    let host = Host::new(
+        r#"[[workflows.w.steps]]
+id = "a"
+component = "{echo}"
+[[workflows.w.steps]]
+id = "b"
+component = "{echo}"
+needs = ["a"]
+[[workflows.w.steps]]
+id = "c"
+component = "{echo}"
+needs = ["a", "b"]
+
+[[workflows.two.steps]]
+id = "x"
+component = "{echo}"
+[[workflows.two.steps]]
+id = "y"
+component = "{echo}"
+"#,
+    )
+    .await;
+    let run = host.run("w", json!({"k": 1})).await;
+    assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
+    assert_eq!(step(&run, "a").output, Some(json!({"k": 1})));
+    assert_eq!(step(&run, "b").output, Some(json!({"k": 1})));
+    assert_eq!(
+        step(&run, "c").output,
+        Some(json!({"a": {"k": 1}, "b": {"k": 1}}))
+    );
+    assert_eq!(run.output, Some(json!({"a": {"k": 1}, "b": {"k": 1}})));
+    for s in run.steps.as_ref().unwrap() {
+        assert_eq!((s.status, s.attempts), (StepStatus::Succeeded, 1));
+    }
+    // Two leaves: an object keyed by step id.
+    let run = host.run("two", json!(7)).await;
+    assert_eq!(run.output, Some(json!({"x": 7, "y": 7})));
+    host.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jq_maps_inputs_if_skips_and_for_each_runs_each_item() {
+    let host = Host::new(
+        r#"[workflows.w]
+output = '{each: .steps.each.output, n: (.steps.each.output | length), gated: .steps.gated.output}'
+
+[[workflows.w.steps]]
+id = "src"
+component = "{echo}"
+input = '{items: [.input.words[] | ascii_upcase]}'
+
+[[workflows.w.steps]]
+id = "each"
+component = "{call}"
+allow = ["fixture.echo"]
+needs = ["src"]
+for_each = ".steps.src.output.items"
+concurrency = 2
+input = '{capability: "fixture.echo", arguments: {text: "\(.index):\(.item)"}}'
+
+[[workflows.w.steps]]
+id = "gated"
+component = "{echo}"
+needs = ["src"]
+if = '.steps.src.output.items | length > 5'
+
+[[workflows.w.steps]]
+id = "after_gated"
+component = "{echo}"
+needs = ["gated"]
+"#,
+    )
+    .await;
+    let run = host.run("w", json!({"words": ["a", "b", "c"]})).await;
+    assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
+    let each = run.output.as_ref().unwrap()["each"].as_array().unwrap();
+    let texts: Vec<&str> = each.iter().map(text_of).collect();
+    assert_eq!(texts, ["0:A", "1:B", "2:C"]);
+    assert_eq!(run.output.as_ref().unwrap()["n"], 3);
+    assert_eq!(run.output.as_ref().unwrap()["gated"], Value::Null);
+    assert_eq!(step(&run, "gated").status, StepStatus::Skipped);
+    assert_eq!(step(&run, "after_gated").status, StepStatus::Skipped);
+    host.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jq_error_at_run_time_fails_the_step_naming_it() {
+    let host = Host::new(
+        r#"[[workflows.w.steps]]
+id = "add"
+component = "{echo}"
+input = ".input.x + 1"
+
+[[workflows.cond.steps]]
+id = "gate"
+component = "{echo}"
+if = ".input | keys"
+
+[workflows.out]
+output = ".steps.s.output.x + 1"
+[[workflows.out.steps]]
+id = "s"
+component = "{echo}"
+"#,
+    )
+    .await;
+    let run = host.run("w", json!({"x": "text"})).await;
+    assert_eq!(run.status, RunStatus::Failed);
+    let error = run.error.unwrap();
+    assert_eq!(error.code, "input-mapping");
+    assert!(
+        error.message.starts_with("jq expression `.input.x + 1` failed: "),
+        "{}",
+        error.message
+    );
+    let run = host.run("cond", json!(5)).await;
+    assert_eq!(run.error.unwrap().code, "condition");
+    let run = host.run("out", json!({"x": "s"})).await;
+    let error = run.error.unwrap();
+    assert_eq!(error.code, "output-mapping");
+    assert!(error.message.contains("`.steps.s.output.x + 1`"), "{error:?}");
+    host.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_naming_the_field() {
+    let host = Host::new(
+        r#"[workflows.w]
+input_schema = { type = "object", required = ["topic"], properties = { topic = { type = "string" } } }
+[[workflows.w.steps]]
+id = "a"
+component = "{echo}"
+"#,
+    )
+    .await;
+    let err = host
+        .workflows
+        .start("w", json!({"topic": 5}), None)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "workflow `w`: input field `/topic` does not match `input_schema`: 5 is not of type \"string\""
+    );
+    let err = host.workflows.start("w", json!({}), None).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "workflow `w`: the input does not match `input_schema`: \"topic\" is a required property"
+    );
+    let ok = host.run("w", json!({"topic": "t"})).await;
+    assert_eq!(ok.status, RunStatus::Succeeded);
+    host.close().await;
+}
+
+/// Four items that each sleep 300 ms upstream, `concurrency = 4`.
+const SLEEPERS: &str = r#"[[workflows.w.steps]]
+id = "sleep"
+component = "{call}"
+allow = ["fixture.sleep"]
+for_each = ".input"
+concurrency = 4
+input = '{capability: "fixture.sleep", arguments: {ms: 300}}'
+
+[[workflows.pair.steps]]
+id = "left"
+component = "{call}"
+allow = ["fixture.sleep"]
+input = '{capability: "fixture.sleep", arguments: {ms: 300}}'
+[[workflows.pair.steps]]
+id = "right"
+component = "{call}"
+allow = ["fixture.sleep"]
+input = '{capability: "fixture.sleep", arguments: {ms: 300}}'
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn independent_steps_run_in_parallel() {
+    let host = Host::new(SLEEPERS).await;
+    // Warm the session so its start-up is not timed.
+    host.run("w", json!([1])).await;
+    let run = host.run("pair", json!(null)).await;
+    assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
+    let span = |id: &str| {
+        let s = step(&run, id);
+        (
+            humantime::parse_rfc3339(s.started_at.as_deref().unwrap()).unwrap(),
+            humantime::parse_rfc3339(s.finished_at.as_deref().unwrap()).unwrap(),
+        )
+    };
+    let (l0, l1) = span("left");
+    let (r0, r1) = span("right");
+    assert!(
+        l0 < r1 && r0 < l1,
+        "left {l0:?}..{l1:?} and right {r0:?}..{r1:?} do not overlap"
+    );
+    let started = Instant::now();
+    let run = host.run("w", json!([1, 2, 3, 4])).await;
+    assert_eq!(run.status, RunStatus::Succeeded);
+    assert!(
+        started.elapsed() < Duration::from_millis(1100),
+        "4 × 300 ms with concurrency 4 took {:?}",
+        started.elapsed()
+    );
+    host.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_concurrent_steps_bounds_node_runs_and_drops_nothing() {
+    let options = Options {
+        max_concurrent_steps: 2,
+        ..Options::default()
+    };
+    let host = Host::open(SLEEPERS, options).await.unwrap();
+    host.run("w", json!([1])).await;
+    let started = Instant::now();
+    let run = host.run("w", json!([1, 2, 3, 4])).await;
+    assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
+    assert_eq!(run.output.as_ref().unwrap().as_array().unwrap().len(), 4);
+    // Two slots: two waves of 300 ms at least.
+    assert!(
+        started.elapsed() >= Duration::from_millis(600),
+        "4 × 300 ms in 2 slots took only {:?}",
+        started.elapsed()
+    );
+    host.close().await;
+}
+
+// ---------------------------------------------------------------------------
+// Failures and retries
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unavailable_is_retried_with_backoff_until_it_succeeds() {
+    let host = Host::new(
+        r#"[[workflows.w.steps]]
+id = "flaky"
+component = "{flaky}"
+allow = ["fixture.counter"]
+retry = { max_attempts = 5, initial = "100ms", max = "1s", multiplier = 2.0 }
+"#,
+    )
+    .await;
+    let started = Instant::now();
+    let run = host.run("w", json!({"fail_until": 3, "value": "v"})).await;
+    let elapsed = started.elapsed();
+    assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
+    assert_eq!(run.output, Some(json!({"count": 3, "value": "v"})));
+    assert_eq!(step(&run, "flaky").attempts, 3);
+    // Delays of 100 ms and 200 ms, each jittered into its upper half.
+    assert!(
+        elapsed >= Duration::from_millis(150),
+        "retried too fast: {elapsed:?}"
+    );
+    assert!(
+        elapsed < Duration::from_secs(3),
+        "retried too slowly: {elapsed:?}"
+    );
+    host.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn denied_is_not_retried_and_independent_steps_still_finish() {
+    let host = Host::new(
+        r#"[[workflows.w.steps]]
+id = "nogrant"
+component = "{flaky}"
+retry = { max_attempts = 5, initial = "10ms" }
+[[workflows.w.steps]]
+id = "after"
+component = "{echo}"
+needs = ["nogrant"]
+[[workflows.w.steps]]
+id = "side"
+component = "{echo}"
+"#,
+    )
+    .await;
+    let run = host.run("w", json!({"fail_until": 1})).await;
+    assert_eq!(run.status, RunStatus::Failed, "{run:#?}");
+    let error = run.error.as_ref().unwrap();
+    assert_eq!(error.code, "denied");
+    assert!(error.message.starts_with("step `nogrant`: "), "{error:?}");
+    assert_eq!(step(&run, "nogrant").attempts, 1);
+    assert_eq!(step(&run, "nogrant").status, StepStatus::Failed);
+    assert_eq!(step(&run, "after").status, StepStatus::Cancelled);
+    assert_eq!(
+        step(&run, "after").error.as_ref().unwrap().code,
+        "need-failed"
+    );
+    assert_eq!(step(&run, "side").status, StepStatus::Succeeded);
+    host.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_reruns_only_the_failed_step_and_what_needs_it() {
+    let host = Host::new(
+        r#"[[workflows.w.steps]]
+id = "first"
+component = "{call}"
+allow = ["fixture.echo"]
+input = '{capability: "fixture.echo", arguments: {text: "once"}}'
+[[workflows.w.steps]]
+id = "flaky"
+component = "{flaky}"
+allow = ["fixture.counter"]
+needs = ["first"]
+input = '{fail_until: 2}'
+[[workflows.w.steps]]
+id = "last"
+component = "{echo}"
+needs = ["flaky"]
+"#,
+    )
+    .await;
+    let run = host.run("w", json!(null)).await;
+    assert_eq!(run.status, RunStatus::Failed, "{run:#?}");
+    assert_eq!(step(&run, "last").status, StepStatus::Cancelled);
+
+    let retried = host.workflows.retry(&run.run_id).await.unwrap();
+    assert_eq!(retried.run_id, run.run_id);
+    let run = host.finish(&run.run_id).await;
+    assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
+    assert_eq!(run.output, Some(json!({"count": 2, "value": null})));
+    assert_eq!(step(&run, "first").attempts, 1);
+    assert_eq!(step(&run, "flaky").attempts, 2);
+    let echoes = host
+        .witness()
+        .into_iter()
+        .filter(|c| c["tool"] == "echo")
+        .count();
+    assert_eq!(echoes, 1, "the succeeded step ran again");
+    // A succeeded run is not retried.
+    let err = host.workflows.retry(&run.run_id).await.unwrap_err();
+    assert!(matches!(err, WorkflowError::NotRetryable { .. }), "{err}");
+    host.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_stops_every_running_step_and_the_run_deadline_fails_it() {
+    let host = Host::new(
+        r#"[[workflows.w.steps]]
+id = "a"
+component = "{call}"
+allow = ["fixture.sleep"]
+input = '{capability: "fixture.sleep", arguments: {ms: 60000}}'
+[[workflows.w.steps]]
+id = "b"
+component = "{call}"
+allow = ["fixture.sleep"]
+input = '{capability: "fixture.sleep", arguments: {ms: 60000}}'
+[[workflows.w.steps]]
+id = "c"
+component = "{echo}"
+needs = ["a"]
+
+[workflows.slow]
+timeout = "300ms"
+[[workflows.slow.steps]]
+id = "a"
+component = "{call}"
+allow = ["fixture.sleep"]
+input = '{capability: "fixture.sleep", arguments: {ms: 60000}}'
+"#,
+    )
+    .await;
+    let started = host.workflows.start("w", json!(null), None).await.unwrap();
+    // Wait until both sleeps are upstream.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while host.witness().iter().filter(|c| c["tool"] == "sleep").count() < 2 {
+        assert!(Instant::now() < deadline, "the sleeps never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let cancelled = host.workflows.cancel(&started.run_id).await.unwrap();
+    assert_eq!(cancelled.status, RunStatus::Cancelled);
+    let run = host.workflows.get(&started.run_id, false).await.unwrap();
+    for id in ["a", "b", "c"] {
+        assert_eq!(step(&run, id).status, StepStatus::Cancelled, "{id}");
+    }
+    let started = Instant::now();
+    let run = host.run("slow", json!(null)).await;
+    assert_eq!(run.status, RunStatus::Failed);
+    assert_eq!(run.error.as_ref().unwrap().code, "timeout");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    host.close().await;
+}
+
+// ---------------------------------------------------------------------------
+// Durable state
+// ---------------------------------------------------------------------------
+
+/// A three-step chain: echo, a long upstream sleep, echo.
+const CHAIN: &str = r#"[runtime]
+state = "state.db"
+
+[[workflows.chain.steps]]
+id = "one"
+component = "{call}"
+allow = ["fixture.echo"]
+input = '{capability: "fixture.echo", arguments: {text: "one-\(.input.n)"}}'
+[[workflows.chain.steps]]
+id = "two"
+component = "{call}"
+allow = ["fixture.sleep"]
+needs = ["one"]
+input = '{capability: "fixture.sleep", arguments: {ms: .input.ms}}'
+[[workflows.chain.steps]]
+id = "three"
+component = "{echo}"
+needs = ["two"]
+input = '{one: .steps.one.output.content[0].text, n: .input.n}'
+"#;
+
+/// `wf-host serve` on a state file in `dir`; killed and reaped on drop.
+struct Serve {
+    child: Child,
+    url: String,
+}
+
+impl Serve {
+    fn start(dir: &Path) -> Serve {
+        let mut child = Command::new(wf_host_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(dir.join("wf.toml"))
+            .env("WF_HOST_CACHE_DIR", dir.join("cache"))
+            .env_remove("WF_HOST_TOKEN")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let url = loop {
+            let line = match lines.next() {
+                Some(line) => line.unwrap(),
+                None => panic!("wf-host serve exited: {:?}", child.wait()),
+            };
+            if let Some(rest) = line.strip_prefix("wf-host listening on ") {
+                break rest.to_owned();
+            }
+        };
+        std::thread::spawn(move || for _ in lines {});
+        Serve { child, url }
+    }
+
+    async fn call(&self, method: &str, params: Value) -> Value {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        let text = reqwest::Client::new()
+            .post(&self.url)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let reply: Value = serde_json::from_str(&text).unwrap();
+        match reply.get("result") {
+            Some(result) => result.clone(),
+            None => panic!("{method} failed: {reply}"),
+        }
+    }
+
+    fn kill(mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn write_config(dir: &Path, body: &str) {
+    std::fs::write(dir.join("wf.toml"), config_text(dir, body)).unwrap();
+}
+
+async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_run_resumes_and_never_reruns_a_finished_step() {
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path(), CHAIN);
+    let witness = dir.path().join("witness.jsonl");
+    let serve = Serve::start(dir.path());
+    let started = serve
+        .call(
+            "workflow.start",
+            json!({"workflow": "chain", "input": {"n": 1, "ms": 60000}, "idempotency_key": "k1"}),
+        )
+        .await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    // Step two is inside its upstream call.
+    wait_until("step two's sleep upstream", || {
+        read_witness(&witness).iter().any(|c| c["tool"] == "sleep")
+    })
+    .await;
+    serve.kill();
+
+    // Shorten the sleep: the resumed run keeps its stored input, so edit only
+    // what the fixture sees by restarting it with the same state.
+    let serve = Serve::start(dir.path());
+    let got = serve
+        .call("workflow.get", json!({"run_id": run_id}))
+        .await;
+    assert_eq!(got["status"], "running", "{got}");
+    let cancelled = serve.call("workflow.cancel", json!({"run_id": run_id})).await;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    serve.kill();
+
+    // A run whose step two is short: killed inside it, resumed to success.
+    let serve = Serve::start(dir.path());
+    let started = serve
+        .call(
+            "workflow.start",
+            json!({"workflow": "chain", "input": {"n": 2, "ms": 1500}}),
+        )
+        .await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    wait_until("step two's sleep upstream", || {
+        read_witness(&witness)
+            .iter()
+            .any(|c| c["tool"] == "sleep" && c["arguments"]["ms"] == 1500)
+    })
+    .await;
+    serve.kill();
+    let serve = Serve::start(dir.path());
+    let done = serve
+        .call("workflow.wait", json!({"run_id": run_id, "timeout_ms": 30000}))
+        .await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert_eq!(done["output"], json!({"one": "one-2", "n": 2}));
+    let got = serve
+        .call("workflow.get", json!({"run_id": run_id}))
+        .await;
+    let attempts: Vec<_> = got["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["id"].as_str().unwrap().to_owned(), s["attempts"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        attempts,
+        [("one".into(), 1), ("two".into(), 2), ("three".into(), 1)]
+    );
+    let calls = read_witness(&witness);
+    let ones = calls
+        .iter()
+        .filter(|c| c["tool"] == "echo" && c["arguments"]["text"] == "one-2")
+        .count();
+    assert_eq!(ones, 1, "step one ran again: {calls:#?}");
+    let sleeps = calls
+        .iter()
+        .filter(|c| c["tool"] == "sleep" && c["arguments"]["ms"] == 1500)
+        .count();
+    assert_eq!(sleeps, 2, "step two runs again as its next attempt");
+    // Both attempts carried the same idempotency key, so a server can dedupe.
+    let keys: Vec<&Value> = calls
+        .iter()
+        .filter(|c| c["tool"] == "sleep" && c["arguments"]["ms"] == 1500)
+        .map(|c| &c["meta"]["wf-host/idempotency-key"])
+        .collect();
+    assert_eq!(keys[0], &json!(format!("{run_id}/two/0/1")));
+    assert_eq!(keys[0], keys[1]);
+    // The idempotency key survived the restarts.
+    let again = serve
+        .call(
+            "workflow.start",
+            json!({"workflow": "chain", "input": {"n": 1, "ms": 60000}, "idempotency_key": "k1"}),
+        )
+        .await;
+    assert_eq!(again["status"], "cancelled", "{again}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_that_is_not_ours_is_refused_and_left_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path(), CHAIN);
+    let state = dir.path().join("state.db");
+    let cases: [(&[u8], &str); 2] = [
+        (
+            b"this is somebody's notes, not a database\n",
+            "it is not a wf-host state file (not an SQLite database)",
+        ),
+        (&[], ""),
+    ];
+    // Garbage.
+    std::fs::write(&state, cases[0].0).unwrap();
+    let out = Command::new(wf_host_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(dir.path().join("wf.toml"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(cases[0].1), "{stderr}");
+    assert!(stderr.contains("state.db"), "{stderr}");
+    assert_eq!(std::fs::read(&state).unwrap(), cases[0].0);
+
+    // Another application's SQLite database.
+    std::fs::remove_file(&state).unwrap();
+    let status = Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import sqlite3; c = sqlite3.connect({:?}); c.execute('create table notes (t text)'); c.execute(\"insert into notes values ('mine')\"); c.commit()",
+            state.display().to_string()
+        ))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let before = std::fs::read(&state).unwrap();
+    let out = Command::new(wf_host_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(dir.path().join("wf.toml"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("it holds another application's database, not wf-host state"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read(&state).unwrap(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hosts_cannot_share_one_state_file() {
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path(), CHAIN);
+    let _first = Serve::start(dir.path());
+    let out = Command::new(wf_host_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(dir.path().join("wf.toml"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("another wf-host (pid "), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_component_fails_a_resumed_run_with_both_hashes() {
+    let dir = tempfile::tempdir().unwrap();
+    let component = dir.path().join("node.wasm");
+    std::fs::copy(plugin("call"), &component).unwrap();
+    write_config(
+        dir.path(),
+        &format!(
+            r#"[runtime]
+state = "state.db"
+[[workflows.w.steps]]
+id = "wait"
+component = "{}"
+allow = ["fixture.sleep"]
+input = '{{capability: "fixture.sleep", arguments: {{ms: 60000}}}}'
+"#,
+            component.display()
+        ),
+    );
+    let witness = dir.path().join("witness.jsonl");
+    let serve = Serve::start(dir.path());
+    let started = serve
+        .call("workflow.start", json!({"workflow": "w", "input": null}))
+        .await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    wait_until("the sleep upstream", || !read_witness(&witness).is_empty()).await;
+    serve.kill();
+    std::fs::copy(plugin("echo"), &component).unwrap();
+    let serve = Serve::start(dir.path());
+    let done = serve
+        .call("workflow.wait", json!({"run_id": run_id, "timeout_ms": 10000}))
+        .await;
+    assert_eq!(done["status"], "failed", "{done}");
+    assert_eq!(done["error"]["code"], "definition-changed");
+    let message = done["error"]["message"].as_str().unwrap();
+    let call_hash = wf_host::workflow::definition::content_hash(&std::fs::read(plugin("call")).unwrap());
+    let echo_hash = wf_host::workflow::definition::content_hash(&std::fs::read(plugin("echo")).unwrap());
+    assert!(message.contains("step `wait`"), "{message}");
+    assert!(message.contains(&call_hash) && message.contains(&echo_hash), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_call_is_journaled_and_carries_an_idempotency_key() {
+    let host = Host::new(
+        r#"[[workflows.w.steps]]
+id = "greet"
+component = "{call}"
+allow = ["fixture.echo"]
+for_each = ".input"
+input = '{capability: "fixture.echo", arguments: {text: .item}}'
+[[workflows.w.steps]]
+id = "denied"
+component = "{call}"
+needs = ["greet"]
+input = '{capability: "fixture.add", arguments: {a: 1, b: 2}}'
+"#,
+    )
+    .await;
+    let run = host.run("w", json!(["a", "b"])).await;
+    assert_eq!(run.status, RunStatus::Failed, "{run:#?}");
+    let calls = |id: &str| serde_json::to_value(step(&run, id).calls.as_ref().unwrap()).unwrap();
+    let greet = calls("greet");
+    let greet: Vec<_> = greet
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["item"].clone(),
+                c["attempt"].clone(),
+                c["seq"].clone(),
+                c["name"].clone(),
+                c["arguments"].clone(),
+                c["outcome"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        greet,
+        [
+            (json!(0), json!(1), json!(1), json!("fixture.echo"), json!({"text": "a"}), json!("ok")),
+            (json!(1), json!(1), json!(1), json!("fixture.echo"), json!({"text": "b"}), json!("ok")),
+        ]
+    );
+    let denied = calls("denied");
+    assert_eq!(denied[0]["outcome"], "error");
+    assert_eq!(denied[0]["error_code"], "denied");
+    let keys: Vec<_> = host
+        .witness()
+        .iter()
+        .map(|c| c["meta"]["wf-host/idempotency-key"].clone())
+        .collect();
+    let id = &run.run_id;
+    assert_eq!(
+        keys,
+        [json!(format!("{id}/greet/0/1")), json!(format!("{id}/greet/1/1"))]
+    );
+    host.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_list_newest_first_in_pages_from_the_store() {
+    let host = Host::new(
+        r#"[[workflows.a.steps]]
+id = "s"
+component = "{echo}"
+[[workflows.b.steps]]
+id = "s"
+component = "{echo}"
+"#,
+    )
+    .await;
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        ids.push(host.run(if i % 2 == 0 { "a" } else { "b" }, json!(i)).await.run_id);
+    }
+    let mut seen = Vec::new();
+    let mut cursor = None;
+    loop {
+        let (page, next) = host
+            .workflows
+            .list(&wf_host::store::ListQuery {
+                limit: 2,
+                cursor: cursor.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        seen.extend(page.into_iter().map(|r| r.run_id));
+        match next {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    let newest_first: Vec<_> = ids.iter().rev().cloned().collect();
+    assert_eq!(seen, newest_first);
+    let (only_a, _) = host
+        .workflows
+        .list(&wf_host::store::ListQuery {
+            workflow: Some("a".into()),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(only_a.len(), 3);
+    host.close().await;
+}
+
+#[test]
+fn wf_host_run_runs_a_whole_workflow_and_prints_its_output() {
+    let dir = tempfile::tempdir().unwrap();
+    write_config(
+        dir.path(),
+        r#"[[workflows.w.steps]]
+id = "a"
+component = "{echo}"
+input = "{doubled: (.input * 2)}"
+"#,
+    );
+    let out = Command::new(wf_host_bin())
+        .args(["run", "--config"])
+        .arg(dir.path().join("wf.toml"))
+        .args(["--workflow", "w", "--input", "21"])
+        .env("WF_HOST_CACHE_DIR", dir.path().join("cache"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "{\"doubled\":42}\n",
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0));
+    // In memory unless --state: nothing was written beside the config.
+    assert!(!dir.path().join(".wf-host").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_sigkills_during_fifty_runs_lose_nothing_and_rerun_no_finished_step() {
+    let dir = tempfile::tempdir().unwrap();
+    write_config(
+        dir.path(),
+        r#"[runtime]
+state = "state.db"
+
+[[workflows.chain.steps]]
+id = "one"
+component = "{call}"
+allow = ["fixture.echo"]
+input = '{capability: "fixture.echo", arguments: {text: "one-\(.input)"}}'
+[[workflows.chain.steps]]
+id = "two"
+component = "{call}"
+allow = ["fixture.sleep"]
+needs = ["one"]
+input = '{capability: "fixture.sleep", arguments: {ms: (50 + (.input % 7) * 30)}}'
+[[workflows.chain.steps]]
+id = "three"
+component = "{call}"
+allow = ["fixture.echo"]
+needs = ["two"]
+input = '{capability: "fixture.echo", arguments: {text: "three-\(.input)"}}'
+"#,
+    );
+    let witness = dir.path().join("witness.jsonl");
+    let serve = Serve::start(dir.path());
+    let mut ids = Vec::new();
+    for n in 0..50 {
+        let started = serve
+            .call("workflow.start", json!({"workflow": "chain", "input": n}))
+            .await;
+        ids.push(started["run_id"].as_str().unwrap().to_owned());
+    }
+    let mut serve = Some(serve);
+    for _ in 0..20 {
+        let wait = rand::random_range(30..300);
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        serve.take().unwrap().kill();
+        serve = Some(Serve::start(dir.path()));
+    }
+    let serve = serve.unwrap();
+    for (n, id) in ids.iter().enumerate() {
+        let done = serve
+            .call("workflow.wait", json!({"run_id": id, "timeout_ms": 60000}))
+            .await;
+        assert_eq!(done["status"], "succeeded", "run {n}: {done}");
+        assert_eq!(done["output"]["content"][0]["text"], format!("three-{n}"));
+    }
+    // In the witness, every call of a step comes before the first call of the
+    // step that needs it: a step that had finished (its output committed, so
+    // the next step could start) never ran again.
+    let calls = read_witness(&witness);
+    for n in 0..50 {
+        let pos = |pred: &dyn Fn(&Value) -> bool| -> Vec<usize> {
+            calls
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| pred(c))
+                .map(|(i, _)| i)
+                .collect()
+        };
+        let one = pos(&|c| c["arguments"]["text"] == format!("one-{n}"));
+        let two = pos(&|c| {
+            c["tool"] == "sleep"
+                && c["meta"]["wf-host/idempotency-key"]
+                    .as_str()
+                    .is_some_and(|k| k.starts_with(&format!("{}/two/", ids[n])))
+        });
+        let three = pos(&|c| c["arguments"]["text"] == format!("three-{n}"));
+        assert!(!one.is_empty() && !two.is_empty() && !three.is_empty());
+        assert!(
+            one.last() < two.first() && two.last() < three.first(),
+            "run {n}: step calls out of order (one {one:?}, two {two:?}, three {three:?})"
+        );
+    }
+    serve.kill();
+    let check = Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import sqlite3; print(sqlite3.connect({:?}).execute('PRAGMA integrity_check').fetchone()[0])",
+            dir.path().join("state.db").display().to_string()
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&check.stdout), "ok\n");
+}
