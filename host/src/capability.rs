@@ -120,6 +120,18 @@ pub trait CapabilityBackend: Send + Sync + 'static {
 
     /// Every capability of every connection.
     async fn list(&self) -> Result<Vec<CapabilityEntry>, CapabilityError>;
+
+    /// The capabilities of the connections `wanted` accepts. A backend should
+    /// not even open a connection that `wanted` rejects; this default lists
+    /// everything and filters.
+    async fn list_connections(
+        &self,
+        wanted: &(dyn for<'c> Fn(&'c str) -> bool + Send + Sync),
+    ) -> Result<Vec<CapabilityEntry>, CapabilityError> {
+        let mut entries = self.list().await?;
+        entries.retain(|e| e.name.split_once('.').is_some_and(|(c, _)| wanted(c)));
+        Ok(entries)
+    }
 }
 
 /// The backend used when no MCP connection is configured: every call is
@@ -218,12 +230,69 @@ pub fn tool_result_to_outcome(result: Value) -> Result<Value, CapabilityError> {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct LogRecord {
     pub level: &'static str,
+    /// The node's text, cut to [`MAX_LOG_RECORD_BYTES`]; a cut record ends with
+    /// `… [N more bytes truncated]`.
     pub message: String,
 }
 
-/// How many log records a run keeps for its report; later ones still reach
-/// `tracing`.
-const MAX_LOG_RECORDS: usize = 1000;
+/// How many log records a run keeps.
+pub const MAX_LOG_RECORDS: usize = 1000;
+/// The longest message a log record keeps, in bytes.
+pub const MAX_LOG_RECORD_BYTES: usize = 8 << 10;
+/// How many message bytes a run's log records hold in all. Records past it are
+/// counted, not kept, and do not reach `tracing` either.
+pub const MAX_LOG_BYTES: usize = 1 << 20;
+
+/// A run's log records, bounded in count, per record and in total.
+#[derive(Debug, Default)]
+pub struct LogBuffer {
+    records: Vec<LogRecord>,
+    bytes: usize,
+    dropped: u64,
+    dropped_bytes: u64,
+}
+
+impl LogBuffer {
+    /// Keeps `message` (cut to [`MAX_LOG_RECORD_BYTES`]) if the run's budget
+    /// allows, and returns what was kept, or `None` if the record was dropped.
+    fn push(&mut self, level: &'static str, message: &str) -> Option<&LogRecord> {
+        let kept = if message.len() > MAX_LOG_RECORD_BYTES {
+            let cut = message.floor_char_boundary(MAX_LOG_RECORD_BYTES);
+            format!(
+                "{}… [{} more bytes truncated]",
+                &message[..cut],
+                message.len() - cut
+            )
+        } else {
+            message.to_owned()
+        };
+        if self.records.len() >= MAX_LOG_RECORDS || self.bytes + kept.len() > MAX_LOG_BYTES {
+            self.dropped += 1;
+            self.dropped_bytes += message.len() as u64;
+            return None;
+        }
+        self.bytes += kept.len();
+        self.records.push(LogRecord {
+            level,
+            message: kept,
+        });
+        self.records.last()
+    }
+
+    /// The kept records; if any were dropped, a last `warn` record says how many.
+    pub fn into_records(mut self) -> Vec<LogRecord> {
+        if self.dropped > 0 {
+            self.records.push(LogRecord {
+                level: "warn",
+                message: format!(
+                    "[{} more log records ({} bytes) dropped: a run keeps at most {MAX_LOG_RECORDS} records and {MAX_LOG_BYTES} bytes]",
+                    self.dropped, self.dropped_bytes
+                ),
+            });
+        }
+        self.records
+    }
+}
 
 /// Per-run state behind the `capability` imports.
 pub struct CapabilityCtx {
@@ -231,7 +300,7 @@ pub struct CapabilityCtx {
     pub(crate) grants: Arc<Grants>,
     pub(crate) run_id: Arc<str>,
     pub(crate) node: Arc<str>,
-    pub(crate) logs: Arc<std::sync::Mutex<Vec<LogRecord>>>,
+    pub(crate) logs: Arc<std::sync::Mutex<LogBuffer>>,
 }
 
 impl CapabilityCtx {
@@ -249,8 +318,40 @@ impl CapabilityCtx {
         let (connection, tool) = split_qualified(name)?;
         self.check(name)?;
         let arguments = parse_arguments(arguments)?;
-        let result = self.backend.call_tool(connection, tool, arguments).await?;
+        let result = match self.backend.call_tool(connection, tool, arguments).await {
+            Err(CapabilityError::NotFound(message)) => {
+                return Err(CapabilityError::NotFound(
+                    self.with_granted_tools(message, connection).await,
+                ));
+            }
+            other => other?,
+        };
         tool_result_to_outcome(result)
+    }
+
+    /// Appends the tools of `connection` that this node may call, so a typo is
+    /// easy to fix without showing the node what it was not granted.
+    async fn with_granted_tools(&self, message: String, connection: &str) -> String {
+        const SHOWN: usize = 50;
+        let Ok(entries) = self.backend.list_connections(&|c| c == connection).await else {
+            return message;
+        };
+        let mut granted: Vec<_> = entries
+            .iter()
+            .filter(|e| e.kind == CapabilityKind::Tool && self.grants.allows(&e.name))
+            .filter_map(|e| e.name.split_once('.').map(|(_, tool)| tool))
+            .collect();
+        if granted.is_empty() {
+            return message;
+        }
+        granted.sort_unstable();
+        let more = granted.len().saturating_sub(SHOWN);
+        granted.truncate(SHOWN);
+        let mut message = format!("{message}; granted tools on it: {}", granted.join(", "));
+        if more > 0 {
+            message.push_str(&format!(" and {more} more"));
+        }
+        message
     }
 
     async fn read_resource(&self, connection: &str, uri: &str) -> Result<Value, CapabilityError> {
@@ -265,19 +366,30 @@ impl CapabilityCtx {
         self.backend.get_prompt(connection, prompt, arguments).await
     }
 
+    /// Only connections the grants could reach are listed (and so opened).
     async fn list(&self) -> Result<Vec<CapabilityEntry>, CapabilityError> {
-        let mut entries = self.backend.list().await?;
+        let grants = self.grants.clone();
+        let mut entries = self
+            .backend
+            .list_connections(&move |c| grants.may_reach_connection(c))
+            .await?;
         entries.retain(|e| self.grants.allows(&e.name));
         Ok(entries)
     }
 
-    fn record_log(&self, level: &'static str, message: &str) {
+    /// Keeps the record and returns the text to log, or `None` when the run's
+    /// log budget is spent (the first such drop is logged once).
+    fn record_log(&self, level: &'static str, message: &str) -> Option<String> {
         let mut logs = self.logs.lock().unwrap_or_else(|e| e.into_inner());
-        if logs.len() < MAX_LOG_RECORDS {
-            logs.push(LogRecord {
-                level,
-                message: message.to_owned(),
-            });
+        match logs.push(level, message) {
+            Some(kept) => Some(kept.message.clone()),
+            None => {
+                if logs.dropped == 1 {
+                    tracing::warn!(target: "wf_host::node", run = %self.run_id, node = %self.node,
+                        "log limit reached ({MAX_LOG_RECORDS} records or {MAX_LOG_BYTES} bytes); dropping this run's further log records");
+                }
+                None
+            }
         }
     }
 }
@@ -348,7 +460,9 @@ impl wit::Host for CapabilityCtx {
             wit::Level::Warn => "warn",
             wit::Level::Error => "error",
         };
-        self.record_log(name, &message);
+        let Some(message) = self.record_log(name, &message) else {
+            return Ok(());
+        };
         match level {
             wit::Level::Trace => tracing::trace!(target: "wf_host::node", run, node, "{message}"),
             wit::Level::Debug => tracing::debug!(target: "wf_host::node", run, node, "{message}"),

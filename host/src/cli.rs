@@ -268,10 +268,22 @@ fn runtime_config(config: &Config, common: &CommonArgs, limits: Limits) -> Runti
                 .map(|d| config.resolve(d))
         })
         .or_else(default_cache_dir);
+    let defaults = RuntimeConfig::default();
+    let bytes = |b: Option<ByteSize>, default: usize| {
+        b.map_or(default, |b| {
+            usize::try_from(b.as_u64()).unwrap_or(usize::MAX)
+        })
+    };
     RuntimeConfig {
         cache_dir: cache_dir.filter(|_| cache_enabled),
         limits,
-        ..RuntimeConfig::default()
+        max_concurrent_runs: config
+            .runtime
+            .max_concurrent_runs
+            .unwrap_or(defaults.max_concurrent_runs),
+        max_input: bytes(config.runtime.max_input, defaults.max_input),
+        max_output: bytes(config.runtime.max_output, defaults.max_output),
+        ..defaults
     }
 }
 
@@ -371,7 +383,11 @@ fn compile(args: CompileArgs) -> Result<(), Failure> {
     let runtime = Runtime::new(rc, Arc::new(NoBackend)).map_err(usage)?;
     runtime.load(&args.component).map_err(usage)?;
     let stats = runtime.stats();
-    let cache = runtime.cache().expect("cache enabled above");
+    let cache = runtime.cache().ok_or_else(|| {
+        usage(anyhow!(
+            "the precompile cache directory was refused (see the warning above); nothing to compile into"
+        ))
+    })?;
     let bytes = std::fs::read(&args.component).map_err(|e| usage(anyhow!(e)))?;
     let state = if stats.cache.hits > 0 {
         "already cached"

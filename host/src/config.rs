@@ -6,6 +6,8 @@
 //! max_memory = "256 MiB"   # linear memory per run
 //! cache_dir = ".wf-cache"  # precompile cache; relative paths are from this file
 //! cache = true
+//! max_concurrent_runs = 64 # more runs wait for a slot
+//! max_output = "4 MiB"     # largest node output kept (`max_input`: largest input)
 //!
 //! [connections.fixture]    # an MCP server over stdio
 //! command = "wf-host"      # `wf-host` means this very executable
@@ -71,6 +73,12 @@ pub struct RuntimeSection {
     pub cache_dir: Option<PathBuf>,
     /// `false` disables the precompile cache.
     pub cache: Option<bool>,
+    /// Runs executing at once; more wait their turn (default 64).
+    pub max_concurrent_runs: Option<usize>,
+    /// The largest run input JSON accepted (default 4 MiB).
+    pub max_input: Option<ByteSize>,
+    /// The largest node output JSON kept (default 4 MiB).
+    pub max_output: Option<ByteSize>,
 }
 
 /// `[workflows.<name>]`: a configured component, what it may reach, its limits.
@@ -166,6 +174,12 @@ impl Config {
                 }
                 _ => {}
             }
+        }
+        if config.runtime.max_concurrent_runs == Some(0) {
+            return Err(ConfigError::Invalid {
+                path: path.to_owned(),
+                message: "`[runtime] max_concurrent_runs` must be at least 1".into(),
+            });
         }
         for (name, workflow) in &config.workflows {
             if let Err(e) = crate::grants::Grants::new(&workflow.allow) {
