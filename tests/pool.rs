@@ -536,6 +536,36 @@ async fn a_slow_ping_does_not_hold_up_calls() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_catalog_refresh_backs_off_and_keeps_the_session() {
+    let pool = pool_with(connection_from_toml(
+        "command = \"wf-host\"\nargs = [\"fixture-server\"]\nenv = { WF_FIXTURE_FAIL_RELIST = \"1\" }",
+    ));
+    let out = call(&pool, "register_extra", json!({})).await.unwrap();
+    assert_eq!(out["content"][0]["text"], "registered");
+    let started = Instant::now();
+    // The initial listing, then three failed refreshes: the 2nd and 3rd wait
+    // backoffs of at least 125ms and 250ms (full jitter in the upper half).
+    let deadline = started + Duration::from_secs(10);
+    loop {
+        let log = call(&pool, "call_log", json!({})).await.unwrap();
+        if log["structuredContent"]["tools_list_requests"].as_u64() >= Some(4) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no retries: {log}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        started.elapsed() >= Duration::from_millis(375),
+        "three refreshes within {:?}: no backoff",
+        started.elapsed()
+    );
+    // A failing refresh is no reason to drop a healthy session.
+    call(&pool, "echo", json!({"text": "x"})).await.unwrap();
+    assert_eq!(stats(&pool).sessions_opened, 1);
+    pool.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn endless_pagination_stops_at_the_page_cap() {
     let pool = pool_with(connection_from_toml(
         "command = \"wf-host\"\nargs = [\"fixture-server\"]\nenv = { WF_FIXTURE_ENDLESS_PAGES = \"1\" }",

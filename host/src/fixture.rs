@@ -76,6 +76,10 @@ pub const PING_DELAY_ENV: &str = "WF_FIXTURE_PING_DELAY_MS";
 /// (see [`FixtureOptions::endless_pages`]).
 pub const ENDLESS_PAGES_ENV: &str = "WF_FIXTURE_ENDLESS_PAGES";
 
+/// Environment variable that, set to `1`, makes every `tools/list` of a session
+/// after its first one fail (see [`FixtureOptions::fail_relist`]).
+pub const FAIL_RELIST_ENV: &str = "WF_FIXTURE_FAIL_RELIST";
+
 /// Exit status of the process when the `crash` tool is called.
 pub const CRASH_EXIT_CODE: i32 = 3;
 
@@ -109,6 +113,9 @@ pub struct FixtureOptions {
     /// `tools/list` returns every tool on the first page and then empty pages,
     /// each with a new `nextCursor`, without end (a hostile server).
     pub endless_pages: bool,
+    /// Each session's first `tools/list` works; every later one fails with an
+    /// internal error (a server whose catalog refresh keeps failing).
+    pub fail_relist: bool,
 }
 
 impl FixtureOptions {
@@ -142,8 +149,9 @@ impl FixtureOptions {
 
     /// Fills unset options from the environment: `WF_FIXTURE_PAGE_SIZE` sets
     /// [`Self::page_size`] when it is `None`, `WF_FIXTURE_PING_DELAY_MS` sets
-    /// [`Self::ping_delay`], and `WF_FIXTURE_ENDLESS_PAGES=1` sets
-    /// [`Self::endless_pages`].
+    /// [`Self::ping_delay`], `WF_FIXTURE_ENDLESS_PAGES=1` sets
+    /// [`Self::endless_pages`] and `WF_FIXTURE_FAIL_RELIST=1` sets
+    /// [`Self::fail_relist`].
     pub fn with_env(mut self) -> anyhow::Result<Self> {
         if self.ping_delay.is_none()
             && let Some(raw) = std::env::var_os(PING_DELAY_ENV)
@@ -157,6 +165,9 @@ impl FixtureOptions {
         }
         if std::env::var_os(ENDLESS_PAGES_ENV).is_some_and(|v| v == "1") {
             self.endless_pages = true;
+        }
+        if std::env::var_os(FAIL_RELIST_ENV).is_some_and(|v| v == "1") {
+            self.fail_relist = true;
         }
         if self.page_size.is_none()
             && let Some(raw) = std::env::var_os(PAGE_SIZE_ENV)
@@ -330,6 +341,7 @@ struct Shared {
     page_size: Option<usize>,
     ping_delay: Option<Duration>,
     endless_pages: bool,
+    fail_relist: bool,
     pings_started: AtomicU64,
     pings_answered: AtomicU64,
     tools_list_requests: AtomicU64,
@@ -347,6 +359,7 @@ impl Shared {
             page_size: opts.page_size.filter(|size| *size > 0),
             ping_delay: opts.ping_delay,
             endless_pages: opts.endless_pages,
+            fail_relist: opts.fail_relist,
             pings_started: AtomicU64::new(0),
             pings_answered: AtomicU64::new(0),
             tools_list_requests: AtomicU64::new(0),
@@ -624,6 +637,8 @@ struct FixtureServer {
     session: OnceLock<u64>,
     counter: AtomicU64,
     extra_registered: AtomicBool,
+    /// `tools/list` requests this session got.
+    tools_lists: AtomicU64,
 }
 
 impl FixtureServer {
@@ -633,6 +648,7 @@ impl FixtureServer {
             session: OnceLock::new(),
             counter: AtomicU64::new(0),
             extra_registered: AtomicBool::new(false),
+            tools_lists: AtomicU64::new(0),
         }
     }
 
@@ -831,6 +847,12 @@ impl ServerHandler for FixtureServer {
         self.shared
             .tools_list_requests
             .fetch_add(1, Ordering::SeqCst);
+        if self.tools_lists.fetch_add(1, Ordering::SeqCst) > 0 && self.shared.fail_relist {
+            return Err(McpError::internal_error(
+                format!("tools/list fails after the first ({FAIL_RELIST_ENV})"),
+                None,
+            ));
+        }
         let cursor = request.as_ref().and_then(|r| r.cursor.as_deref());
         if self.shared.endless_pages {
             // Page n+1 after page n, for ever; only the first one has tools.
