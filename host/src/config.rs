@@ -103,8 +103,13 @@ pub struct ConnectionConfig {
     pub command: Option<String>,
     #[serde(default)]
     pub args: Vec<String>,
+    /// stdio: variables set for the child, on top of the inherited ones.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// stdio: host variables passed to the child besides the default set
+    /// (`HOME`, `LOGNAME`, `PATH`, `SHELL`, `TERM`, `USER`). Nothing else is.
+    #[serde(default)]
+    pub inherit_env: Vec<String>,
     pub cwd: Option<PathBuf>,
     /// Streamable HTTP: the endpoint URL.
     pub url: Option<String>,
@@ -173,6 +178,17 @@ impl Config {
                     )));
                 }
                 _ => {}
+            }
+            for (key, duration) in [
+                ("call_timeout", conn.call_timeout),
+                ("idle_timeout", conn.idle_timeout),
+                ("ping_interval", conn.ping_interval),
+            ] {
+                if duration.is_some_and(|d| d.is_zero()) {
+                    return Err(invalid(format!(
+                        "connection `{id}`: `{key}` must be greater than zero"
+                    )));
+                }
             }
         }
         if config.runtime.max_concurrent_runs == Some(0) {
