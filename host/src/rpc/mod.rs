@@ -4,6 +4,10 @@
 //! `POST /rpc` takes single requests and batches; `GET /healthz` answers
 //! liveness. [`router`] builds the app apart from [`serve`], so tests can drive
 //! it in-process.
+//!
+//! Before anything runs, a request a web page could send behind the user's back
+//! is refused: a foreign `Origin`, a non-loopback `Host` on a loopback listener
+//! (DNS rebinding), a content type other than `application/json`.
 
 mod jsonrpc;
 mod methods;
