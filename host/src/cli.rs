@@ -53,12 +53,15 @@ and is JSON `null` otherwise.")]
     /// Serve JSON-RPC 2.0 over HTTP: start and follow workflows, call capabilities.
     #[command(after_help = "Examples:
   wf-host serve --config examples/fixture.toml
-  curl -s localhost:7878/rpc -d '{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"workflow.start\",\"params\":{\"workflow\":\"echo\",\"input\":[1],\"wait\":true}}'
+  curl -s localhost:7878/rpc -H 'Content-Type: application/json' -d '{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"workflow.start\",\"params\":{\"workflow\":\"echo\",\"input\":[1],\"wait\":true}}'
   WF_HOST_TOKEN=secret wf-host serve --listen 0.0.0.0:7878 --config wf.toml
 
 Only workflows named in the config can be started. Binding to a non-loopback
-address requires a bearer token. SIGINT/SIGTERM stop accepting, let runs finish
-for the grace period, then cancel them and close every MCP session.")]
+address requires a bearer token. Requests must be `Content-Type: application/json`;
+a request with an `Origin` other than the server's own (or an --allow-origin) is
+refused, and on loopback so is a `Host` that is not a loopback name.
+SIGINT/SIGTERM stop accepting, end open waits, let runs finish for the grace
+period, then cancel them and close every MCP session.")]
     Serve(ServeArgs),
     /// Precompile a component into the cache so its first run starts fast.
     #[command(after_help = "Example:\n  wf-host compile plugins/echo.wasm")]
@@ -152,6 +155,10 @@ struct ServeArgs {
     /// How many run records to keep; the oldest finished runs are evicted past it.
     #[arg(long, value_name = "N", default_value_t = wf_host::workflow::DEFAULT_MAX_RUNS)]
     max_runs: usize,
+    /// Also accept requests from this browser origin, e.g. `http://localhost:3000`.
+    /// Repeatable. Requests from other origins than the server's own are refused.
+    #[arg(long = "allow-origin", value_name = "ORIGIN", value_parser = parse_origin)]
+    allow_origin: Vec<String>,
 }
 
 #[derive(Args)]
@@ -173,6 +180,10 @@ struct FixtureArgs {
     /// JSON file of canned tool results: `{"tool": <CallToolResult>}`.
     #[arg(long, value_name = "FILE")]
     canned: Option<PathBuf>,
+}
+
+fn parse_origin(s: &str) -> Result<String, String> {
+    wf_host::rpc::normalize_origin(s).map_err(|e| e.to_string())
 }
 
 fn parse_size(s: &str) -> Result<ByteSize, String> {
@@ -402,6 +413,9 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
     let access = Access {
         token: args.token.clone().filter(|t| !t.is_empty()),
         max_body: usize::try_from(args.max_body.as_u64()).unwrap_or(usize::MAX),
+        allow_origins: args.allow_origin.clone(),
+        // Rebinding needs a loopback listener; elsewhere a token is required.
+        any_host: !args.listen.ip().is_loopback(),
     };
     wf_host::rpc::check_access(args.listen, &access).map_err(usage)?;
     let config = load_config(args.common.config.as_deref())?;
@@ -420,6 +434,7 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
         .values()
         .filter_map(|w| w.max_memory.map(|m| m.as_u64()))
         .max();
+    let rpc_grants = Arc::new(Grants::new(config.rpc_allow()).map_err(usage)?);
     let pool = Pool::new(pool_config(&config));
     let runtime = Arc::new(Runtime::new(rc, Arc::new(pool.clone())).map_err(usage)?);
     let workflows = Arc::new(Workflows::load(&config, runtime, args.max_runs).map_err(usage)?);
@@ -437,12 +452,31 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
         RpcState {
             workflows: workflows.clone(),
             pool: pool.clone(),
+            grants: rpc_grants,
         },
         access,
-    );
-    let served = wf_host::rpc::serve(listener, app, shutdown_signal()).await;
-    eprintln!("wf-host shutting down");
-    workflows.shutdown(args.grace).await;
+    )
+    .map_err(usage)?;
+    // The server stops accepting when `stopping` fires; open requests finish
+    // meanwhile, and waits end at once because the workflows shut down too.
+    let stopping = tokio_util::sync::CancellationToken::new();
+    let served = wf_host::rpc::serve(listener, app, stopping.clone().cancelled_owned());
+    tokio::pin!(served);
+    let served = tokio::select! {
+        // Only an I/O failure ends the server before a signal.
+        result = &mut served => {
+            workflows.shutdown(args.grace).await;
+            result
+        }
+        () = shutdown_signal() => {
+            eprintln!("wf-host shutting down");
+            stopping.cancel();
+            // The grace period is for runs only, not for the HTTP requests
+            // waiting on them.
+            let ((), result) = tokio::join!(workflows.shutdown(args.grace), served);
+            result
+        }
+    };
     pool.shutdown().await;
     served.map_err(|e| Failure {
         code: EXIT_RUN_FAILED,

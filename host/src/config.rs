@@ -21,6 +21,9 @@
 //! component = "plugins/call.wasm"
 //! allow = ["fixture.*"]
 //! timeout = "10s"
+//!
+//! [rpc]                     # what JSON-RPC clients may call (default: everything)
+//! allow = ["fixture.echo"]
 //! ```
 
 use std::collections::BTreeMap;
@@ -58,6 +61,9 @@ pub struct Config {
     /// Named workflows: a component, its grants and limits.
     #[serde(default)]
     pub workflows: BTreeMap<String, WorkflowConfig>,
+    /// What JSON-RPC clients of `wf-host serve` may call.
+    #[serde(default)]
+    pub rpc: RpcSection,
     /// Directory of the config file; relative paths resolve against it.
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -79,6 +85,15 @@ pub struct RuntimeSection {
     pub max_input: Option<ByteSize>,
     /// The largest node output JSON kept (default 4 MiB).
     pub max_output: Option<ByteSize>,
+}
+
+/// `[rpc]`: the grants of JSON-RPC clients.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RpcSection {
+    /// Grants for `capability.*`, `resource.read` and `prompt.get`, as for a
+    /// workflow. Absent: every capability of every configured connection.
+    pub allow: Option<Vec<String>>,
 }
 
 /// `[workflows.<name>]`: a configured component, what it may reach, its limits.
@@ -205,7 +220,26 @@ impl Config {
                 });
             }
         }
+        if let Err(e) = crate::grants::Grants::new(config.rpc_allow()) {
+            return Err(ConfigError::Invalid {
+                path: path.to_owned(),
+                message: format!("[rpc] allow: {e}"),
+            });
+        }
         Ok(config)
+    }
+
+    /// The grants of JSON-RPC clients: `[rpc] allow`, or `<connection>.*` for
+    /// every connection when the key is absent.
+    pub fn rpc_allow(&self) -> Vec<String> {
+        match &self.rpc.allow {
+            Some(allow) => allow.clone(),
+            None => self
+                .connections
+                .keys()
+                .map(|id| format!("{id}.*"))
+                .collect(),
+        }
     }
 
     /// The grants of every workflow whose component is `component` (compared

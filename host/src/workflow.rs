@@ -110,6 +110,9 @@ pub struct Workflows {
     tasks: TaskTracker,
     /// Cancels every run at once (shutdown past the grace period).
     cancel_all: CancellationToken,
+    /// Cancelled when shutdown begins, so long-polling waits return at once
+    /// instead of holding their HTTP requests (and the shutdown) open.
+    stopping: CancellationToken,
     next_id: AtomicU64,
 }
 
@@ -156,6 +159,7 @@ impl Workflows {
             max_runs: max_runs.max(1),
             tasks: TaskTracker::new(),
             cancel_all: CancellationToken::new(),
+            stopping: CancellationToken::new(),
             next_id: AtomicU64::new(1),
         })
     }
@@ -304,8 +308,8 @@ impl Workflows {
             .ok_or_else(|| WorkflowError::UnknownRun(run_id.to_owned()))
     }
 
-    /// Waits until `run_id` has finished or `timeout` passes; returns the record
-    /// either way.
+    /// Waits until `run_id` has finished, `timeout` passes or shutdown begins;
+    /// returns the record either way.
     ///
     /// # Errors
     /// [`WorkflowError::UnknownRun`].
@@ -316,7 +320,10 @@ impl Workflows {
             .get(run_id)
             .map(|e| e.done.clone())
             .ok_or_else(|| WorkflowError::UnknownRun(run_id.to_owned()))?;
-        let _ = tokio::time::timeout(timeout, done.wait_for(|d| *d)).await;
+        tokio::select! {
+            _ = tokio::time::timeout(timeout, done.wait_for(|d| *d)) => {}
+            () = self.stopping.cancelled() => {}
+        }
         self.get(run_id)
     }
 
@@ -350,10 +357,11 @@ impl Workflows {
             .collect()
     }
 
-    /// Stops new runs, lets running ones finish for up to `grace`, then cancels
-    /// the rest and waits for them.
+    /// Stops new runs, ends open waits, lets running ones finish for up to
+    /// `grace`, then cancels the rest and waits for them.
     pub async fn shutdown(&self, grace: Duration) {
         self.tasks.close();
+        self.stopping.cancel();
         if tokio::time::timeout(grace, self.tasks.wait())
             .await
             .is_err()
