@@ -301,10 +301,9 @@ async fn unknown_tools_and_connections_are_not_found() {
         .await;
     assert_eq!(seen["err"]["code"], "not-found");
     assert!(
-        seen["err"]["message"]
-            .as_str()
-            .unwrap()
-            .starts_with("connection `fixture` has no tool `nope`; it has: add, call_log"),
+        seen["err"]["message"].as_str().unwrap().starts_with(
+            "connection `fixture` has no tool `nope`; granted tools on it: add, call_log"
+        ),
         "{seen}"
     );
     let (seen, _) = h
@@ -353,4 +352,85 @@ async fn guest_visible_errors_leak_no_host_paths() {
             .unwrap()
             .contains("/opt/secret-dir/mcp-server")
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_not_found_tool_names_only_granted_tools() {
+    let h = Harness::new();
+    let (seen, _) = h
+        .probe(
+            &["fixture.ech*", "fixture.add"],
+            json!({"op": "call-tool", "name": "fixture.echoo", "arguments": {}}),
+        )
+        .await;
+    assert_eq!(
+        seen,
+        json!({"err": {"code": "not-found", "message": "connection `fixture` has no tool `echoo`; granted tools on it: add, echo"}})
+    );
+    h.pool.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dot_segment_uris_are_denied_whatever_the_grants() {
+    let h = Harness::new();
+    // The plain URI under the granted prefix is allowed and reaches the server.
+    let (seen, _) = h
+        .probe(
+            &["fixture.fixture://*"],
+            json!({"op": "read-resource", "connection": "fixture", "uri": "fixture://config.json"}),
+        )
+        .await;
+    assert!(seen.get("ok").is_some(), "{seen}");
+    for uri in [
+        "fixture://public/../config.json",
+        "fixture://public/%2e%2e/config.json",
+        "fixture://public/%2E%2e%2fconfig.json",
+        "fixture://public/.%2E/config.json",
+    ] {
+        let (seen, _) = h
+            .probe(
+                &["fixture.fixture://public/*"],
+                json!({"op": "read-resource", "connection": "fixture", "uri": uri}),
+            )
+            .await;
+        assert_eq!(
+            seen,
+            json!({"err": {"code": "denied", "message": format!("`fixture.{uri}` has a `.` or `..` path segment (possibly percent-encoded), which no grant allows; name the resource by its plain path")}}),
+            "{uri}"
+        );
+    }
+    h.pool.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_opens_only_the_connections_the_grants_can_reach() {
+    init_tracing();
+    let pool = Pool::new(wf_host::pool::PoolConfig {
+        connections: std::collections::BTreeMap::from([
+            ("fixture".to_owned(), stdio_connection()),
+            ("other".to_owned(), stdio_connection()),
+        ]),
+        self_exe: Some(wf_host_bin()),
+        ..Default::default()
+    });
+    let (runtime, _cache) = runtime_with(RuntimeConfig::default(), Arc::new(pool.clone()));
+    let probe = runtime.load(&guest("probe")).unwrap();
+    let opts = RunOptions {
+        grants: Arc::new(Grants::new(["fixture.echo"]).unwrap()),
+        ..Default::default()
+    };
+    let report = runtime
+        .run(&probe, &json!({"op": "list"}).to_string(), opts)
+        .await;
+    let seen: Value = serde_json::from_str(expect_ok(&report)).unwrap();
+    let names: Vec<_> = seen["ok"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["fixture.echo"]);
+    let opened = |c: &str| pool.connection_stats(c).unwrap().sessions_opened;
+    assert_eq!((opened("fixture"), opened("other")), (1, 0));
+    pool.shutdown().await;
 }

@@ -53,6 +53,31 @@ fn stats(pool: &Pool) -> wf_host::pool::ConnectionStats {
     pool.connection_stats("fixture").expect("configured")
 }
 
+/// How many calls of `tool` a fixture `call_log` result records.
+fn calls_of(call_log: &Value, tool: &str) -> usize {
+    call_log["structuredContent"]["calls"]
+        .as_array()
+        .map_or(0, |calls| {
+            calls.iter().filter(|c| c["tool"] == tool).count()
+        })
+}
+
+/// Waits up to 5 s until the fixture has received `n` calls of `tool`.
+async fn wait_for_calls(pool: &Pool, tool: &str, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let log = call(pool, "call_log", json!({})).await.unwrap();
+        if calls_of(&log, tool) >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server got fewer than {n} `{tool}` calls: {log}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 async fn one_session_serves_200_sequential_and_64_concurrent_calls(kind: Kind) {
     let (pool, _server) = fixture_pool(kind);
     for i in 0..200 {
@@ -210,7 +235,8 @@ async fn a_crash_mid_call_fails_every_pending_caller_and_the_next_call_reconnect
             (err, Instant::now())
         }));
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The crash must land while all five are running on the server.
+    wait_for_calls(&pool, "sleep", 5).await;
     let crashed_at = Instant::now();
     let crash = call(&pool, "crash", json!({})).await.unwrap_err();
     assert!(
@@ -419,7 +445,218 @@ async fn an_http_server_that_forgets_the_session_is_reinitialised_transparently(
     let out = call(&pool, "echo", json!({"text": "two"})).await.unwrap();
     assert_eq!(out["content"][0]["text"], "two");
     assert_eq!(stats(&pool).sessions_opened, 2);
+    // It went through the replay: refused with a 404, then sent again.
+    assert_eq!(stats(&pool).replays, 1);
     pool.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_404_replays_only_the_call_that_got_it_and_fails_the_others_in_flight() {
+    let server = HttpFixture::start("127.0.0.1:0");
+    let pool = pool_with(http_connection(&server.url()));
+    call(&pool, "echo", json!({"text": "warm"})).await.unwrap();
+
+    // Three calls running on the server when the session is forgotten: they
+    // may have had effects, so none of them may be sent again.
+    let mut pending = Vec::new();
+    for _ in 0..3 {
+        let pool = pool.clone();
+        pending.push(tokio::spawn(async move {
+            call(&pool, "sleep", json!({"ms": 3000})).await
+        }));
+    }
+    wait_for_calls(&pool, "sleep", 3).await;
+    let forgot = call(&pool, "forget_session", json!({})).await.unwrap();
+    assert_eq!(forgot["content"][0]["text"], "forgotten");
+
+    // This call's own request gets the 404: it is replayed on a fresh session.
+    let out = call(&pool, "echo", json!({"text": "after"})).await.unwrap();
+    assert_eq!(out["content"][0]["text"], "after");
+    for task in pending {
+        let err = task.await.unwrap().unwrap_err();
+        assert!(matches!(err, PoolError::SessionClosed { .. }), "{err:?}");
+        assert_eq!(
+            wf_host::pool::to_capability_error(err).code(),
+            "unavailable"
+        );
+    }
+    assert_eq!(stats(&pool).replays, 1);
+    assert_eq!(stats(&pool).sessions_opened, 2);
+
+    let log = call(&pool, "call_log", json!({})).await.unwrap();
+    assert_eq!(calls_of(&log, "sleep"), 3, "a sleep was replayed: {log}");
+    let after: Vec<_> = log["structuredContent"]["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["arguments"]["text"] == "after")
+        .map(|c| c["session"].clone())
+        .collect();
+    // Refused on session 1 before the server looked at it; run once, on session 2.
+    assert_eq!(after, [json!(2)], "{log}");
+    pool.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_ping_does_not_hold_up_calls() {
+    let pool = pool_with(connection_from_toml(
+        "command = \"wf-host\"\nargs = [\"fixture-server\"]\nping_interval = \"100ms\"\nenv = { WF_FIXTURE_PING_DELAY_MS = \"4000\" }",
+    ));
+    call(&pool, "echo", json!({"text": "warm"})).await.unwrap();
+    let quick = Duration::from_millis(1000);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let started = Instant::now();
+        let log = call(&pool, "call_log", json!({})).await.unwrap();
+        let took = started.elapsed();
+        assert!(took < quick, "a call waited {took:?} behind a ping");
+        let pings = &log["structuredContent"]["pings"];
+        if pings["started"].as_u64() > pings["answered"].as_u64() {
+            // A 4 s ping is in flight right now; another call still goes through.
+            let started = Instant::now();
+            let out = call(&pool, "echo", json!({"text": "during"}))
+                .await
+                .unwrap();
+            assert_eq!(out["content"][0]["text"], "during");
+            assert!(
+                started.elapsed() < quick,
+                "a call waited {:?} behind a ping",
+                started.elapsed()
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no ping reached the server: {log}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(stats(&pool).sessions_opened, 1);
+    pool.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_catalog_refresh_backs_off_and_keeps_the_session() {
+    let pool = pool_with(connection_from_toml(
+        "command = \"wf-host\"\nargs = [\"fixture-server\"]\nenv = { WF_FIXTURE_FAIL_RELIST = \"1\" }",
+    ));
+    let out = call(&pool, "register_extra", json!({})).await.unwrap();
+    assert_eq!(out["content"][0]["text"], "registered");
+    let started = Instant::now();
+    // The initial listing, then three failed refreshes: the 2nd and 3rd wait
+    // backoffs of at least 125ms and 250ms (full jitter in the upper half).
+    let deadline = started + Duration::from_secs(10);
+    loop {
+        let log = call(&pool, "call_log", json!({})).await.unwrap();
+        if log["structuredContent"]["tools_list_requests"].as_u64() >= Some(4) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no retries: {log}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        started.elapsed() >= Duration::from_millis(375),
+        "three refreshes within {:?}: no backoff",
+        started.elapsed()
+    );
+    // A failing refresh is no reason to drop a healthy session.
+    call(&pool, "echo", json!({"text": "x"})).await.unwrap();
+    assert_eq!(stats(&pool).sessions_opened, 1);
+    pool.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endless_pagination_stops_at_the_page_cap() {
+    let pool = pool_with(connection_from_toml(
+        "command = \"wf-host\"\nargs = [\"fixture-server\"]\nenv = { WF_FIXTURE_ENDLESS_PAGES = \"1\" }",
+    ));
+    let tools = tokio::time::timeout(Duration::from_secs(15), pool.list_tools("fixture"))
+        .await
+        .expect("listing a server that paginates for ever ends")
+        .unwrap();
+    assert!(tools.iter().any(|t| t.name == "echo"), "{tools:?}");
+    let log = call(&pool, "call_log", json!({})).await.unwrap();
+    assert_eq!(
+        log["structuredContent"]["tools_list_requests"],
+        wf_host::pool::MAX_CATALOG_PAGES
+    );
+    pool.shutdown().await;
+}
+
+#[test]
+fn zero_durations_are_refused_at_load_naming_connection_and_key() {
+    for key in ["call_timeout", "idle_timeout", "ping_interval"] {
+        let text = format!("[connections.fixture]\ncommand = \"wf-host\"\n{key} = \"0s\"\n");
+        let err = wf_host::config::Config::parse(
+            &text,
+            std::path::Path::new("wf.toml"),
+            Default::default(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "config file `wf.toml`: connection `fixture`: `{key}` must be greater than zero"
+            )
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_ping_interval_built_by_hand_does_not_kill_the_session() {
+    let pool = pool_with(connection_from_toml(
+        "command = \"wf-host\"\nargs = [\"fixture-server\"]\nping_interval = \"0s\"",
+    ));
+    for text in ["one", "two"] {
+        let out = call(&pool, "echo", json!({"text": text})).await.unwrap();
+        assert_eq!(out["content"][0]["text"], text);
+    }
+    assert_eq!(stats(&pool).sessions_opened, 1);
+    pool.shutdown().await;
+}
+
+#[test]
+fn a_stdio_server_sees_only_the_allowed_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("wf.toml");
+    std::fs::write(
+        &config,
+        r#"[connections.fixture]
+command = "wf-host"
+args = ["fixture-server"]
+env = { FROM_CONFIG = "1" }
+inherit_env = ["KEEP_ME", "NOT_IN_THE_HOST"]
+"#,
+    )
+    .unwrap();
+    let path = std::env::var("PATH").unwrap_or_default();
+    let home = dir.path().to_str().unwrap();
+    // The host's own environment, secrets included, and nothing else.
+    let out = std::process::Command::new(common::wf_host_bin())
+        .env_clear()
+        .env("PATH", &path)
+        .env("HOME", home)
+        .env("WF_HOST_TOKEN", "s3cret")
+        .env("SOME_SECRET", "x")
+        .env("KEEP_ME", "kept")
+        .arg("run")
+        .arg(common::plugin("call"))
+        .arg("--config")
+        .arg(&config)
+        .args(["--no-cache", "--allow", "fixture.env", "--input"])
+        .arg(r#"{"capability": "fixture.env"}"#)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        result["structuredContent"]["env"],
+        json!({"FROM_CONFIG": "1", "HOME": home, "KEEP_ME": "kept", "PATH": path}),
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,6 +13,7 @@ use axum::http::{Request, StatusCode};
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use tower::ServiceExt;
+use wf_host::grants::Grants;
 use wf_host::pool::{Pool, PoolConfig};
 use wf_host::rpc::{Access, RpcState, handle_body, router};
 use wf_host::runtime::{Runtime, RuntimeConfig};
@@ -20,8 +21,8 @@ use wf_host::workflow::Workflows;
 
 use common::*;
 
-/// A config with the fixture connection and three workflows.
-fn write_config(dir: &std::path::Path) -> std::path::PathBuf {
+/// A config with the fixture connection, three workflows and `extra` TOML.
+fn write_config_with(dir: &std::path::Path, extra: &str) -> std::path::PathBuf {
     let root = repo_root();
     let config = format!(
         r#"[connections.fixture]
@@ -38,6 +39,7 @@ allow = ["fixture.*"]
 [workflows.spin]
 component = "{misbehave}"
 timeout = "60s"
+{extra}
 "#,
         echo = root.join("plugins/echo.wasm").display(),
         call = root.join("plugins/call.wasm").display(),
@@ -57,8 +59,13 @@ struct Server {
 
 impl Server {
     fn start(extra: &[&str]) -> Server {
+        Server::start_with(extra, "", &[])
+    }
+
+    /// With `config` appended to the config file and `env` set.
+    fn start_with(extra: &[&str], config: &str, env: &[(&str, &str)]) -> Server {
         let dir = tempfile::tempdir().unwrap();
-        let config = write_config(dir.path());
+        let config = write_config_with(dir.path(), config);
         let mut child = Command::new(wf_host_bin())
             .args([
                 "serve",
@@ -70,6 +77,7 @@ impl Server {
             .args(extra)
             .env("WF_HOST_CACHE_DIR", dir.path().join("cache"))
             .env_remove("WF_HOST_TOKEN")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -92,7 +100,10 @@ impl Server {
 
     async fn post(&self, body: impl Into<String>, token: Option<&str>) -> (StatusCode, String) {
         let client = reqwest::Client::new();
-        let mut req = client.post(&self.url).body(body.into());
+        let mut req = client
+            .post(&self.url)
+            .header("Content-Type", "application/json")
+            .body(body.into());
         if let Some(token) = token {
             req = req.header("Authorization", format!("Bearer {token}"));
         }
@@ -102,15 +113,74 @@ impl Server {
     }
 
     async fn call(&self, method: &str, params: Value) -> Value {
-        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-        let (status, text) = self.post(body.to_string(), None).await;
-        assert_eq!(status, StatusCode::OK, "{text}");
-        let reply: Value = serde_json::from_str(&text).unwrap();
+        let reply = self.reply(method, params).await;
         match reply.get("result") {
             Some(result) => result.clone(),
             None => panic!("{method} failed: {reply}"),
         }
     }
+
+    /// The whole JSON-RPC reply, result or error.
+    async fn reply(&self, method: &str, params: Value) -> Value {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        let (status, text) = self.post(body.to_string(), None).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        serde_json::from_str(&text).unwrap()
+    }
+
+    /// `host:port` of the listener.
+    fn addr(&self) -> &str {
+        self.url
+            .strip_prefix("http://")
+            .and_then(|rest| rest.strip_suffix("/rpc"))
+            .unwrap()
+    }
+
+    /// The tools the fixture server has been called with so far.
+    async fn upstream_calls(&self) -> Vec<Value> {
+        let log = self
+            .call("capability.call", json!({"name": "fixture.call_log"}))
+            .await;
+        log["structuredContent"]["calls"]
+            .as_array()
+            .unwrap()
+            .clone()
+    }
+}
+
+/// Sends `request` (a whole HTTP/1.1 request) to `addr` over a fresh
+/// connection; the status and the body of the response.
+async fn raw_http(addr: &str, request: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    stream.read_to_end(&mut out).await.unwrap();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {text:?}"));
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// A POST of `body` to /rpc with `headers` (each `Name: value`), closing after.
+fn raw_post(headers: &[&str], body: &str) -> String {
+    let mut request = String::from("POST /rpc HTTP/1.1\r\n");
+    for h in headers {
+        request.push_str(h);
+        request.push_str("\r\n");
+    }
+    request.push_str(&format!(
+        "Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    ));
+    request
 }
 
 impl Drop for Server {
@@ -234,7 +304,6 @@ async fn cancel_stops_a_looping_node_and_an_upstream_sleep() {
         )
         .await;
     let run_id = started["run_id"].as_str().unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let waited = server
         .call(
             "workflow.wait",
@@ -255,7 +324,20 @@ async fn cancel_stops_a_looping_node_and_an_upstream_sleep() {
         )
         .await;
     let run_id = started["run_id"].as_str().unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Cancel only once the sleep has reached the MCP server.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !server
+        .upstream_calls()
+        .await
+        .iter()
+        .any(|c| c["tool"] == "sleep")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the sleep never reached upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let begun = Instant::now();
     let cancelled = server
         .call("workflow.cancel", json!({"run_id": run_id}))
@@ -342,8 +424,13 @@ async fn health_answers() {
 
 /// In-process state: the pool and workflows without a socket.
 async fn state() -> (RpcState, tempfile::TempDir) {
+    state_with("").await
+}
+
+/// [`state`] with `extra` TOML appended to the config.
+async fn state_with(extra: &str) -> (RpcState, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let config = wf_host::config::Config::load(&write_config(dir.path())).unwrap();
+    let config = wf_host::config::Config::load(&write_config_with(dir.path(), extra)).unwrap();
     let pool = Pool::new(PoolConfig {
         connections: config.connections.clone(),
         self_exe: Some(wf_host_bin()),
@@ -368,6 +455,7 @@ async fn state() -> (RpcState, tempfile::TempDir) {
         RpcState {
             workflows,
             pool,
+            grants: Arc::new(Grants::new(config.rpc_allow()).unwrap()),
         },
         dir,
     )
@@ -430,12 +518,16 @@ async fn every_error_code_is_spec_exact() {
             json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32002, "message": "unknown run `run-0`"}}),
         ),
         (
-            r#"{"jsonrpc":"2.0","id":1,"method":"workflow.get","params":["a","b"]}"#,
-            json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32602, "message": "expected at most 1 positional params (run_id), got 2"}}),
+            r#"{"jsonrpc":"2.0","id":1,"method":"workflow.get","params":["a",true,"c"]}"#,
+            json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32602, "message": "expected at most 2 positional params (run_id, calls), got 3"}}),
         ),
         (
             r#"{"jsonrpc":"2.0","id":1,"method":"capability.call","params":{"name":"nowhere.echo"}}"#,
-            json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32006, "message": "no connection `nowhere`", "data": {"kind": "not-found"}}}),
+            json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32003, "message": "`nowhere.echo` is not granted to RPC clients (`[rpc] allow` grants `fixture.*`); add it to `[rpc] allow` in the config", "data": {"kind": "denied"}}}),
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"capability.call","params":{"name":"fixture.nope"}}"#,
+            json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32006, "message": "connection `fixture` has no tool `nope`; granted tools on it: add, call_log, counter, crash, echo, env, fail, forget_session, register_extra, sleep", "data": {"kind": "not-found"}}}),
         ),
         (
             r#"{"jsonrpc":"2.0","id":1,"method":"capability.call","params":{"name":"fixture.echo","arguments":{"text":1}}}"#,
@@ -474,11 +566,17 @@ async fn the_router_answers_in_process_and_refuses_big_bodies() {
     let app = router(
         state.clone(),
         Access {
-            token: None,
             max_body: 1024,
+            ..Access::default()
         },
-    );
-    let post = |body: String| Request::post("/rpc").body(Body::from(body)).unwrap();
+    )
+    .unwrap();
+    let post = |body: String| {
+        Request::post("/rpc")
+            .header("content-type", "application/json")
+            .body(Body::from(body))
+            .unwrap()
+    };
     let resp = app
         .clone()
         .oneshot(post(r#"{"jsonrpc":"2.0","id":1,"method":"workflow.start","params":{"workflow":"echo","input":"hi","wait":true}}"#.into()))
@@ -571,7 +669,7 @@ async fn thousands_of_malformed_bodies_get_valid_errors() {
         json!(true),
     ];
     for i in 0..3000 {
-        let body: Vec<u8> = match i % 4 {
+        let body: Vec<u8> = match i % 5 {
             // Random bytes.
             0 => (0..rng.random_range(0..64)).map(|_| rng.random()).collect(),
             // A valid request, truncated.
@@ -602,6 +700,17 @@ async fn thousands_of_malformed_bodies_get_valid_errors() {
                 obj.insert("id".into(), json!(i));
                 Value::Object(obj).to_string().into_bytes()
             }
+            // Batches past the limit: one error, nothing run.
+            4 => {
+                let n = rng.random_range(101..400);
+                let item = json!({"jsonrpc": "2.0", "id": 1, "method": "workflow.start", "params": {"workflow": "echo"}});
+                let reply = handle_body(&state, Value::Array(vec![item; n]).to_string().as_bytes())
+                    .await
+                    .unwrap();
+                assert_valid_response(&reply);
+                assert_eq!(reply["error"]["code"], -32600, "{reply}");
+                continue;
+            }
             // Batches mixing all of the above.
             _ => {
                 let items: Vec<Value> = (0..rng.random_range(1..5))
@@ -620,6 +729,118 @@ async fn thousands_of_malformed_bodies_get_valid_errors() {
             Some(reply) => assert_valid_response(&reply),
         }
     }
+    assert!(
+        state
+            .workflows
+            .list(&wf_host::store::ListQuery {
+                limit: 10,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .0
+            .is_empty(),
+        "an oversized batch started a run"
+    );
+
+    // Hostile headers through the router: each request would call `echo` with
+    // its own number; only the accepted ones may reach the MCP server.
+    let app = router(
+        state.clone(),
+        Access {
+            allow_origins: vec!["http://allowed.example".into()],
+            ..Access::default()
+        },
+    )
+    .unwrap();
+    let content_types = [
+        None,
+        Some("application/json"),
+        Some("application/json; charset=utf-8"),
+        Some("APPLICATION/JSON"),
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+        Some("multipart/form-data; boundary=x"),
+        Some("application/jsonx"),
+        Some(""),
+    ];
+    let hosts = [
+        None,
+        Some("127.0.0.1:7878"),
+        Some("localhost:7878"),
+        Some("[::1]:7878"),
+        Some("127.0.0.2"),
+        Some("evil.example:7878"),
+        Some("localhost.evil.example"),
+        Some("[::2]:7878"),
+    ];
+    let origins = [
+        None,
+        Some("http://evil.example"),
+        Some("http://evil.example:7878"),
+        Some("null"),
+        Some("http://127.0.0.1:7878"),
+        Some("http://localhost:7878"),
+        Some("https://127.0.0.1:7878"),
+        Some("http://allowed.example"),
+        Some("http://allowed.example/x"),
+    ];
+    let mut expected_calls = Vec::new();
+    for i in 0..400 {
+        let content_type = content_types[rng.random_range(0..content_types.len())];
+        let host = hosts[rng.random_range(0..hosts.len())];
+        let origin = origins[rng.random_range(0..origins.len())];
+        let mut headers = Vec::new();
+        headers.extend(content_type.map(|v| ("content-type", v)));
+        headers.extend(host.map(|v| ("host", v)));
+        headers.extend(origin.map(|v| ("origin", v)));
+        let body = json!({"jsonrpc": "2.0", "id": i, "method": "capability.call", "params": {"name": "fixture.echo", "arguments": {"text": i.to_string()}}});
+        let (status, reply) = through(&app, &headers, &body.to_string()).await;
+        assert_valid_response(&reply);
+        let host_ok = host.is_none_or(|h| {
+            [
+                "127.0.0.1:7878",
+                "localhost:7878",
+                "[::1]:7878",
+                "127.0.0.2",
+            ]
+            .contains(&h)
+        });
+        let origin_ok = origin.is_none_or(|o| {
+            o == "http://allowed.example" || host.is_some_and(|h| o == format!("http://{h}"))
+        });
+        let json_ok = matches!(
+            content_type,
+            Some("application/json" | "application/json; charset=utf-8" | "APPLICATION/JSON")
+        );
+        let want = if !host_ok || !origin_ok {
+            StatusCode::FORBIDDEN
+        } else if !json_ok {
+            StatusCode::UNSUPPORTED_MEDIA_TYPE
+        } else {
+            expected_calls.push(json!(i.to_string()));
+            StatusCode::OK
+        };
+        assert_eq!(status, want, "{headers:?}: {reply}");
+    }
+    let log = answer(
+        &state,
+        r#"{"jsonrpc":"2.0","id":1,"method":"capability.call","params":{"name":"fixture.call_log"}}"#,
+    )
+    .await
+    .unwrap();
+    let called: Vec<Value> = log["result"]["structuredContent"]["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["tool"] == "echo")
+        .map(|c| c["arguments"]["text"].clone())
+        .collect();
+    assert_eq!(
+        called, expected_calls,
+        "only accepted requests may reach upstream"
+    );
+    assert!(!expected_calls.is_empty());
     state.pool.shutdown().await;
 }
 
@@ -694,4 +915,655 @@ async fn sigterm_cancels_runs_after_the_grace_period_and_reaps_the_mcp_server() 
         common::fixture::process_gone(fixture_pid),
         "the fixture server {fixture_pid} outlived the host"
     );
+}
+
+/// The refusal body for `message`.
+fn refusal(message: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32600, "message": message}})
+}
+
+const ECHO_PWNED: &str = r#"{"jsonrpc":"2.0","id":1,"method":"capability.call","params":{"name":"fixture.echo","arguments":{"text":"pwned"}}}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cross_origin_simple_request_is_refused_and_calls_nothing() {
+    let server = Server::start(&["--allow-origin", "http://localhost:3000"]);
+    let host = format!("Host: {}", server.addr());
+    // The reproduction: a "simple" request a web page may send without preflight.
+    let (status, body) = raw_http(
+        server.addr(),
+        &raw_post(
+            &[
+                &host,
+                "Content-Type: text/plain",
+                "Origin: http://evil.example",
+            ],
+            ECHO_PWNED,
+        ),
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap(),
+        refusal(
+            "refused: cross-origin request from `Origin: http://evil.example`; only the server's own origin or one allowed with `--allow-origin` may call"
+        )
+    );
+    // A JSON content type from that origin does not help.
+    let (status, _) = raw_http(
+        server.addr(),
+        &raw_post(
+            &[
+                &host,
+                "Content-Type: application/json",
+                "Origin: http://evil.example",
+            ],
+            ECHO_PWNED,
+        ),
+    )
+    .await;
+    assert_eq!(status, 403);
+    // Nor does a form post from the server's own origin: not JSON.
+    let own = format!("Origin: http://{}", server.addr());
+    let (status, body) = raw_http(
+        server.addr(),
+        &raw_post(
+            &[
+                &host,
+                "Content-Type: application/x-www-form-urlencoded",
+                &own,
+            ],
+            ECHO_PWNED,
+        ),
+    )
+    .await;
+    assert_eq!(status, 415, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap(),
+        refusal(
+            "unsupported content type `application/x-www-form-urlencoded`; send `Content-Type: application/json`"
+        )
+    );
+    assert!(
+        server.upstream_calls().await.is_empty(),
+        "a refused request reached the MCP server"
+    );
+
+    // The server's own origin, and an --allow-origin one, are served.
+    for origin in [own.as_str(), "Origin: http://localhost:3000"] {
+        let (status, body) = raw_http(
+            server.addr(),
+            &raw_post(
+                &[&host, "Content-Type: application/json", origin],
+                ECHO_PWNED,
+            ),
+        )
+        .await;
+        assert_eq!(status, 200, "{origin}: {body}");
+        let reply: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(reply["result"]["content"][0]["text"], "pwned", "{reply}");
+    }
+    assert_eq!(server.upstream_calls().await.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebinding_request_on_loopback_is_refused() {
+    let server = Server::start(&[]);
+    let port = server.addr().rsplit_once(':').unwrap().1.to_owned();
+    // After DNS rebinding, the page's origin and the Host header agree.
+    let host = format!("Host: evil.example:{port}");
+    let origin = format!("Origin: http://evil.example:{port}");
+    for headers in [
+        vec![
+            host.as_str(),
+            "Content-Type: application/json",
+            origin.as_str(),
+        ],
+        vec![host.as_str(), "Content-Type: application/json"],
+    ] {
+        let (status, body) = raw_http(server.addr(), &raw_post(&headers, ECHO_PWNED)).await;
+        assert_eq!(status, 403, "{body}");
+        assert_eq!(
+            serde_json::from_str::<Value>(&body).unwrap(),
+            refusal(&format!(
+                "refused: `Host: evil.example:{port}` is not a loopback name; this server listens on loopback and answers only `localhost`, `127.0.0.1` or `[::1]` (DNS rebinding protection)"
+            ))
+        );
+    }
+    // Loopback names are fine.
+    let localhost = format!("Host: localhost:{port}");
+    let (status, body) = raw_http(
+        server.addr(),
+        &raw_post(
+            &[&localhost, "Content-Type: application/json"],
+            r#"{"jsonrpc":"2.0","id":1,"method":"host.status"}"#,
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(server.upstream_calls().await.is_empty());
+}
+
+/// Sends `body` through the router with `headers`; the status and the JSON body.
+async fn through(app: &axum::Router, headers: &[(&str, &str)], body: &str) -> (StatusCode, Value) {
+    let mut request = Request::post("/rpc");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let resp = app
+        .clone()
+        .oneshot(request.body(Body::from(body.to_owned())).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+const STATUS: &str = r#"{"jsonrpc":"2.0","id":1,"method":"host.status"}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_origin_allowed_origin_and_plain_clients_are_accepted() {
+    let (state, _dir) = state().await;
+    let app = router(
+        state.clone(),
+        Access {
+            allow_origins: vec!["http://LOCALHOST:3000/".into()],
+            ..Access::default()
+        },
+    )
+    .unwrap();
+    let json = ("content-type", "application/json");
+    let accepted: &[&[(&str, &str)]] = &[
+        // A plain client: no Origin, no Host.
+        &[json],
+        &[("content-type", "application/json; charset=utf-8")],
+        &[("content-type", "Application/JSON")],
+        &[
+            json,
+            ("host", "127.0.0.1:7878"),
+            ("origin", "http://127.0.0.1:7878"),
+        ],
+        &[
+            json,
+            ("host", "localhost:7878"),
+            ("origin", "http://localhost:7878"),
+        ],
+        &[
+            json,
+            ("host", "[::1]:7878"),
+            ("origin", "http://[::1]:7878"),
+        ],
+        &[
+            json,
+            ("host", "127.0.0.1"),
+            ("origin", "http://127.0.0.1:80"),
+        ],
+        &[
+            json,
+            ("host", "127.0.0.1:7878"),
+            ("origin", "http://localhost:3000"),
+        ],
+    ];
+    for headers in accepted {
+        let (status, body) = through(&app, headers, STATUS).await;
+        assert_eq!(status, StatusCode::OK, "{headers:?}: {body}");
+        assert!(body["result"]["connections"].is_array(), "{body}");
+    }
+    let refused: &[(&[(&str, &str)], StatusCode)] = &[
+        (
+            &[("content-type", "text/plain")],
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        ),
+        (&[], StatusCode::UNSUPPORTED_MEDIA_TYPE),
+        (
+            &[("content-type", "application/jsonx")],
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        ),
+        (&[json, ("origin", "null")], StatusCode::FORBIDDEN),
+        // The own origin needs the same scheme, host and port.
+        (
+            &[
+                json,
+                ("host", "127.0.0.1:7878"),
+                ("origin", "https://127.0.0.1:7878"),
+            ],
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            &[
+                json,
+                ("host", "127.0.0.1:7878"),
+                ("origin", "http://localhost:7878"),
+            ],
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            &[json, ("host", "localhost.evil.example")],
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            &[json, ("host", "127.0.0.1.evil.example:7878")],
+            StatusCode::FORBIDDEN,
+        ),
+    ];
+    for (headers, expected) in refused {
+        let (status, body) = through(&app, headers, STATUS).await;
+        assert_eq!(status, *expected, "{headers:?}: {body}");
+        assert_eq!(body["error"]["code"], -32600, "{body}");
+        assert_eq!(body["id"], Value::Null, "{body}");
+    }
+    let (_, body) = through(&app, &[], STATUS).await;
+    assert_eq!(
+        body,
+        refusal("missing content type; send `Content-Type: application/json`")
+    );
+    // On a non-loopback listener any Host goes (a token guards it instead).
+    let public = router(
+        state.clone(),
+        Access {
+            any_host: true,
+            ..Access::default()
+        },
+    )
+    .unwrap();
+    let (status, _) = through(&public, &[json, ("host", "wf.example.com")], STATUS).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(matches!(
+        router(
+            state.clone(),
+            Access {
+                allow_origins: vec!["http://x.example/path".into()],
+                ..Access::default()
+            }
+        ),
+        Err(wf_host::rpc::ServeError::BadOrigin(_))
+    ));
+    state.pool.shutdown().await;
+}
+
+#[test]
+fn a_bad_allow_origin_is_a_usage_error() {
+    let out = Command::new(wf_host_bin())
+        .args(["serve", "--allow-origin", "localhost:3000/x"])
+        .env_remove("WF_HOST_TOKEN")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("`localhost:3000/x` is not an origin like `http://localhost:3000`"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rpc_grants_deny_what_they_exclude_before_it_goes_upstream() {
+    let (state, _dir) = state_with(
+        r#"
+[rpc]
+allow = ["fixture.echo", "fixture.call_log"]
+"#,
+    )
+    .await;
+    let echo = answer(
+        &state,
+        r#"{"jsonrpc":"2.0","id":1,"method":"capability.call","params":{"name":"fixture.echo","arguments":{"text":"ok"}}}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(echo["result"]["content"][0]["text"], "ok", "{echo}");
+    let denied = |name: &str| json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32003, "message": format!("`{name}` is not granted to RPC clients (`[rpc] allow` grants `fixture.echo`, `fixture.call_log`); add it to `[rpc] allow` in the config"), "data": {"kind": "denied"}}});
+    let cases = [
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"capability.call","params":{"name":"fixture.add","arguments":{"a":1,"b":2}}}"#,
+            "fixture.add",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"resource.read","params":{"connection":"fixture","uri":"fixture://greeting"}}"#,
+            "fixture.fixture://greeting",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"prompt.get","params":{"name":"fixture.greet","arguments":{"name":"Ada"}}}"#,
+            "fixture.greet",
+        ),
+        // An unknown tool is denied too: its name says nothing about the server.
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"capability.call","params":{"name":"fixture.nope"}}"#,
+            "fixture.nope",
+        ),
+    ];
+    for (body, name) in cases {
+        assert_eq!(answer(&state, body).await, Some(denied(name)), "{body}");
+    }
+    let list = answer(
+        &state,
+        r#"{"jsonrpc":"2.0","id":1,"method":"capability.list"}"#,
+    )
+    .await
+    .unwrap();
+    let names: Vec<&str> = list["result"]["capabilities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["fixture.echo", "fixture.call_log"], "{list}");
+    let log = answer(
+        &state,
+        r#"{"jsonrpc":"2.0","id":1,"method":"capability.call","params":{"name":"fixture.call_log"}}"#,
+    )
+    .await
+    .unwrap();
+    let tools: Vec<&str> = log["result"]["structuredContent"]["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["tool"].as_str().unwrap())
+        .collect();
+    assert_eq!(tools, ["echo"], "a denied call went upstream: {log}");
+    state.pool.shutdown().await;
+}
+
+#[test]
+fn an_invalid_rpc_grant_is_refused_at_load() {
+    let e = wf_host::config::Config::parse(
+        "[rpc]\nallow = [\"echo\"]\n",
+        std::path::Path::new("wf.toml"),
+        Default::default(),
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "config file `wf.toml`: [rpc] allow: invalid grant `echo`: expected `<connection>.<name>`, e.g. `fixture.echo` or `fixture.*`"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_over_the_limit_is_one_error_and_others_keep_their_order() {
+    let (state, _dir) = state().await;
+    let request = |i: usize| json!({"jsonrpc": "2.0", "id": i, "method": "workflow.get", "params": [format!("run-{i}")]});
+    let over: Vec<Value> = (0..101).map(request).collect();
+    assert_eq!(
+        handle_body(&state, Value::Array(over).to_string().as_bytes()).await,
+        Some(
+            json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32600, "message": "batch of 101 requests exceeds the limit of 100"}})
+        )
+    );
+    let full: Vec<Value> = (0..100).map(request).collect();
+    let replies = handle_body(&state, Value::Array(full).to_string().as_bytes())
+        .await
+        .unwrap();
+    let ids: Vec<u64> = replies
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ids, (0..100).collect::<Vec<_>>());
+    state.pool.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_runs_at_most_eight_requests_at_once() {
+    let (state, _dir) = state().await;
+    let started = answer(
+        &state,
+        r#"{"jsonrpc":"2.0","id":1,"method":"workflow.start","params":{"workflow":"spin","input":{"mode":"loop"}}}"#,
+    )
+    .await
+    .unwrap();
+    let run_id = started["result"]["run_id"].as_str().unwrap().to_owned();
+    // Nine waits of 400 ms on a run that never ends: two rounds when at most
+    // eight run at once, one round when all run together.
+    let waits: Vec<Value> = (0..9)
+        .map(|i| json!({"jsonrpc": "2.0", "id": i, "method": "workflow.wait", "params": {"run_id": run_id, "timeout_ms": 400}}))
+        .collect();
+    let begun = Instant::now();
+    let replies = handle_body(&state, Value::Array(waits).to_string().as_bytes())
+        .await
+        .unwrap();
+    let elapsed = begun.elapsed();
+    assert_eq!(replies.as_array().unwrap().len(), 9);
+    assert!(
+        replies
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["result"]["status"] == "running"),
+        "{replies}"
+    );
+    assert!(
+        elapsed >= Duration::from_millis(800),
+        "nine waits finished in {elapsed:?}: they ran all at once"
+    );
+    state.workflows.cancel(&run_id).await.unwrap();
+    state.pool.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_cannot_be_read_is_400_and_only_an_oversized_one_is_413() {
+    let (state, _dir) = state().await;
+    let app = router(
+        state.clone(),
+        Access {
+            max_body: 1024,
+            ..Access::default()
+        },
+    )
+    .unwrap();
+    // The client goes away halfway through the body.
+    let chunks: Vec<Result<&'static str, std::io::Error>> = vec![
+        Ok(r#"{"jsonrpc":"2.0","#),
+        Err(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "connection reset by peer",
+        )),
+    ];
+    let resp = app
+        .clone()
+        .oneshot(
+            Request::post("/rpc")
+                .header("content-type", "application/json")
+                .body(Body::from_stream(futures::stream::iter(chunks)))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let body: Value = serde_json::from_slice(
+        &axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        body,
+        refusal("cannot read the request body: connection reset by peer")
+    );
+    // A declared length past the limit is refused before reading.
+    let (status, body) = through(
+        &app,
+        &[
+            ("content-type", "application/json"),
+            ("content-length", "4096"),
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(body, refusal("request body exceeds 1024 bytes"));
+    state.pool.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_chunking_over_a_socket_is_400() {
+    let server = Server::start(&[]);
+    let host = format!("Host: {}", server.addr());
+    let request = format!(
+        "POST /rpc HTTP/1.1\r\n{host}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\nzz\r\n{{}}\r\n0\r\n\r\n"
+    );
+    let (status, body) = raw_http(server.addr(), &request).await;
+    assert_eq!(status, 400, "{body}");
+    let reply: Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("cannot read the request body: "),
+        "{reply}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_answers_open_waits_at_once_and_the_grace_is_for_runs() {
+    let mut server = Server::start(&["--grace", "300ms"]);
+    let spin = json!({"workflow": "spin", "input": {"mode": "loop"}});
+    let first = server.call("workflow.start", spin.clone()).await;
+    let first_id = first["run_id"].as_str().unwrap().to_owned();
+    // One batch: a long wait on the first run, and a start that waits on a second.
+    let batch = json!([
+        {"jsonrpc": "2.0", "id": 1, "method": "workflow.wait", "params": {"run_id": first_id, "timeout_ms": 120000}},
+        {"jsonrpc": "2.0", "id": 2, "method": "workflow.start", "params": {"workflow": "spin", "input": {"mode": "loop"}, "wait": true}},
+    ]);
+    let url = server.url.clone();
+    let pending = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(url)
+            .header("Content-Type", "application/json")
+            .body(batch.to_string())
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    });
+    // The batch is being served once its second run exists; its wait began first.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server
+        .call("workflow.list", json!({"status": "running"}))
+        .await["runs"]
+        .as_array()
+        .unwrap()
+        .len()
+        < 2
+    {
+        assert!(Instant::now() < deadline, "the batch never started its run");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let signalled = Instant::now();
+    // SAFETY: sending a signal to our own child process.
+    unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
+    let text = tokio::time::timeout(Duration::from_secs(5), pending)
+        .await
+        .expect("open waits held the shutdown")
+        .unwrap();
+    let replies: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(replies[0]["result"]["run_id"], first_id, "{replies}");
+    assert_eq!(replies[0]["result"]["status"], "running", "{replies}");
+    assert_eq!(replies[1]["result"]["status"], "running", "{replies}");
+    let exit = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            signalled.elapsed() < Duration::from_secs(5),
+            "wf-host serve did not stop within the grace period"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(exit.code(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn call_timeout_is_32005_over_rpc() {
+    let (state, _dir) = state_with(
+        r#"
+[connections.slow]
+command = "wf-host"
+args = ["fixture-server"]
+call_timeout = "300ms"
+"#,
+    )
+    .await;
+    let reply = answer(
+        &state,
+        r#"{"jsonrpc":"2.0","id":1,"method":"capability.call","params":{"name":"slow.sleep","arguments":{"ms":30000}}}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply["error"]["code"], -32005, "{reply}");
+    assert_eq!(reply["error"]["data"]["kind"], "timeout", "{reply}");
+    state.pool.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_only_notifications_is_204() {
+    let (state, _dir) = state().await;
+    let app = router(state.clone(), Access::default()).unwrap();
+    let resp = app
+        .oneshot(
+            Request::post("/rpc")
+                .header("content-type", "application/json")
+                .body(Body::from(
+                    r#"[{"jsonrpc":"2.0","method":"host.status"},{"jsonrpc":"2.0","method":"nope"}]"#,
+                ))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NO_CONTENT);
+    assert!(
+        axum::body::to_bytes(resp.into_body(), 1024)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    state.pool.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_max_runs_and_max_body_flags_apply() {
+    let server = Server::start(&["--max-runs", "2", "--max-body", "2KiB"]);
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let out = server
+            .call(
+                "workflow.start",
+                json!({"workflow": "echo", "input": i, "wait": true}),
+            )
+            .await;
+        ids.push(out["run_id"].as_str().unwrap().to_owned());
+    }
+    let gone = server.reply("workflow.get", json!([ids[0]])).await;
+    assert_eq!(gone["error"]["code"], -32002, "{gone}");
+    let kept = server.call("workflow.get", json!([ids[2]])).await;
+    assert_eq!(kept["output"], 2);
+
+    let padded = |n: usize| {
+        json!({"jsonrpc": "2.0", "id": 1, "method": "rpc.discover", "params": {"pad": "x".repeat(n)}})
+            .to_string()
+    };
+    let (status, _) = server.post(padded(1500), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, text) = server.post(padded(3000), None).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{text}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap(),
+        refusal("request body exceeds 2048 bytes")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wf_host_token_variable_is_honoured() {
+    let server = Server::start_with(&[], "", &[("WF_HOST_TOKEN", "from-env")]);
+    assert_eq!(server.post(STATUS, None).await.0, StatusCode::UNAUTHORIZED);
+    let (status, text) = server.post(STATUS, Some("from-env")).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
 }

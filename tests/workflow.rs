@@ -33,8 +33,14 @@ env = {{ WF_FIXTURE_WITNESS = "{witness}" }}
         witness = dir.join("witness.jsonl").display()
     );
     (head + body)
-        .replace("{echo}", &root.join("plugins/echo.wasm").display().to_string())
-        .replace("{call}", &root.join("plugins/call.wasm").display().to_string())
+        .replace(
+            "{echo}",
+            &root.join("plugins/echo.wasm").display().to_string(),
+        )
+        .replace(
+            "{call}",
+            &root.join("plugins/call.wasm").display().to_string(),
+        )
         .replace("{flaky}", &guest("flaky").display().to_string())
 }
 
@@ -257,7 +263,7 @@ needs = ["b"]"#,
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(
         String::from_utf8_lossy(&out.stderr),
-        "error: workflow `w`: the steps form a cycle: a → c → b → a\n"
+        "error: workflow `w`: the steps form a cycle: a → b → c → a\n"
     );
 }
 
@@ -378,7 +384,9 @@ component = "{echo}"
     let error = run.error.unwrap();
     assert_eq!(error.code, "input-mapping");
     assert!(
-        error.message.starts_with("jq expression `.input.x + 1` failed: "),
+        error
+            .message
+            .starts_with("jq expression `.input.x + 1` failed: "),
         "{}",
         error.message
     );
@@ -387,7 +395,10 @@ component = "{echo}"
     let run = host.run("out", json!({"x": "s"})).await;
     let error = run.error.unwrap();
     assert_eq!(error.code, "output-mapping");
-    assert!(error.message.contains("`.steps.s.output.x + 1`"), "{error:?}");
+    assert!(
+        error.message.contains("`.steps.s.output.x + 1`"),
+        "{error:?}"
+    );
     host.close().await;
 }
 
@@ -411,7 +422,11 @@ component = "{echo}"
         err.to_string(),
         "workflow `w`: input field `/topic` does not match `input_schema`: 5 is not of type \"string\""
     );
-    let err = host.workflows.start("w", json!({}), None).await.unwrap_err();
+    let err = host
+        .workflows
+        .start("w", json!({}), None)
+        .await
+        .unwrap_err();
     assert_eq!(
         err.to_string(),
         "workflow `w`: the input does not match `input_schema`: \"topic\" is a required property"
@@ -635,7 +650,13 @@ input = '{capability: "fixture.sleep", arguments: {ms: 60000}}'
     let started = host.workflows.start("w", json!(null), None).await.unwrap();
     // Wait until both sleeps are upstream.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while host.witness().iter().filter(|c| c["tool"] == "sleep").count() < 2 {
+    while host
+        .witness()
+        .iter()
+        .filter(|c| c["tool"] == "sleep")
+        .count()
+        < 2
+    {
         assert!(Instant::now() < deadline, "the sleeps never started");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -779,11 +800,11 @@ async fn a_sigkilled_run_resumes_and_never_reruns_a_finished_step() {
     // Shorten the sleep: the resumed run keeps its stored input, so edit only
     // what the fixture sees by restarting it with the same state.
     let serve = Serve::start(dir.path());
-    let got = serve
-        .call("workflow.get", json!({"run_id": run_id}))
-        .await;
+    let got = serve.call("workflow.get", json!({"run_id": run_id})).await;
     assert_eq!(got["status"], "running", "{got}");
-    let cancelled = serve.call("workflow.cancel", json!({"run_id": run_id})).await;
+    let cancelled = serve
+        .call("workflow.cancel", json!({"run_id": run_id}))
+        .await;
     assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
     serve.kill();
 
@@ -805,18 +826,24 @@ async fn a_sigkilled_run_resumes_and_never_reruns_a_finished_step() {
     serve.kill();
     let serve = Serve::start(dir.path());
     let done = serve
-        .call("workflow.wait", json!({"run_id": run_id, "timeout_ms": 30000}))
+        .call(
+            "workflow.wait",
+            json!({"run_id": run_id, "timeout_ms": 30000}),
+        )
         .await;
     assert_eq!(done["status"], "succeeded", "{done}");
     assert_eq!(done["output"], json!({"one": "one-2", "n": 2}));
-    let got = serve
-        .call("workflow.get", json!({"run_id": run_id}))
-        .await;
+    let got = serve.call("workflow.get", json!({"run_id": run_id})).await;
     let attempts: Vec<_> = got["steps"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|s| (s["id"].as_str().unwrap().to_owned(), s["attempts"].as_u64().unwrap()))
+        .map(|s| {
+            (
+                s["id"].as_str().unwrap().to_owned(),
+                s["attempts"].as_u64().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(
         attempts,
@@ -950,15 +977,23 @@ input = '{{capability: "fixture.sleep", arguments: {{ms: 60000}}}}'
     std::fs::copy(plugin("echo"), &component).unwrap();
     let serve = Serve::start(dir.path());
     let done = serve
-        .call("workflow.wait", json!({"run_id": run_id, "timeout_ms": 10000}))
+        .call(
+            "workflow.wait",
+            json!({"run_id": run_id, "timeout_ms": 10000}),
+        )
         .await;
     assert_eq!(done["status"], "failed", "{done}");
     assert_eq!(done["error"]["code"], "definition-changed");
     let message = done["error"]["message"].as_str().unwrap();
-    let call_hash = wf_host::workflow::definition::content_hash(&std::fs::read(plugin("call")).unwrap());
-    let echo_hash = wf_host::workflow::definition::content_hash(&std::fs::read(plugin("echo")).unwrap());
+    let call_hash =
+        wf_host::workflow::definition::content_hash(&std::fs::read(plugin("call")).unwrap());
+    let echo_hash =
+        wf_host::workflow::definition::content_hash(&std::fs::read(plugin("echo")).unwrap());
     assert!(message.contains("step `wait`"), "{message}");
-    assert!(message.contains(&call_hash) && message.contains(&echo_hash), "{message}");
+    assert!(
+        message.contains(&call_hash) && message.contains(&echo_hash),
+        "{message}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1000,8 +1035,22 @@ input = '{capability: "fixture.add", arguments: {a: 1, b: 2}}'
     assert_eq!(
         greet,
         [
-            (json!(0), json!(1), json!(1), json!("fixture.echo"), json!({"text": "a"}), json!("ok")),
-            (json!(1), json!(1), json!(1), json!("fixture.echo"), json!({"text": "b"}), json!("ok")),
+            (
+                json!(0),
+                json!(1),
+                json!(1),
+                json!("fixture.echo"),
+                json!({"text": "a"}),
+                json!("ok")
+            ),
+            (
+                json!(1),
+                json!(1),
+                json!(1),
+                json!("fixture.echo"),
+                json!({"text": "b"}),
+                json!("ok")
+            ),
         ]
     );
     let denied = calls("denied");
@@ -1015,7 +1064,10 @@ input = '{capability: "fixture.add", arguments: {a: 1, b: 2}}'
     let id = &run.run_id;
     assert_eq!(
         keys,
-        [json!(format!("{id}/greet/0/1")), json!(format!("{id}/greet/1/1"))]
+        [
+            json!(format!("{id}/greet/0/1")),
+            json!(format!("{id}/greet/1/1"))
+        ]
     );
     host.close().await;
 }
@@ -1034,7 +1086,11 @@ component = "{echo}"
     .await;
     let mut ids = Vec::new();
     for i in 0..5 {
-        ids.push(host.run(if i % 2 == 0 { "a" } else { "b" }, json!(i)).await.run_id);
+        ids.push(
+            host.run(if i % 2 == 0 { "a" } else { "b" }, json!(i))
+                .await
+                .run_id,
+        );
     }
     let mut seen = Vec::new();
     let mut cursor = None;
@@ -1154,7 +1210,7 @@ input = '{capability: "fixture.echo", arguments: {text: "three-\(.input)"}}'
     // step that needs it: a step that had finished (its output committed, so
     // the next step could start) never ran again.
     let calls = read_witness(&witness);
-    for n in 0..50 {
+    for (n, id) in ids.iter().enumerate() {
         let pos = |pred: &dyn Fn(&Value) -> bool| -> Vec<usize> {
             calls
                 .iter()
@@ -1168,7 +1224,7 @@ input = '{capability: "fixture.echo", arguments: {text: "three-\(.input)"}}'
             c["tool"] == "sleep"
                 && c["meta"]["wf-host/idempotency-key"]
                     .as_str()
-                    .is_some_and(|k| k.starts_with(&format!("{}/two/", ids[n])))
+                    .is_some_and(|k| k.starts_with(&format!("{id}/two/")))
         });
         let three = pos(&|c| c["arguments"]["text"] == format!("three-{n}"));
         assert!(!one.is_empty() && !two.is_empty() && !three.is_empty());

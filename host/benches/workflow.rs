@@ -60,6 +60,7 @@ async fn state(dir: &Path, location: String) -> RpcState {
             .await
             .unwrap(),
         pool: Pool::new(PoolConfig::default()),
+        grants: Arc::new(wf_host::grants::Grants::none()),
     }
 }
 
@@ -67,7 +68,9 @@ async fn run_once(state: &RpcState, chain: usize) -> Duration {
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "workflow.start",
         "params": {"workflow": format!("chain{chain}"), "input": {"k": 1}, "wait": true}});
     let start = Instant::now();
-    let reply: Value = handle_body(state, body.to_string().as_bytes()).await.unwrap();
+    let reply: Value = handle_body(state, body.to_string().as_bytes())
+        .await
+        .unwrap();
     let took = start.elapsed();
     assert_eq!(reply["result"]["status"], "succeeded", "{reply}");
     took

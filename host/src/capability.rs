@@ -121,6 +121,17 @@ pub trait CapabilityBackend: Send + Sync + 'static {
     /// Every capability of every connection.
     async fn list(&self) -> Result<Vec<CapabilityEntry>, CapabilityError>;
 
+    /// The capabilities of the connections `wanted` accepts. A backend should
+    /// not even open a connection that `wanted` rejects; this default lists
+    /// everything and filters.
+    async fn list_connections(
+        &self,
+        wanted: &(dyn for<'c> Fn(&'c str) -> bool + Send + Sync),
+    ) -> Result<Vec<CapabilityEntry>, CapabilityError> {
+        let mut entries = self.list().await?;
+        entries.retain(|e| e.name.split_once('.').is_some_and(|(c, _)| wanted(c)));
+        Ok(entries)
+    }
     /// [`CapabilityBackend::call_tool`] with request `_meta` (e.g. an
     /// idempotency key). Backends that cannot send it ignore it.
     async fn call_tool_with_meta(
@@ -198,6 +209,36 @@ impl CapabilityBackend for NoBackend {
     }
 }
 
+/// Appends to a not-found `message` the tools of `connection` that `grants`
+/// allow, so a typo is easy to fix without showing what was not granted.
+pub async fn with_granted_tools(
+    backend: &dyn CapabilityBackend,
+    grants: &Grants,
+    message: String,
+    connection: &str,
+) -> String {
+    const SHOWN: usize = 50;
+    let Ok(entries) = backend.list_connections(&|c| c == connection).await else {
+        return message;
+    };
+    let mut granted: Vec<_> = entries
+        .iter()
+        .filter(|e| e.kind == CapabilityKind::Tool && grants.allows(&e.name))
+        .filter_map(|e| e.name.split_once('.').map(|(_, tool)| tool))
+        .collect();
+    if granted.is_empty() {
+        return message;
+    }
+    granted.sort_unstable();
+    let more = granted.len().saturating_sub(SHOWN);
+    granted.truncate(SHOWN);
+    let mut message = format!("{message}; granted tools on it: {}", granted.join(", "));
+    if more > 0 {
+        message.push_str(&format!(" and {more} more"));
+    }
+    message
+}
+
 /// Splits `<connection>.<name>` at the first dot. Connection ids contain no dot;
 /// names may.
 pub fn split_qualified(name: &str) -> Result<(&str, &str), CapabilityError> {
@@ -260,12 +301,69 @@ pub fn tool_result_to_outcome(result: Value) -> Result<Value, CapabilityError> {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct LogRecord {
     pub level: &'static str,
+    /// The node's text, cut to [`MAX_LOG_RECORD_BYTES`]; a cut record ends with
+    /// `… [N more bytes truncated]`.
     pub message: String,
 }
 
-/// How many log records a run keeps for its report; later ones still reach
-/// `tracing`.
-const MAX_LOG_RECORDS: usize = 1000;
+/// How many log records a run keeps.
+pub const MAX_LOG_RECORDS: usize = 1000;
+/// The longest message a log record keeps, in bytes.
+pub const MAX_LOG_RECORD_BYTES: usize = 8 << 10;
+/// How many message bytes a run's log records hold in all. Records past it are
+/// counted, not kept, and do not reach `tracing` either.
+pub const MAX_LOG_BYTES: usize = 1 << 20;
+
+/// A run's log records, bounded in count, per record and in total.
+#[derive(Debug, Default)]
+pub struct LogBuffer {
+    records: Vec<LogRecord>,
+    bytes: usize,
+    dropped: u64,
+    dropped_bytes: u64,
+}
+
+impl LogBuffer {
+    /// Keeps `message` (cut to [`MAX_LOG_RECORD_BYTES`]) if the run's budget
+    /// allows, and returns what was kept, or `None` if the record was dropped.
+    fn push(&mut self, level: &'static str, message: &str) -> Option<&LogRecord> {
+        let kept = if message.len() > MAX_LOG_RECORD_BYTES {
+            let cut = message.floor_char_boundary(MAX_LOG_RECORD_BYTES);
+            format!(
+                "{}… [{} more bytes truncated]",
+                &message[..cut],
+                message.len() - cut
+            )
+        } else {
+            message.to_owned()
+        };
+        if self.records.len() >= MAX_LOG_RECORDS || self.bytes + kept.len() > MAX_LOG_BYTES {
+            self.dropped += 1;
+            self.dropped_bytes += message.len() as u64;
+            return None;
+        }
+        self.bytes += kept.len();
+        self.records.push(LogRecord {
+            level,
+            message: kept,
+        });
+        self.records.last()
+    }
+
+    /// The kept records; if any were dropped, a last `warn` record says how many.
+    pub fn into_records(mut self) -> Vec<LogRecord> {
+        if self.dropped > 0 {
+            self.records.push(LogRecord {
+                level: "warn",
+                message: format!(
+                    "[{} more log records ({} bytes) dropped: a run keeps at most {MAX_LOG_RECORDS} records and {MAX_LOG_BYTES} bytes]",
+                    self.dropped, self.dropped_bytes
+                ),
+            });
+        }
+        self.records
+    }
+}
 
 /// Per-run state behind the `capability` imports.
 pub struct CapabilityCtx {
@@ -273,7 +371,7 @@ pub struct CapabilityCtx {
     pub(crate) grants: Arc<Grants>,
     pub(crate) run_id: Arc<str>,
     pub(crate) node: Arc<str>,
-    pub(crate) logs: Arc<std::sync::Mutex<Vec<LogRecord>>>,
+    pub(crate) logs: Arc<std::sync::Mutex<LogBuffer>>,
     pub(crate) journal: Option<Arc<dyn CallJournal>>,
     /// Capability calls made so far by this run.
     pub(crate) calls: std::sync::atomic::AtomicU32,
@@ -291,59 +389,92 @@ impl CapabilityCtx {
     }
 
     async fn call_tool(&self, name: &str, arguments: &str) -> Result<Value, CapabilityError> {
-        let (connection, tool) = split_qualified(name)?;
-        self.check(name)?;
-        let arguments = parse_arguments(arguments)?;
         let Some(journal) = &self.journal else {
-            let result = self.backend.call_tool(connection, tool, arguments).await?;
-            return tool_result_to_outcome(result);
+            return self.call_tool_keyed(name, arguments, None).await;
         };
         let seq = self.next_seq();
-        let mut meta = Map::new();
-        meta.insert(
-            IDEMPOTENCY_META_KEY.into(),
-            Value::String(format!("{}/{seq}", journal.key_prefix())),
-        );
         let started = std::time::Instant::now();
-        let recorded = Value::Object(arguments.clone());
-        let result = self
-            .backend
-            .call_tool_with_meta(connection, tool, arguments, meta)
-            .await
-            .and_then(tool_result_to_outcome);
+        let key = format!("{}/{seq}", journal.key_prefix());
+        let result = self.call_tool_keyed(name, arguments, Some(key)).await;
+        let recorded =
+            serde_json::from_str(arguments).unwrap_or_else(|_| Value::String(arguments.to_owned()));
         self.journal(journal, seq, name, recorded, &result, started)
             .await;
         result
     }
 
+    /// A tool call, with its idempotency key in `_meta` when it has one.
+    async fn call_tool_keyed(
+        &self,
+        name: &str,
+        arguments: &str,
+        key: Option<String>,
+    ) -> Result<Value, CapabilityError> {
+        let (connection, tool) = split_qualified(name)?;
+        self.check(name)?;
+        let arguments = parse_arguments(arguments)?;
+        let outcome = match key {
+            Some(key) => {
+                let mut meta = Map::new();
+                meta.insert(IDEMPOTENCY_META_KEY.into(), Value::String(key));
+                self.backend
+                    .call_tool_with_meta(connection, tool, arguments, meta)
+                    .await
+            }
+            None => self.backend.call_tool(connection, tool, arguments).await,
+        };
+        match outcome {
+            Err(CapabilityError::NotFound(message)) => Err(CapabilityError::NotFound(
+                self.with_granted_tools(message, connection).await,
+            )),
+            other => other.and_then(tool_result_to_outcome),
+        }
+    }
+
+    async fn with_granted_tools(&self, message: String, connection: &str) -> String {
+        with_granted_tools(&*self.backend, &self.grants, message, connection).await
+    }
+
     async fn read_resource(&self, connection: &str, uri: &str) -> Result<Value, CapabilityError> {
         let name = format!("{connection}.{uri}");
-        self.check(&name)?;
         let Some(journal) = &self.journal else {
+            self.check(&name)?;
             return self.backend.read_resource(connection, uri).await;
         };
         let seq = self.next_seq();
         let started = std::time::Instant::now();
-        let result = self.backend.read_resource(connection, uri).await;
+        let result = match self.check(&name) {
+            Ok(()) => self.backend.read_resource(connection, uri).await,
+            Err(e) => Err(e),
+        };
         self.journal(journal, seq, &name, Value::Null, &result, started)
             .await;
         result
     }
 
     async fn get_prompt(&self, name: &str, arguments: &str) -> Result<Value, CapabilityError> {
-        let (connection, prompt) = split_qualified(name)?;
-        self.check(name)?;
-        let arguments = parse_arguments(arguments)?;
         let Some(journal) = &self.journal else {
-            return self.backend.get_prompt(connection, prompt, arguments).await;
+            return self.get_prompt_checked(name, arguments).await;
         };
         let seq = self.next_seq();
         let started = std::time::Instant::now();
-        let recorded = Value::Object(arguments.clone());
-        let result = self.backend.get_prompt(connection, prompt, arguments).await;
+        let recorded =
+            serde_json::from_str(arguments).unwrap_or_else(|_| Value::String(arguments.to_owned()));
+        let result = self.get_prompt_checked(name, arguments).await;
         self.journal(journal, seq, name, recorded, &result, started)
             .await;
         result
+    }
+
+    async fn get_prompt_checked(
+        &self,
+        name: &str,
+        arguments: &str,
+    ) -> Result<Value, CapabilityError> {
+        let (connection, prompt) = split_qualified(name)?;
+        self.check(name)?;
+        let arguments = parse_arguments(arguments)?;
+        self.backend.get_prompt(connection, prompt, arguments).await
     }
 
     fn next_seq(&self) -> u32 {
@@ -372,19 +503,30 @@ impl CapabilityCtx {
             .await;
     }
 
+    /// Only connections the grants could reach are listed (and so opened).
     async fn list(&self) -> Result<Vec<CapabilityEntry>, CapabilityError> {
-        let mut entries = self.backend.list().await?;
+        let grants = self.grants.clone();
+        let mut entries = self
+            .backend
+            .list_connections(&move |c| grants.may_reach_connection(c))
+            .await?;
         entries.retain(|e| self.grants.allows(&e.name));
         Ok(entries)
     }
 
-    fn record_log(&self, level: &'static str, message: &str) {
+    /// Keeps the record and returns the text to log, or `None` when the run's
+    /// log budget is spent (the first such drop is logged once).
+    fn record_log(&self, level: &'static str, message: &str) -> Option<String> {
         let mut logs = self.logs.lock().unwrap_or_else(|e| e.into_inner());
-        if logs.len() < MAX_LOG_RECORDS {
-            logs.push(LogRecord {
-                level,
-                message: message.to_owned(),
-            });
+        match logs.push(level, message) {
+            Some(kept) => Some(kept.message.clone()),
+            None => {
+                if logs.dropped == 1 {
+                    tracing::warn!(target: "wf_host::node", run = %self.run_id, node = %self.node,
+                        "log limit reached ({MAX_LOG_RECORDS} records or {MAX_LOG_BYTES} bytes); dropping this run's further log records");
+                }
+                None
+            }
         }
     }
 }
@@ -455,7 +597,9 @@ impl wit::Host for CapabilityCtx {
             wit::Level::Warn => "warn",
             wit::Level::Error => "error",
         };
-        self.record_log(name, &message);
+        let Some(message) = self.record_log(name, &message) else {
+            return Ok(());
+        };
         match level {
             wit::Level::Trace => tracing::trace!(target: "wf_host::node", run, node, "{message}"),
             wit::Level::Debug => tracing::debug!(target: "wf_host::node", run, node, "{message}"),

@@ -19,8 +19,8 @@ use wf_host::grants::Grants;
 use wf_host::pool::{Pool, PoolConfig};
 use wf_host::rpc::{Access, RpcState};
 use wf_host::runtime::{Limits, RunOptions, Runtime, RuntimeConfig, default_cache_dir};
-use wf_host::testing::{Case, CaseOptions, run_case};
 use wf_host::store::RunStatus;
+use wf_host::testing::{Case, CaseOptions, run_case};
 use wf_host::workflow::{self, Workflows};
 
 const EXIT_RUN_FAILED: u8 = 1;
@@ -54,12 +54,15 @@ and is JSON `null` otherwise.")]
     /// Serve JSON-RPC 2.0 over HTTP: start and follow workflows, call capabilities.
     #[command(after_help = "Examples:
   wf-host serve --config examples/fixture.toml
-  curl -s localhost:7878/rpc -d '{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"workflow.start\",\"params\":{\"workflow\":\"echo\",\"input\":[1],\"wait\":true}}'
+  curl -s localhost:7878/rpc -H 'Content-Type: application/json' -d '{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"workflow.start\",\"params\":{\"workflow\":\"echo\",\"input\":[1],\"wait\":true}}'
   WF_HOST_TOKEN=secret wf-host serve --listen 0.0.0.0:7878 --config wf.toml
 
 Only workflows named in the config can be started. Binding to a non-loopback
-address requires a bearer token. SIGINT/SIGTERM stop accepting, let runs finish
-for the grace period, then cancel them and close every MCP session.")]
+address requires a bearer token. Requests must be `Content-Type: application/json`;
+a request with an `Origin` other than the server's own (or an --allow-origin) is
+refused, and on loopback so is a `Host` that is not a loopback name.
+SIGINT/SIGTERM stop accepting, end open waits, let runs finish for the grace
+period, then cancel them and close every MCP session.")]
     Serve(ServeArgs),
     /// Precompile a component into the cache so its first run starts fast.
     #[command(after_help = "Example:\n  wf-host compile plugins/echo.wasm")]
@@ -165,6 +168,10 @@ struct ServeArgs {
     /// [default: `[runtime] state`, else `.wf-host/state.db` beside the config].
     #[arg(long, value_name = "PATH")]
     state: Option<String>,
+    /// Also accept requests from this browser origin, e.g. `http://localhost:3000`.
+    /// Repeatable. Requests from other origins than the server's own are refused.
+    #[arg(long = "allow-origin", value_name = "ORIGIN", value_parser = parse_origin)]
+    allow_origin: Vec<String>,
 }
 
 #[derive(Args)]
@@ -186,6 +193,10 @@ struct FixtureArgs {
     /// JSON file of canned tool results: `{"tool": <CallToolResult>}`.
     #[arg(long, value_name = "FILE")]
     canned: Option<PathBuf>,
+}
+
+fn parse_origin(s: &str) -> Result<String, String> {
+    wf_host::rpc::normalize_origin(s).map_err(|e| e.to_string())
 }
 
 fn parse_size(s: &str) -> Result<ByteSize, String> {
@@ -281,10 +292,22 @@ fn runtime_config(config: &Config, common: &CommonArgs, limits: Limits) -> Runti
                 .map(|d| config.resolve(d))
         })
         .or_else(default_cache_dir);
+    let defaults = RuntimeConfig::default();
+    let bytes = |b: Option<ByteSize>, default: usize| {
+        b.map_or(default, |b| {
+            usize::try_from(b.as_u64()).unwrap_or(usize::MAX)
+        })
+    };
     RuntimeConfig {
         cache_dir: cache_dir.filter(|_| cache_enabled),
         limits,
-        ..RuntimeConfig::default()
+        max_concurrent_runs: config
+            .runtime
+            .max_concurrent_runs
+            .unwrap_or(defaults.max_concurrent_runs),
+        max_input: bytes(config.runtime.max_input, defaults.max_input),
+        max_output: bytes(config.runtime.max_output, defaults.max_output),
+        ..defaults
     }
 }
 
@@ -364,13 +387,16 @@ async fn run_workflow(args: RunArgs, name: &str) -> Result<(), Failure> {
                 workflows.names().join(", ")
             )));
         }
-        let record = workflows.start(name, input, None).await.map_err(|e| match e {
-            e @ wf_host::workflow::WorkflowError::InvalidInput { .. } => usage(e),
-            e => Failure {
-                code: EXIT_RUN_FAILED,
-                error: e.into(),
-            },
-        })?;
+        let record = workflows
+            .start(name, input, None)
+            .await
+            .map_err(|e| match e {
+                e @ wf_host::workflow::WorkflowError::InvalidInput { .. } => usage(e),
+                e => Failure {
+                    code: EXIT_RUN_FAILED,
+                    error: e.into(),
+                },
+            })?;
         let record = loop {
             let r = workflows
                 .wait(&record.run_id, Duration::from_secs(3600))
@@ -506,7 +532,11 @@ fn compile(args: CompileArgs) -> Result<(), Failure> {
     let runtime = Runtime::new(rc, Arc::new(NoBackend)).map_err(usage)?;
     runtime.load(&args.component).map_err(usage)?;
     let stats = runtime.stats();
-    let cache = runtime.cache().expect("cache enabled above");
+    let cache = runtime.cache().ok_or_else(|| {
+        usage(anyhow!(
+            "the precompile cache directory was refused (see the warning above); nothing to compile into"
+        ))
+    })?;
     let bytes = std::fs::read(&args.component).map_err(|e| usage(anyhow!(e)))?;
     let state = if stats.cache.hits > 0 {
         "already cached"
@@ -521,11 +551,15 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
     let access = Access {
         token: args.token.clone().filter(|t| !t.is_empty()),
         max_body: usize::try_from(args.max_body.as_u64()).unwrap_or(usize::MAX),
+        allow_origins: args.allow_origin.clone(),
+        // Rebinding needs a loopback listener; elsewhere a token is required.
+        any_host: !args.listen.ip().is_loopback(),
     };
     wf_host::rpc::check_access(args.listen, &access).map_err(usage)?;
     let config = load_config(args.common.config.as_deref())?;
     let mut rc = runtime_config(&config, &args.common, config_limits(&config));
     rc.memory_ceiling = memory_ceiling(&config);
+    let rpc_grants = Arc::new(Grants::new(config.rpc_allow()).map_err(usage)?);
     let pool = Pool::new(pool_config(&config));
     let runtime = Arc::new(Runtime::new(rc, Arc::new(pool.clone())).map_err(usage)?);
     let mut options = workflow_options(&config);
@@ -560,12 +594,31 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
         RpcState {
             workflows: workflows.clone(),
             pool: pool.clone(),
+            grants: rpc_grants,
         },
         access,
-    );
-    let served = wf_host::rpc::serve(listener, app, shutdown_signal()).await;
-    eprintln!("wf-host shutting down");
-    workflows.shutdown(args.grace).await;
+    )
+    .map_err(usage)?;
+    // The server stops accepting when `stopping` fires; open requests finish
+    // meanwhile, and waits end at once because the workflows shut down too.
+    let stopping = tokio_util::sync::CancellationToken::new();
+    let served = wf_host::rpc::serve(listener, app, stopping.clone().cancelled_owned());
+    tokio::pin!(served);
+    let served = tokio::select! {
+        // Only an I/O failure ends the server before a signal.
+        result = &mut served => {
+            workflows.shutdown(args.grace).await;
+            result
+        }
+        () = shutdown_signal() => {
+            eprintln!("wf-host shutting down");
+            stopping.cancel();
+            // The grace period is for runs only, not for the HTTP requests
+            // waiting on them.
+            let ((), result) = tokio::join!(workflows.shutdown(args.grace), served);
+            result
+        }
+    };
     pool.shutdown().await;
     served.map_err(|e| Failure {
         code: EXIT_RUN_FAILED,

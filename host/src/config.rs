@@ -6,6 +6,8 @@
 //! max_memory = "256 MiB"   # linear memory per run
 //! cache_dir = ".wf-cache"  # precompile cache; relative paths are from this file
 //! cache = true
+//! max_concurrent_runs = 64 # more runs wait for a slot
+//! max_output = "4 MiB"     # largest node output kept (`max_input`: largest input)
 //!
 //! [connections.fixture]    # an MCP server over stdio
 //! command = "wf-host"      # `wf-host` means this very executable
@@ -19,6 +21,9 @@
 //! component = "plugins/call.wasm"
 //! allow = ["fixture.*"]
 //! timeout = "10s"
+//!
+//! [rpc]                     # what JSON-RPC clients may call (default: everything)
+//! allow = ["fixture.echo"]
 //! ```
 
 use std::collections::BTreeMap;
@@ -57,6 +62,9 @@ pub struct Config {
     /// Named workflows: a component, its grants and limits.
     #[serde(default)]
     pub workflows: BTreeMap<String, WorkflowConfig>,
+    /// What JSON-RPC clients of `wf-host serve` may call.
+    #[serde(default)]
+    pub rpc: RpcSection,
     /// Directory of the config file; relative paths resolve against it.
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -82,6 +90,21 @@ pub struct RuntimeSection {
     /// How long to keep finished runs (default 30 days).
     #[serde(default, with = "humantime_serde")]
     pub keep_for: Option<Duration>,
+    /// Runs executing at once; more wait their turn (default 64).
+    pub max_concurrent_runs: Option<usize>,
+    /// The largest run input JSON accepted (default 4 MiB).
+    pub max_input: Option<ByteSize>,
+    /// The largest node output JSON kept (default 4 MiB).
+    pub max_output: Option<ByteSize>,
+}
+
+/// `[rpc]`: the grants of JSON-RPC clients.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RpcSection {
+    /// Grants for `capability.*`, `resource.read` and `prompt.get`, as for a
+    /// workflow. Absent: every capability of every configured connection.
+    pub allow: Option<Vec<String>>,
 }
 
 /// `[workflows.<name>]`: either one component (the one-node form) or a graph
@@ -162,8 +185,13 @@ pub struct ConnectionConfig {
     pub command: Option<String>,
     #[serde(default)]
     pub args: Vec<String>,
+    /// stdio: variables set for the child, on top of the inherited ones.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// stdio: host variables passed to the child besides the default set
+    /// (`HOME`, `LOGNAME`, `PATH`, `SHELL`, `TERM`, `USER`). Nothing else is.
+    #[serde(default)]
+    pub inherit_env: Vec<String>,
     pub cwd: Option<PathBuf>,
     /// Streamable HTTP: the endpoint URL.
     pub url: Option<String>,
@@ -233,6 +261,23 @@ impl Config {
                 }
                 _ => {}
             }
+            for (key, duration) in [
+                ("call_timeout", conn.call_timeout),
+                ("idle_timeout", conn.idle_timeout),
+                ("ping_interval", conn.ping_interval),
+            ] {
+                if duration.is_some_and(|d| d.is_zero()) {
+                    return Err(invalid(format!(
+                        "connection `{id}`: `{key}` must be greater than zero"
+                    )));
+                }
+            }
+        }
+        if config.runtime.max_concurrent_runs == Some(0) {
+            return Err(ConfigError::Invalid {
+                path: path.to_owned(),
+                message: "`[runtime] max_concurrent_runs` must be at least 1".into(),
+            });
         }
         for (name, workflow) in &config.workflows {
             if let Err(e) = crate::grants::Grants::new(&workflow.allow) {
@@ -250,7 +295,26 @@ impl Config {
                 }
             }
         }
+        if let Err(e) = crate::grants::Grants::new(config.rpc_allow()) {
+            return Err(ConfigError::Invalid {
+                path: path.to_owned(),
+                message: format!("[rpc] allow: {e}"),
+            });
+        }
         Ok(config)
+    }
+
+    /// The grants of JSON-RPC clients: `[rpc] allow`, or `<connection>.*` for
+    /// every connection when the key is absent.
+    pub fn rpc_allow(&self) -> Vec<String> {
+        match &self.rpc.allow {
+            Some(allow) => allow.clone(),
+            None => self
+                .connections
+                .keys()
+                .map(|id| format!("{id}.*"))
+                .collect(),
+        }
     }
 
     /// The grants of every workflow whose component is `component` (compared

@@ -10,8 +10,15 @@
 //! - `counter`: per-session state, to prove session reuse and isolation.
 //! - `register_extra`: changes this session's tool list at runtime and sends
 //!   `notifications/tools/list_changed`.
+//! - `env`: the server's environment, to prove what a host passed it.
+//! - `forget_session` (HTTP): later requests of this session get HTTP 404, as
+//!   after a server restart, while requests already running finish.
 //! - `call_log`: what this process received, to prove a call did (or did not)
-//!   reach the server, and that a cancellation arrived.
+//!   reach the server, and that a cancellation arrived; also the pings and
+//!   `tools/list` pages served.
+//!
+//! Hostile modes, set through the environment (see [`FixtureOptions::with_env`]):
+//! slow pings, and a `tools/list` that never stops paginating.
 //!
 //! Every MCP session (each `initialize`) gets its own [`ServerHandler`]
 //! instance holding the per-session state; the state of the whole process (the
@@ -23,7 +30,7 @@
 
 use std::{
     borrow::Cow,
-    collections::BTreeMap,
+    collections::{BTreeMap, HashSet},
     future::{Future, IntoFuture},
     path::Path,
     sync::{
@@ -34,6 +41,7 @@ use std::{
 };
 
 use anyhow::Context as _;
+use axum::response::IntoResponse as _;
 use rmcp::{
     ErrorData as McpError, RoleServer, ServerHandler, ServiceExt as _,
     handler::server::common::schema_for_empty_input,
@@ -65,6 +73,18 @@ pub const PAGE_SIZE_ENV: &str = "WF_FIXTURE_PAGE_SIZE";
 /// outlives the process, for crash tests.
 pub const WITNESS_ENV: &str = "WF_FIXTURE_WITNESS";
 
+/// Environment variable that delays every `ping` answer by this many
+/// milliseconds (see [`FixtureOptions::ping_delay`]).
+pub const PING_DELAY_ENV: &str = "WF_FIXTURE_PING_DELAY_MS";
+
+/// Environment variable that, set to `1`, makes `tools/list` paginate forever
+/// (see [`FixtureOptions::endless_pages`]).
+pub const ENDLESS_PAGES_ENV: &str = "WF_FIXTURE_ENDLESS_PAGES";
+
+/// Environment variable that, set to `1`, makes every `tools/list` of a session
+/// after its first one fail (see [`FixtureOptions::fail_relist`]).
+pub const FAIL_RELIST_ENV: &str = "WF_FIXTURE_FAIL_RELIST";
+
 /// Exit status of the process when the `crash` tool is called.
 pub const CRASH_EXIT_CODE: i32 = 3;
 
@@ -74,6 +94,9 @@ const HTTP_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// SSE `retry` hint sent to HTTP clients.
 const SSE_RETRY_HINT: Duration = Duration::from_millis(200);
+
+/// The streamable HTTP header that carries the session id.
+const SESSION_ID_HEADER: &str = "mcp-session-id";
 
 /// URI of the plain-text fixture resource.
 const GREETING_URI: &str = "fixture://greeting";
@@ -92,6 +115,14 @@ pub struct FixtureOptions {
     pub page_size: Option<usize>,
     /// Appends every tool call to this file (see [`WITNESS_ENV`]).
     pub witness: Option<std::path::PathBuf>,
+    /// How long every `ping` takes to answer (a slow or wedged server).
+    pub ping_delay: Option<Duration>,
+    /// `tools/list` returns every tool on the first page and then empty pages,
+    /// each with a new `nextCursor`, without end (a hostile server).
+    pub endless_pages: bool,
+    /// Each session's first `tools/list` works; every later one fails with an
+    /// internal error (a server whose catalog refresh keeps failing).
+    pub fail_relist: bool,
 }
 
 impl FixtureOptions {
@@ -124,8 +155,27 @@ impl FixtureOptions {
     }
 
     /// Fills unset options from the environment: `WF_FIXTURE_PAGE_SIZE` sets
-    /// [`Self::page_size`] when it is `None`.
+    /// [`Self::page_size`] when it is `None`, `WF_FIXTURE_PING_DELAY_MS` sets
+    /// [`Self::ping_delay`], `WF_FIXTURE_ENDLESS_PAGES=1` sets
+    /// [`Self::endless_pages`] and `WF_FIXTURE_FAIL_RELIST=1` sets
+    /// [`Self::fail_relist`].
     pub fn with_env(mut self) -> anyhow::Result<Self> {
+        if self.ping_delay.is_none()
+            && let Some(raw) = std::env::var_os(PING_DELAY_ENV)
+        {
+            let raw = raw.to_string_lossy();
+            let ms: u64 = raw
+                .trim()
+                .parse()
+                .with_context(|| format!("{PING_DELAY_ENV}={raw:?} is not a number of ms"))?;
+            self.ping_delay = Some(Duration::from_millis(ms));
+        }
+        if std::env::var_os(ENDLESS_PAGES_ENV).is_some_and(|v| v == "1") {
+            self.endless_pages = true;
+        }
+        if std::env::var_os(FAIL_RELIST_ENV).is_some_and(|v| v == "1") {
+            self.fail_relist = true;
+        }
         if self.page_size.is_none()
             && let Some(raw) = std::env::var_os(PAGE_SIZE_ENV)
         {
@@ -220,13 +270,28 @@ pub async fn serve_http(
         .with_sse_retry(Some(SSE_RETRY_HINT))
         .with_allowed_hosts(allowed_hosts)
         .with_cancellation_token(ct.child_token());
+    let forgetful = shared.clone();
     let service: StreamableHttpService<FixtureServer, LocalSessionManager> =
         StreamableHttpService::new(
             move || Ok(FixtureServer::new(shared.clone())),
             Arc::default(),
             config,
         );
-    let router = axum::Router::new().nest_service("/mcp", service);
+    let router =
+        axum::Router::new()
+            .nest_service("/mcp", service)
+            .layer(axum::middleware::from_fn(
+                move |request: axum::extract::Request, next: axum::middleware::Next| {
+                    let shared = forgetful.clone();
+                    async move {
+                        // A session `forget_session` dropped: what a restarted server says.
+                        if shared.is_forgotten(request.headers()) {
+                            return axum::http::StatusCode::NOT_FOUND.into_response();
+                        }
+                        next.run(request).await
+                    }
+                },
+            ));
 
     tracing::info!(%local_addr, "fixture MCP server on http://{local_addr}/mcp");
     let signal = {
@@ -284,6 +349,14 @@ struct CallLog {
 struct Shared {
     canned: BTreeMap<String, CallToolResult>,
     page_size: Option<usize>,
+    ping_delay: Option<Duration>,
+    endless_pages: bool,
+    fail_relist: bool,
+    pings_started: AtomicU64,
+    pings_answered: AtomicU64,
+    tools_list_requests: AtomicU64,
+    /// HTTP session ids `forget_session` dropped; their requests get 404.
+    forgotten: Mutex<HashSet<String>>,
     /// Number of sessions opened so far; also the last session number handed out.
     sessions: AtomicU64,
     log: Mutex<CallLog>,
@@ -295,6 +368,13 @@ impl Shared {
         Ok(Arc::new(Self {
             canned: opts.parse_canned()?,
             page_size: opts.page_size.filter(|size| *size > 0),
+            ping_delay: opts.ping_delay,
+            endless_pages: opts.endless_pages,
+            fail_relist: opts.fail_relist,
+            pings_started: AtomicU64::new(0),
+            pings_answered: AtomicU64::new(0),
+            tools_list_requests: AtomicU64::new(0),
+            forgotten: Mutex::default(),
             sessions: AtomicU64::new(0),
             log: Mutex::default(),
             witness: opts
@@ -354,7 +434,26 @@ impl Shared {
             "calls": calls,
             "cancelled": cancelled,
             "sessions": self.sessions.load(Ordering::SeqCst),
+            "pings": {
+                "started": self.pings_started.load(Ordering::SeqCst),
+                "answered": self.pings_answered.load(Ordering::SeqCst),
+            },
+            "tools_list_requests": self.tools_list_requests.load(Ordering::SeqCst),
         })
+    }
+
+    fn forgotten(&self) -> MutexGuard<'_, HashSet<String>> {
+        self.forgotten
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether a request carries the id of a session `forget_session` dropped.
+    fn is_forgotten(&self, headers: &axum::http::HeaderMap) -> bool {
+        headers
+            .get(SESSION_ID_HEADER)
+            .and_then(|id| id.to_str().ok())
+            .is_some_and(|id| self.forgotten().contains(id))
     }
 }
 
@@ -447,6 +546,17 @@ fn builtin_tools() -> &'static [Tool] {
                 "register_extra",
                 "Adds the tool `extra` to this session's tool list, sends \
                  notifications/tools/list_changed, then returns \"registered\".",
+                schema_for_empty_input(),
+            ),
+            Tool::new(
+                "env",
+                "Returns this server's environment as structuredContent {\"env\": {name: value}}.",
+                schema_for_empty_input(),
+            ),
+            Tool::new(
+                "forget_session",
+                "HTTP only: answers \"forgotten\", then every later request of this session \
+                 gets HTTP 404 (requests already running finish).",
                 schema_for_empty_input(),
             ),
             Tool::new(
@@ -550,6 +660,8 @@ struct FixtureServer {
     session: OnceLock<u64>,
     counter: AtomicU64,
     extra_registered: AtomicBool,
+    /// `tools/list` requests this session got.
+    tools_lists: AtomicU64,
 }
 
 impl FixtureServer {
@@ -559,6 +671,7 @@ impl FixtureServer {
             session: OnceLock::new(),
             counter: AtomicU64::new(0),
             extra_registered: AtomicBool::new(false),
+            tools_lists: AtomicU64::new(0),
         }
     }
 
@@ -669,6 +782,35 @@ impl FixtureServer {
                     Err(invalid) => invalid,
                 })
             }
+            "env" => {
+                let env: BTreeMap<String, String> = std::env::vars_os()
+                    .map(|(k, v)| {
+                        (
+                            k.to_string_lossy().into_owned(),
+                            v.to_string_lossy().into_owned(),
+                        )
+                    })
+                    .collect();
+                let names: Vec<&String> = env.keys().collect();
+                Ok(text_result(json!(names).to_string(), json!({"env": env})))
+            }
+            "forget_session" => {
+                let id = context
+                    .extensions
+                    .get::<axum::http::request::Parts>()
+                    .and_then(|parts| parts.headers.get(SESSION_ID_HEADER))
+                    .and_then(|id| id.to_str().ok());
+                let Some(id) = id else {
+                    return Ok(CallToolResult::error(vec![ContentBlock::text(
+                        "forget_session needs an HTTP session",
+                    )]));
+                };
+                tracing::info!(session, id, "forgetting the session");
+                self.shared.forgotten().insert(id.to_owned());
+                Ok(CallToolResult::success(vec![ContentBlock::text(
+                    "forgotten",
+                )]))
+            }
             "call_log" => {
                 let log = self.shared.call_log_json();
                 Ok(text_result(log.to_string(), log))
@@ -708,12 +850,44 @@ impl ServerHandler for FixtureServer {
         self.negotiate_initialize(&request)
     }
 
+    async fn ping(&self, context: RequestContext<RoleServer>) -> Result<(), McpError> {
+        self.shared.pings_started.fetch_add(1, Ordering::SeqCst);
+        if let Some(delay) = self.shared.ping_delay {
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = context.ct.cancelled() => return Ok(()),
+            }
+        }
+        self.shared.pings_answered.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
     async fn list_tools(
         &self,
         request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
+        self.shared
+            .tools_list_requests
+            .fetch_add(1, Ordering::SeqCst);
+        if self.tools_lists.fetch_add(1, Ordering::SeqCst) > 0 && self.shared.fail_relist {
+            return Err(McpError::internal_error(
+                format!("tools/list fails after the first ({FAIL_RELIST_ENV})"),
+                None,
+            ));
+        }
         let cursor = request.as_ref().and_then(|r| r.cursor.as_deref());
+        if self.shared.endless_pages {
+            // Page n+1 after page n, for ever; only the first one has tools.
+            let (tools, page) = match cursor.and_then(|c| c.strip_prefix("endless-")) {
+                None => (self.tools(), 1u64),
+                Some(n) => (Vec::new(), n.parse::<u64>().unwrap_or(0) + 1),
+            };
+            return Ok(ListToolsResult {
+                next_cursor: Some(format!("endless-{page}")),
+                ..ListToolsResult::with_all_items(tools)
+            });
+        }
         let (tools, next_cursor) = paginate(self.tools(), self.shared.page_size, cursor)?;
         Ok(ListToolsResult {
             next_cursor,
@@ -734,7 +908,7 @@ impl ServerHandler for FixtureServer {
             let arguments = Value::Object(request.arguments.clone().unwrap_or_default());
             if let Some(witness) = &self.shared.witness {
                 use std::io::Write as _;
-                let line = json!({"tool": name, "arguments": arguments, "meta": request.meta});
+                let line = json!({"tool": name, "arguments": arguments, "meta": context.meta});
                 let mut file = witness.lock().unwrap_or_else(PoisonError::into_inner);
                 // One write per line, so lines from concurrent calls never interleave.
                 let _ = file.write_all(format!("{line}\n").as_bytes());
@@ -995,6 +1169,8 @@ mod tests {
                 "crash",
                 "counter",
                 "register_extra",
+                "env",
+                "forget_session",
                 "call_log"
             ]
         );

@@ -66,8 +66,7 @@ impl CapabilityBackend for Pool {
         tool: &str,
         arguments: Map<String, Value>,
     ) -> Result<Value, CapabilityError> {
-        CapabilityBackend::call_tool_with_meta(self, connection, tool, arguments, Map::new())
-            .await
+        CapabilityBackend::call_tool_with_meta(self, connection, tool, arguments, Map::new()).await
     }
 
     async fn call_tool_with_meta(
@@ -83,12 +82,11 @@ impl CapabilityBackend for Pool {
             .catalog(connection)
             .await
             .map_err(to_capability_error)?;
+        // The message names no other tools: the caller may not be granted them.
+        // The node dispatch adds the ones the node may call.
         let Some(definition) = catalog.tool(tool) else {
-            let mut known: Vec<_> = catalog.tools.iter().map(|t| t.name.as_ref()).collect();
-            known.sort_unstable();
             return Err(CapabilityError::NotFound(format!(
-                "connection `{connection}` has no tool `{tool}`; it has: {}",
-                known.join(", ")
+                "connection `{connection}` has no tool `{tool}`"
             )));
         };
         let arguments = Value::Object(arguments);
@@ -123,8 +121,15 @@ impl CapabilityBackend for Pool {
     }
 
     async fn list(&self) -> Result<Vec<CapabilityEntry>, CapabilityError> {
+        self.list_connections(&|_| true).await
+    }
+
+    async fn list_connections(
+        &self,
+        wanted: &(dyn for<'c> Fn(&'c str) -> bool + Send + Sync),
+    ) -> Result<Vec<CapabilityEntry>, CapabilityError> {
         let mut entries = Vec::new();
-        for connection in self.connections() {
+        for connection in self.connections().into_iter().filter(|c| wanted(c)) {
             let catalog = match self.catalog(&connection).await {
                 Ok(catalog) => catalog,
                 Err(e) => {

@@ -9,6 +9,10 @@ use rmcp::model::{PaginatedRequestParams, Prompt, Resource, Tool};
 use rmcp::{Peer, RoleClient, ServiceError};
 use tokio::sync::{Notify, watch};
 
+/// Pages followed per list: a server that keeps sending a fresh `nextCursor`
+/// (empty pages, say) is cut off here instead of being followed for ever.
+pub const MAX_CATALOG_PAGES: usize = 100;
+
 /// What one connection offers, as last listed.
 #[derive(Debug, Clone, Default)]
 pub struct Catalog {
@@ -109,8 +113,9 @@ fn page_params(cursor: Option<String>) -> PaginatedRequestParams {
     PaginatedRequestParams::default().with_cursor(cursor)
 }
 
-/// Follows `nextCursor` to the end, stopping at `cap` items or a repeated cursor
-/// (a server bug that would otherwise loop forever).
+/// Follows `nextCursor` to the end, stopping at `cap` items, at
+/// [`MAX_CATALOG_PAGES`] pages, or at a repeated cursor (server bugs or
+/// hostility that would otherwise loop forever).
 async fn list_pages<T, F, Fut>(
     connection: &str,
     kind: &str,
@@ -124,7 +129,7 @@ where
     let mut items = Vec::new();
     let mut seen = HashSet::new();
     let mut cursor = None;
-    loop {
+    for pages in 1.. {
         let (batch, next) = page(cursor.take()).await?;
         items.extend(batch);
         if items.len() > cap {
@@ -138,6 +143,14 @@ where
             break;
         }
         match next {
+            Some(_) if pages >= MAX_CATALOG_PAGES => {
+                tracing::warn!(
+                    connection,
+                    kind,
+                    "server still paginating after {MAX_CATALOG_PAGES} pages; list cut short"
+                );
+                break;
+            }
             Some(next) if seen.insert(next.clone()) => cursor = Some(next),
             Some(next) => {
                 tracing::warn!(connection, kind, cursor = %next, "server repeated a pagination cursor; list cut short");

@@ -40,6 +40,7 @@ use crate::config::ConnectionConfig;
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default cap on catalog entries per kind.
 pub const DEFAULT_CATALOG_CAP: usize = 1000;
+pub use catalog::MAX_CATALOG_PAGES;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
 const BACKOFF_BASE: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
@@ -110,6 +111,8 @@ pub(crate) enum Transport {
         program: PathBuf,
         args: Vec<String>,
         env: BTreeMap<String, String>,
+        /// Host variables passed through besides [`session::DEFAULT_INHERITED_ENV`].
+        inherit_env: Vec<String>,
         cwd: Option<PathBuf>,
     },
     Http {
@@ -132,6 +135,7 @@ impl Settings {
                 },
                 args: c.args.clone(),
                 env: c.env.clone(),
+                inherit_env: c.inherit_env.clone(),
                 cwd: c.cwd.as_ref().map(|d| pool.base_dir.join(d)),
             },
             (None, url) => Transport::Http {
@@ -143,12 +147,12 @@ impl Settings {
         Settings {
             id: id.into(),
             transport,
-            call_timeout: c.call_timeout.unwrap_or(DEFAULT_CALL_TIMEOUT),
-            idle_timeout: c.idle_timeout,
+            // The config loader refuses zero durations; one that slips through
+            // (a hand-built config) means the default, never a panic.
+            call_timeout: nonzero(c.call_timeout).unwrap_or(DEFAULT_CALL_TIMEOUT),
+            idle_timeout: nonzero(c.idle_timeout),
             // stdio death is seen at once through the pipe; HTTP needs a ping.
-            ping_interval: c
-                .ping_interval
-                .or(is_http.then_some(Duration::from_secs(15))),
+            ping_interval: nonzero(c.ping_interval).or(is_http.then_some(Duration::from_secs(15))),
             catalog_cap: pool.catalog_cap.unwrap_or(DEFAULT_CATALOG_CAP),
         }
     }
@@ -167,12 +171,17 @@ impl Settings {
     }
 }
 
+fn nonzero(d: Option<Duration>) -> Option<Duration> {
+    d.filter(|d| !d.is_zero())
+}
+
 /// Per-connection counters, kept across sessions.
 #[derive(Debug, Default)]
 pub(crate) struct ConnCounters {
     pub sessions_opened: AtomicU64,
     pub calls: AtomicU64,
     pub failures: AtomicU64,
+    pub replays: AtomicU64,
     last_error: Mutex<Option<String>>,
     tools: AtomicUsize,
     resources: AtomicUsize,
@@ -203,6 +212,9 @@ pub struct ConnectionStats {
     pub sessions_opened: u64,
     pub calls: u64,
     pub failures: u64,
+    /// Operations replayed on a fresh session after their own request got
+    /// HTTP 404 (the server forgot the session).
+    pub replays: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
     pub tools: usize,
@@ -320,6 +332,7 @@ impl Slot {
             sessions_opened: c.sessions_opened.load(Ordering::Relaxed),
             calls: c.calls.load(Ordering::Relaxed),
             failures: c.failures.load(Ordering::Relaxed),
+            replays: c.replays.load(Ordering::Relaxed),
             last_error: c
                 .last_error
                 .lock()
@@ -516,9 +529,12 @@ impl Pool {
                 }),
             };
             match result {
-                // Refused unprocessed by a server that forgot us: replay once.
+                // This very request was refused unprocessed by a server that
+                // forgot us: replay it once. (The session's other in-flight
+                // operations fail `SessionClosed`: they may have run.)
                 Err(PoolError::Expired { .. }) if !replayed => {
                     replayed = true;
+                    slot.counters.replays.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(connection, "server forgot the session; re-initialising");
                     // Its owner may not have noticed yet; never hand it out again.
                     slot.evict(&session).await;

@@ -155,14 +155,54 @@ impl ClientHandler for PoolClient {
     }
 }
 
-/// The death reason when the HTTP server no longer knows the session. Requests
-/// with that session id were refused unprocessed, so they are safe to replay.
+/// The death reason when the HTTP server no longer knows the session. Only the
+/// request that got the 404 itself is known to be unprocessed; the session's
+/// other in-flight requests may have run, so they fail instead of replaying.
 pub(crate) const EXPIRED: &str = "the server forgot the session (HTTP 404)";
 
 /// How long a stubborn child may take to exit after we close its stdin.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(8);
 /// How long a health ping may take before the session is declared dead.
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Host variables a stdio server gets without asking: the set the official MCP
+/// SDKs pass. Everything else (tokens, keys) stays in the host unless the
+/// connection lists it in `inherit_env`.
+#[cfg(not(windows))]
+pub(crate) const DEFAULT_INHERITED_ENV: &[&str] =
+    &["HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER"];
+#[cfg(windows)]
+pub(crate) const DEFAULT_INHERITED_ENV: &[&str] = &[
+    "APPDATA",
+    "HOMEDRIVE",
+    "HOMEPATH",
+    "LOCALAPPDATA",
+    "PATH",
+    "PROCESSOR_ARCHITECTURE",
+    "SYSTEMDRIVE",
+    "SYSTEMROOT",
+    "TEMP",
+    "USERNAME",
+    "USERPROFILE",
+    "PROGRAMFILES",
+];
+
+/// The whole environment of a stdio server: the default set and `inherit` as
+/// far as the host has them, then the connection's own `env`, which wins.
+fn child_env(
+    inherit: &[String],
+    env: &std::collections::BTreeMap<String, String>,
+) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    let mut vars: std::collections::BTreeMap<std::ffi::OsString, std::ffi::OsString> =
+        DEFAULT_INHERITED_ENV
+            .iter()
+            .copied()
+            .chain(inherit.iter().map(String::as_str))
+            .filter_map(|name| Some((name.into(), std::env::var_os(name)?)))
+            .collect();
+    vars.extend(env.iter().map(|(k, v)| (k.into(), v.into())));
+    vars.into_iter().collect()
+}
 
 /// Opens a session: spawn or connect, `initialize`, list the catalog, and start
 /// the owner task.
@@ -180,10 +220,14 @@ pub(crate) async fn connect(
             program,
             args,
             env,
+            inherit_env,
             cwd,
         } => {
             let mut cmd = tokio::process::Command::new(program);
-            cmd.args(args).envs(env).kill_on_drop(true);
+            cmd.args(args)
+                .env_clear()
+                .envs(child_env(inherit_env, env))
+                .kill_on_drop(true);
             if let Some(cwd) = cwd {
                 cmd.current_dir(cwd);
             }
@@ -195,13 +239,7 @@ pub(crate) async fn connect(
             if let Some(stderr) = stderr {
                 let connection = settings.id.clone();
                 // Drained so the child never blocks on a full pipe; ends at EOF.
-                aux.spawn(async move {
-                    use tokio::io::AsyncBufReadExt;
-                    let mut lines = tokio::io::BufReader::new(stderr).lines();
-                    while let Ok(Some(line)) = lines.next_line().await {
-                        tracing::debug!(target: "wf_host::upstream", connection = %connection, "{line}");
-                    }
-                });
+                aux.spawn(drain_stderr(connection, stderr));
             }
             let running = handler
                 .serve(transport)
@@ -343,7 +381,10 @@ impl Owner {
         let mut quit = Some(running.cancellation_token());
         let mut done = Box::pin(running.waiting());
         let mut inflight: JoinSet<Ended> = JoinSet::new();
-        let mut refresher = self.spawn_refresher();
+        let mut refresher = self.spawn_refresher(0);
+        // At most one health check at a time, polled beside dispatch: a slow
+        // ping must not hold up the operations queued behind it.
+        let mut health: Option<HealthCheck> = None;
         let mut ping = self.settings.ping_interval.map(|every| {
             let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -383,29 +424,29 @@ impl Owner {
                     match ended {
                         Ok(Ended::Done) => {}
                         Ok(Ended::Expired) => break EXPIRED.to_owned(),
-                        Ok(Ended::TransportError) => {
-                            if let Some(reason) = self.health_check().await {
-                                break reason;
-                            }
-                        }
+                        Ok(Ended::TransportError) => self.check_health(&mut health),
                         Err(e) if e.is_panic() => tracing::error!("an operation panicked: {e}"),
                         Err(_) => {}
                     }
                 }
                 _ = async { ping.as_mut().expect("guarded").tick().await }, if ping.is_some() => {
-                    if let Some(reason) = self.health_check().await {
+                    self.check_health(&mut health);
+                }
+                verdict = async { health.as_mut().expect("guarded").await }, if health.is_some() => {
+                    health = None;
+                    if let Some(reason) = verdict {
                         break reason;
                     }
                 }
                 _ = async { tokio::time::sleep_until(idle_deadline.expect("guarded")).await }, if idle_deadline.is_some() => {
                     break "idle timeout".to_owned();
                 }
-                _ = &mut refresher => {
-                    // The refresher only ends when listing failed; find out why.
-                    if let Some(reason) = self.health_check().await {
-                        break reason;
-                    }
-                    refresher = self.spawn_refresher();
+                ended = &mut refresher => {
+                    // The refresher only ends when listing failed: find out why,
+                    // and retry after a backoff that grows while it keeps failing.
+                    let failures = ended.unwrap_or(1);
+                    self.check_health(&mut health);
+                    refresher = self.spawn_refresher(failures);
                 }
                 else => {
                     if !accepting && inflight.is_empty() {
@@ -491,13 +532,12 @@ impl Owner {
                         return Ended::Done;
                     }
                     reason = death.wait_for(Option::is_some) => {
+                        // Even when the session died of a 404, this request may
+                        // have been processed: only the one that got the 404
+                        // itself (`classify`) is known not to be, and may be
+                        // replayed. This one fails.
                         let reason = reason.ok().and_then(|r| r.clone()).unwrap_or_else(|| "session closed".into());
-                        let error = if reason == EXPIRED {
-                            PoolError::Expired { connection }
-                        } else {
-                            PoolError::SessionClosed { connection, reason }
-                        };
-                        (Err(error), Ended::Done)
+                        (Err(PoolError::SessionClosed { connection, reason }), Ended::Done)
                     }
                 };
                 if let Err(e) = &result {
@@ -512,30 +552,18 @@ impl Owner {
         );
     }
 
-    /// Pings with a deadline. `Some(reason)` means the session is dead.
-    async fn health_check(&self) -> Option<String> {
-        if self.peer.is_transport_closed() {
-            return Some("the transport closed".to_owned());
-        }
-        let ping = self
-            .peer
-            .send_request(ClientRequest::PingRequest(PingRequest::default()));
-        match tokio::time::timeout(PING_TIMEOUT, ping).await {
-            Ok(Ok(_)) => None,
-            Ok(Err(e)) if is_session_expired(&e) => {
-                Some("the server forgot the session (HTTP 404)".to_owned())
-            }
-            Ok(Err(e)) => Some(format!("ping failed: {e}")),
-            Err(_) => Some(format!(
-                "ping got no answer within {}s",
-                PING_TIMEOUT.as_secs()
-            )),
+    /// Starts a health check unless one is already running.
+    fn check_health(&self, health: &mut Option<HealthCheck>) {
+        if health.is_none() {
+            *health = Some(Box::pin(health_check(self.peer.clone())));
         }
     }
 
     /// One refresher per session: waits for dirty marks and relists, so a burst
-    /// of `list_changed` costs one refresh, on this same session.
-    fn spawn_refresher(&self) -> tokio::task::JoinHandle<()> {
+    /// of `list_changed` costs one refresh, on this same session. It ends when a
+    /// refresh fails, with the number of failures in a row; a refresher started
+    /// after `failures` waits a backoff before each retry.
+    fn spawn_refresher(&self, mut failures: u32) -> tokio::task::JoinHandle<u32> {
         let peer = self.peer.clone();
         let dirty = self.dirty.clone();
         let catalog = self.catalog.clone();
@@ -547,20 +575,128 @@ impl Owner {
             async move {
                 loop {
                     let kinds = dirty.take().await;
+                    if failures > 0 {
+                        tokio::time::sleep(super::backoff(failures)).await;
+                    }
                     if let Err(e) =
                         catalog::refresh(&peer, &id, kinds, advertised, cap, &catalog).await
                     {
-                        tracing::warn!("catalog refresh failed: {e}");
+                        tracing::warn!(failures = failures + 1, "catalog refresh failed: {e}");
                         // Keep the kinds dirty for the next attempt.
                         dirty.mark(kinds);
-                        return;
+                        return failures + 1;
                     }
+                    failures = 0;
                     counters.set_catalog(&catalog.borrow());
                     tracing::debug!(kinds, "catalog refreshed");
                 }
             }
             .in_current_span(),
         )
+    }
+}
+
+/// Longest stderr line of a server that is logged; the rest of it is skipped.
+const STDERR_LINE_MAX: usize = 8 * 1024;
+/// stderr lines logged per server per second; the excess is counted, not logged.
+const STDERR_LINES_PER_SEC: u32 = 100;
+
+/// Logs a server's stderr, a bounded line at a time and at a bounded rate, so
+/// a chatty or hostile server costs the host neither memory nor log volume.
+async fn drain_stderr(connection: Arc<str>, stderr: tokio::process::ChildStderr) {
+    let mut lines = BoundedLines::new(tokio::io::BufReader::new(stderr), STDERR_LINE_MAX);
+    let mut window = tokio::time::Instant::now();
+    let (mut logged, mut dropped) = (0u32, 0u64);
+    while let Ok(Some((line, truncated))) = lines.next_line().await {
+        if window.elapsed() >= Duration::from_secs(1) {
+            if dropped > 0 {
+                tracing::debug!(target: "wf_host::upstream", connection = %connection, "({dropped} stderr lines not logged: over {STDERR_LINES_PER_SEC}/s)");
+            }
+            window = tokio::time::Instant::now();
+            (logged, dropped) = (0, 0);
+        }
+        if logged >= STDERR_LINES_PER_SEC {
+            dropped += 1;
+            continue;
+        }
+        logged += 1;
+        let marker = if truncated { " [truncated]" } else { "" };
+        tracing::debug!(target: "wf_host::upstream", connection = %connection, "{line}{marker}");
+    }
+}
+
+/// Splits a byte stream into lines, holding at most `max` bytes of any line:
+/// a longer one is cut at `max` and flagged, and its rest is read and dropped.
+struct BoundedLines<R> {
+    reader: R,
+    max: usize,
+    line: Vec<u8>,
+}
+
+impl<R: tokio::io::AsyncBufRead + Unpin> BoundedLines<R> {
+    fn new(reader: R, max: usize) -> Self {
+        BoundedLines {
+            reader,
+            max,
+            line: Vec::new(),
+        }
+    }
+
+    /// The next line (lossy UTF-8, without its line ending) and whether it was
+    /// cut; `None` at end of input.
+    async fn next_line(&mut self) -> std::io::Result<Option<(String, bool)>> {
+        use tokio::io::AsyncBufReadExt;
+        self.line.clear();
+        let mut truncated = false;
+        loop {
+            let chunk = self.reader.fill_buf().await?;
+            if chunk.is_empty() {
+                if self.line.is_empty() && !truncated {
+                    return Ok(None);
+                }
+                break;
+            }
+            let (part, used, ended) = match chunk.iter().position(|&b| b == b'\n') {
+                Some(i) => (&chunk[..i], i + 1, true),
+                None => (chunk, chunk.len(), false),
+            };
+            let room = self.max - self.line.len();
+            if part.len() > room {
+                truncated = true;
+            }
+            self.line.extend_from_slice(&part[..part.len().min(room)]);
+            self.reader.consume(used);
+            if ended {
+                break;
+            }
+        }
+        if self.line.last() == Some(&b'\r') {
+            self.line.pop();
+        }
+        Ok(Some((
+            String::from_utf8_lossy(&self.line).into_owned(),
+            truncated,
+        )))
+    }
+}
+
+/// A health check in flight: `Some(reason)` when the session is dead.
+type HealthCheck = std::pin::Pin<Box<dyn Future<Output = Option<String>> + Send>>;
+
+/// Pings with a deadline. `Some(reason)` means the session is dead.
+async fn health_check(peer: Peer<RoleClient>) -> Option<String> {
+    if peer.is_transport_closed() {
+        return Some("the transport closed".to_owned());
+    }
+    let ping = peer.send_request(ClientRequest::PingRequest(PingRequest::default()));
+    match tokio::time::timeout(PING_TIMEOUT, ping).await {
+        Ok(Ok(_)) => None,
+        Ok(Err(e)) if is_session_expired(&e) => Some(EXPIRED.to_owned()),
+        Ok(Err(e)) => Some(format!("ping failed: {e}")),
+        Err(_) => Some(format!(
+            "ping got no answer within {}s",
+            PING_TIMEOUT.as_secs()
+        )),
     }
 }
 
@@ -616,4 +752,33 @@ fn is_session_expired(err: &ServiceError) -> bool {
 pub(crate) fn next_seq() -> u64 {
     static SEQ: AtomicU64 = AtomicU64::new(1);
     SEQ.fetch_add(1, Ordering::Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_huge_stderr_line_is_cut_and_the_next_line_is_whole() {
+        let mut input = vec![b'x'; 1024 * 1024];
+        input.extend_from_slice(b"\nnext line\r\nlast");
+        let mut lines = BoundedLines::new(&input[..], STDERR_LINE_MAX);
+        let (first, truncated) = lines.next_line().await.unwrap().unwrap();
+        assert_eq!(first.len(), STDERR_LINE_MAX);
+        assert!(truncated);
+        assert!(
+            lines.line.capacity() < 2 * STDERR_LINE_MAX,
+            "buffered {}",
+            lines.line.capacity()
+        );
+        assert_eq!(
+            lines.next_line().await.unwrap(),
+            Some(("next line".to_owned(), false))
+        );
+        assert_eq!(
+            lines.next_line().await.unwrap(),
+            Some(("last".to_owned(), false))
+        );
+        assert_eq!(lines.next_line().await.unwrap(), None);
+    }
 }

@@ -10,6 +10,7 @@ use serde_json::{Map, Value, json};
 
 use super::jsonrpc::{self, RpcError, named_params};
 use crate::capability::{CapabilityBackend, CapabilityError};
+use crate::grants::Grants;
 use crate::pool::Pool;
 use crate::store::{ListQuery, StoreError};
 use crate::workflow::{Status, WorkflowError, Workflows};
@@ -19,6 +20,28 @@ use crate::workflow::{Status, WorkflowError, Workflows};
 pub struct RpcState {
     pub workflows: Arc<Workflows>,
     pub pool: Pool,
+    /// What RPC clients may call and list (`[rpc] allow`), checked before
+    /// anything reaches the pool.
+    pub grants: Arc<Grants>,
+}
+
+impl RpcState {
+    fn check(&self, qualified: &str) -> Result<(), RpcError> {
+        if self.grants.allows(qualified) {
+            return Ok(());
+        }
+        let granted = match self.grants.patterns() {
+            [] => "nothing".to_owned(),
+            patterns => patterns
+                .iter()
+                .map(|p| format!("`{p}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        };
+        Err(capability_error(CapabilityError::Denied(format!(
+            "`{qualified}` is not granted to RPC clients (`[rpc] allow` grants {granted}); add it to `[rpc] allow` in the config"
+        ))))
+    }
 }
 
 /// Longest `workflow.wait` (and `workflow.start` with `wait`) may block.
@@ -90,18 +113,32 @@ pub async fn call(state: &RpcState, method: &str, params: Value) -> Result<Value
         }
         "capability.list" => {
             let _: Empty = parse(params, &[])?;
-            let entries = state.pool.list().await.map_err(capability_error)?;
+            let mut entries = state.pool.list().await.map_err(capability_error)?;
+            entries.retain(|e| state.grants.allows(&e.name));
             Ok(json!({ "capabilities": entries }))
         }
         "capability.call" => {
             let p: NamedArgs = parse(params, &["name", "arguments"])?;
             let (connection, tool) = split(&p.name)?;
-            CapabilityBackend::call_tool(&state.pool, connection, tool, p.arguments)
-                .await
-                .map_err(capability_error)
+            state.check(&p.name)?;
+            match CapabilityBackend::call_tool(&state.pool, connection, tool, p.arguments).await {
+                Err(CapabilityError::NotFound(message)) => {
+                    let message = crate::capability::with_granted_tools(
+                        &state.pool,
+                        &state.grants,
+                        message,
+                        connection,
+                    )
+                    .await;
+                    Err(capability_error(CapabilityError::NotFound(message)))
+                }
+                other => other.map_err(capability_error),
+            }
         }
         "resource.read" => {
             let p: ResourceParams = parse(params, &["connection", "uri"])?;
+            // Resources are granted as `<connection>.<uri>`, as for nodes.
+            state.check(&format!("{}.{}", p.connection, p.uri))?;
             CapabilityBackend::read_resource(&state.pool, &p.connection, &p.uri)
                 .await
                 .map_err(capability_error)
@@ -109,13 +146,18 @@ pub async fn call(state: &RpcState, method: &str, params: Value) -> Result<Value
         "prompt.get" => {
             let p: NamedArgs = parse(params, &["name", "arguments"])?;
             let (connection, prompt) = split(&p.name)?;
+            state.check(&p.name)?;
             CapabilityBackend::get_prompt(&state.pool, connection, prompt, p.arguments)
                 .await
                 .map_err(capability_error)
         }
         "host.status" => {
             let _: Empty = parse(params, &[])?;
-            let store = state.workflows.state_status().await.map_err(workflow_error)?;
+            let store = state
+                .workflows
+                .state_status()
+                .await
+                .map_err(workflow_error)?;
             Ok(json!({
                 "connections": state.pool.stats(),
                 "workflows": state.workflows.names(),
@@ -243,9 +285,9 @@ fn workflow_error(e: WorkflowError) -> RpcError {
         WorkflowError::InvalidInput { .. }
         | WorkflowError::NotRetryable { .. }
         | WorkflowError::Store(StoreError::BadCursor(_)) => jsonrpc::INVALID_PARAMS,
-        WorkflowError::Load { .. }
-        | WorkflowError::Definition(_)
-        | WorkflowError::Store(_) => jsonrpc::INTERNAL_ERROR,
+        WorkflowError::Load { .. } | WorkflowError::Definition(_) | WorkflowError::Store(_) => {
+            jsonrpc::INTERNAL_ERROR
+        }
     };
     RpcError::new(code, e.to_string())
 }

@@ -4,21 +4,28 @@
 //! `POST /rpc` takes single requests and batches; `GET /healthz` answers
 //! liveness. [`router`] builds the app apart from [`serve`], so tests can drive
 //! it in-process.
+//!
+//! Before anything runs, a request a web page could send behind the user's back
+//! is refused: a foreign `Origin`, a non-loopback `Host` on a loopback listener
+//! (DNS rebinding), a content type other than `application/json`.
 
 mod jsonrpc;
 mod methods;
 mod openrpc;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::uri::Authority;
+use axum::http::{HeaderMap, StatusCode, Uri, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use futures::future::join_all;
+use bytes::BytesMut;
+use futures::{StreamExt, stream};
 use serde_json::Value;
 
 pub use jsonrpc::RpcError;
@@ -27,12 +34,25 @@ pub use methods::RpcState;
 /// Default largest request body.
 pub const DEFAULT_MAX_BODY: usize = 1 << 20;
 
+/// Most requests in one batch.
+pub const MAX_BATCH: usize = 100;
+
+/// How many requests of one batch run at once; the rest wait their turn.
+const BATCH_CONCURRENCY: usize = 8;
+
 /// Who may call, and how much they may send.
 #[derive(Clone, Debug, Default)]
 pub struct Access {
     /// Required as `Authorization: Bearer <token>` when set.
     pub token: Option<String>,
     pub max_body: usize,
+    /// Origins besides the server's own whose requests are accepted
+    /// (`--allow-origin`), e.g. `http://localhost:3000`.
+    pub allow_origins: Vec<String>,
+    /// Accept any `Host` header. Off (the default), only loopback names are
+    /// accepted, which defeats DNS rebinding; `serve` turns it on when it
+    /// listens on a non-loopback address, where a token is required anyway.
+    pub any_host: bool,
 }
 
 #[derive(Clone)]
@@ -48,6 +68,10 @@ pub enum ServeError {
         "refusing to listen on {0} without a token: only loopback addresses are open without one; pass `--token` (or set WF_HOST_TOKEN), or listen on 127.0.0.1"
     )]
     TokenRequired(SocketAddr),
+    #[error(
+        "`{0}` is not an origin like `http://localhost:3000` (scheme, host and optional port, no path)"
+    )]
+    BadOrigin(String),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -68,25 +92,64 @@ pub fn check_access(addr: SocketAddr, access: &Access) -> Result<(), ServeError>
     Ok(())
 }
 
+/// An origin in the form browsers send it: `scheme://host[:port]`, lowercase,
+/// without the scheme's default port.
+///
+/// # Errors
+/// [`ServeError::BadOrigin`] for anything with a path, a query, user info or no host.
+pub fn normalize_origin(origin: &str) -> Result<String, ServeError> {
+    let bad = || ServeError::BadOrigin(origin.to_owned());
+    let uri: Uri = origin.parse().map_err(|_| bad())?;
+    let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
+        return Err(bad());
+    };
+    let path_ok = uri
+        .path_and_query()
+        .is_none_or(|pq| matches!(pq.as_str(), "" | "/"));
+    if !path_ok || authority.as_str().contains('@') || authority.host().is_empty() {
+        return Err(bad());
+    }
+    let scheme = scheme.to_ascii_lowercase();
+    let default_port = match scheme.as_str() {
+        "http" => Some(80),
+        "https" => Some(443),
+        _ => None,
+    };
+    let host = authority.host().to_ascii_lowercase();
+    Ok(match authority.port_u16() {
+        Some(port) if Some(port) != default_port => format!("{scheme}://{host}:{port}"),
+        _ => format!("{scheme}://{host}"),
+    })
+}
+
 /// The HTTP app.
-pub fn router(state: RpcState, access: Access) -> Router {
+///
+/// # Errors
+/// [`ServeError::BadOrigin`] when an allowed origin is not an origin.
+pub fn router(state: RpcState, access: Access) -> Result<Router, ServeError> {
     let access = Access {
         max_body: if access.max_body == 0 {
             DEFAULT_MAX_BODY
         } else {
             access.max_body
         },
+        allow_origins: access
+            .allow_origins
+            .iter()
+            .map(|o| normalize_origin(o))
+            .collect::<Result<_, _>>()?,
         ..access
     };
-    Router::new()
+    let app = App {
+        state,
+        access: Arc::new(access),
+    };
+    Ok(Router::new()
         .route("/rpc", post(rpc))
         .route("/healthz", get(|| async { "ok\n" }))
-        .with_state(App {
-            state,
-            access: Arc::new(access),
-        })
+        .layer(middleware::from_fn_with_state(app.clone(), same_origin))
+        .with_state(app))
 }
-
 /// Serves `router` on `listener` until `shutdown` resolves, then stops
 /// accepting and lets open requests finish.
 ///
@@ -114,6 +177,84 @@ fn authorized(headers: &HeaderMap, token: &str) -> bool {
     constant_time_eq::constant_time_eq(given.trim().as_bytes(), token.as_bytes())
 }
 
+/// Refuses what a web page could send behind the user's back, before anything
+/// else runs: on loopback, a `Host` that is not a loopback name (DNS
+/// rebinding); anywhere, an `Origin` that is neither the server's own nor
+/// allowed with `--allow-origin` (a cross-site request).
+async fn same_origin(
+    State(app): State<App>,
+    request: axum::extract::Request,
+    next: Next,
+) -> Response {
+    let headers = request.headers();
+    let host = headers
+        .get(header::HOST)
+        .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned())
+        .or_else(|| request.uri().authority().map(|a| a.to_string()));
+    if !app.access.any_host
+        && let Some(host) = &host
+        && !is_loopback_name(host)
+    {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            format!(
+                "refused: `Host: {host}` is not a loopback name; this server listens on loopback and answers only `localhost`, `127.0.0.1` or `[::1]` (DNS rebinding protection)"
+            ),
+        );
+    }
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let origin = String::from_utf8_lossy(origin.as_bytes()).into_owned();
+        let normalized = normalize_origin(&origin).ok();
+        let own = host.and_then(|h| normalize_origin(&format!("http://{h}")).ok());
+        let allowed = normalized.is_some_and(|o| {
+            own.as_deref() == Some(o.as_str()) || app.access.allow_origins.contains(&o)
+        });
+        if !allowed {
+            return refuse(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "refused: cross-origin request from `Origin: {origin}`; only the server's own origin or one allowed with `--allow-origin` may call"
+                ),
+            );
+        }
+    }
+    next.run(request).await
+}
+
+/// `localhost`, or a loopback address (`127.0.0.0/8`, `[::1]`), with an
+/// optional port.
+fn is_loopback_name(host: &str) -> bool {
+    let Ok(authority) = host.parse::<Authority>() else {
+        return false;
+    };
+    let name = authority.host();
+    if name.eq_ignore_ascii_case("localhost") {
+        return true;
+    }
+    name.trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<IpAddr>()
+        .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Whether `content_type` is `application/json`, parameters aside.
+fn is_json(content_type: &str) -> bool {
+    content_type
+        .split(';')
+        .next()
+        .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"))
+}
+
+fn refuse(status: StatusCode, message: String) -> Response {
+    json_response(
+        status,
+        jsonrpc::failure(
+            Value::Null,
+            RpcError::new(jsonrpc::INVALID_REQUEST, message),
+        ),
+    )
+}
+
 async fn rpc(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
     if let Some(token) = &app.access.token
         && !authorized(&headers, token)
@@ -125,16 +266,36 @@ async fn rpc(State(app): State<App>, headers: HeaderMap, body: Body) -> Response
         )
             .into_response();
     }
-    let bytes: Bytes = match axum::body::to_bytes(body, app.access.max_body).await {
+    match headers.get(header::CONTENT_TYPE) {
+        Some(ct) if ct.to_str().is_ok_and(is_json) => {}
+        Some(ct) => {
+            return refuse(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!(
+                    "unsupported content type `{}`; send `Content-Type: application/json`",
+                    String::from_utf8_lossy(ct.as_bytes())
+                ),
+            );
+        }
+        None => {
+            return refuse(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "missing content type; send `Content-Type: application/json`".to_owned(),
+            );
+        }
+    }
+    let bytes = match read_body(&headers, body, app.access.max_body).await {
         Ok(bytes) => bytes,
-        Err(_) => {
-            let error = RpcError::new(
-                jsonrpc::INVALID_REQUEST,
+        Err(BodyError::TooLarge) => {
+            return refuse(
+                StatusCode::PAYLOAD_TOO_LARGE,
                 format!("request body exceeds {} bytes", app.access.max_body),
             );
-            return json_response(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                jsonrpc::failure(Value::Null, error),
+        }
+        Err(BodyError::Read(e)) => {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                format!("cannot read the request body: {e}"),
             );
         }
     };
@@ -143,6 +304,33 @@ async fn rpc(State(app): State<App>, headers: HeaderMap, body: Body) -> Response
         // Only notifications: nothing to say.
         None => StatusCode::NO_CONTENT.into_response(),
     }
+}
+
+enum BodyError {
+    TooLarge,
+    Read(axum::Error),
+}
+
+/// Reads at most `max` bytes; a declared or actual length past it is
+/// `TooLarge`, any other failure (client gone, bad chunking) is `Read`.
+async fn read_body(headers: &HeaderMap, body: Body, max: usize) -> Result<Bytes, BodyError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(BodyError::TooLarge);
+    }
+    let mut stream = body.into_data_stream();
+    let mut buf = BytesMut::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(BodyError::Read)?;
+        if buf.len() + chunk.len() > max {
+            return Err(BodyError::TooLarge);
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf.freeze())
 }
 
 fn json_response(status: StatusCode, body: Value) -> Response {
@@ -171,13 +359,24 @@ pub async fn handle_body(state: &RpcState, body: &[u8]) -> Option<Value> {
             Value::Null,
             RpcError::new(jsonrpc::INVALID_REQUEST, "an empty batch is not a request"),
         )),
+        Value::Array(items) if items.len() > MAX_BATCH => Some(jsonrpc::failure(
+            Value::Null,
+            RpcError::new(
+                jsonrpc::INVALID_REQUEST,
+                format!(
+                    "batch of {} requests exceeds the limit of {MAX_BATCH}",
+                    items.len()
+                ),
+            ),
+        )),
         Value::Array(items) => {
-            let replies: Vec<Value> =
-                join_all(items.into_iter().map(|item| handle_one(state, item)))
-                    .await
-                    .into_iter()
-                    .flatten()
-                    .collect();
+            // A few at a time, replies in request order.
+            let replies: Vec<Value> = stream::iter(items)
+                .map(|item| handle_one(state, item))
+                .buffered(BATCH_CONCURRENCY)
+                .filter_map(|reply| async move { reply })
+                .collect()
+                .await;
             (!replies.is_empty()).then_some(Value::Array(replies))
         }
         single => handle_one(state, single).await,

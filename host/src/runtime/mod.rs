@@ -19,11 +19,11 @@ use wasmtime::{
 };
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
-pub use cache::{CacheStats, ComponentCache, default_cache_dir};
+pub use cache::{CacheError, CacheStats, ComponentCache, default_cache_dir};
 use stdio::CapturedOutput;
 
 use crate::bindings::{NodeError, NodePre};
-use crate::capability::{CallJournal, CapabilityBackend, CapabilityCtx, LogRecord};
+use crate::capability::{CallJournal, CapabilityBackend, CapabilityCtx, LogBuffer, LogRecord};
 use crate::grants::Grants;
 
 /// The WIT world every node must target.
@@ -36,12 +36,25 @@ const EPOCH_TICK: Duration = Duration::from_millis(5);
 /// How much guest stdout and stderr is kept per run and stream.
 const CAPTURE_CAP: usize = 1 << 20;
 
+/// How much of a node error's `code` and `message` a run keeps.
+const NODE_ERROR_CODE_CAP: usize = 128;
+const NODE_ERROR_MESSAGE_CAP: usize = 64 << 10;
+
+/// What one component instance may hold in the pool. Our largest real guests
+/// (CPython via componentize-py, QuickJS via jco) fit with room to spare; a
+/// component past these fails to instantiate instead of draining the pool.
+const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 128;
+const MAX_MEMORIES_PER_COMPONENT: u32 = 8;
+const MAX_TABLES_PER_COMPONENT: u32 = 32;
+
 /// Per-run limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Wall-clock time for one run, including time spent in capability calls.
+    /// Wall-clock time for one run, including time spent in capability calls
+    /// and waiting for a free run slot.
     pub timeout: Duration,
-    /// Linear memory per instance, in bytes.
+    /// Linear memory per run, in bytes: the sum over all of the component's
+    /// memories.
     pub max_memory: u64,
 }
 
@@ -65,7 +78,7 @@ pub enum Allocator {
 }
 
 /// How to build a [`Runtime`].
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct RuntimeConfig {
     /// Where precompiled components are kept; `None` disables the cache.
     pub cache_dir: Option<PathBuf>,
@@ -75,7 +88,40 @@ pub struct RuntimeConfig {
     /// this size. Defaults to `limits.max_memory`.
     pub memory_ceiling: Option<u64>,
     pub allocator: Allocator,
+    /// Runs that execute at once; later runs wait for a slot (the wait counts
+    /// against their deadline). At most `pool_instances` with the pooling
+    /// allocator.
+    pub max_concurrent_runs: usize,
+    /// The largest input JSON a run accepts, in bytes.
+    pub max_input: usize,
+    /// The largest output JSON a run keeps, in bytes.
+    pub max_output: usize,
+    /// Component instance slots the pooling allocator reserves; its core
+    /// instance, memory and table slots scale with it.
+    pub pool_instances: u32,
 }
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            cache_dir: None,
+            limits: Limits::default(),
+            memory_ceiling: None,
+            allocator: Allocator::default(),
+            max_concurrent_runs: DEFAULT_MAX_CONCURRENT_RUNS,
+            max_input: DEFAULT_MAX_IO,
+            max_output: DEFAULT_MAX_IO,
+            pool_instances: DEFAULT_POOL_INSTANCES,
+        }
+    }
+}
+
+/// Default for [`RuntimeConfig::max_concurrent_runs`].
+pub const DEFAULT_MAX_CONCURRENT_RUNS: usize = 64;
+/// Default for [`RuntimeConfig::max_input`] and [`RuntimeConfig::max_output`].
+pub const DEFAULT_MAX_IO: usize = 4 << 20;
+/// Default for [`RuntimeConfig::pool_instances`].
+pub const DEFAULT_POOL_INSTANCES: u32 = 256;
 
 /// Why a component could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -109,16 +155,24 @@ pub enum RunError {
     /// The node's `run` returned an error.
     #[error("node returned error `{code}`: {message}")]
     Node { code: String, message: String },
-    #[error("input is not valid JSON: {0}")]
+    /// The input is not JSON, or is larger than the runtime accepts.
+    #[error("input {0}")]
     InvalidInput(String),
     #[error("node returned invalid JSON: {0}")]
     InvalidOutput(String),
+    #[error(
+        "node returned {size} bytes of output; the limit is {limit} bytes (`[runtime] max_output`)"
+    )]
+    OutputTooLarge { size: usize, limit: usize },
     #[error("run exceeded its time limit of {}", humantime::format_duration(*.0))]
     Timeout(Duration),
     #[error("run exceeded its memory limit of {}", bytesize::ByteSize(*.0))]
     MemoryLimit(u64),
     #[error("run was cancelled")]
     Cancelled,
+    /// Every instance slot of a kind is taken; retrying later may succeed.
+    #[error("the host is at capacity ({0}); retry later")]
+    Busy(String),
     #[error("node trapped: {0}")]
     Trap(String),
 }
@@ -130,9 +184,11 @@ impl RunError {
             RunError::Node { code, .. } => code,
             RunError::InvalidInput(_) => "invalid-input",
             RunError::InvalidOutput(_) => "invalid-output",
+            RunError::OutputTooLarge { .. } => "output-too-large",
             RunError::Timeout(_) => "timeout",
             RunError::MemoryLimit(_) => "memory-limit",
             RunError::Cancelled => "cancelled",
+            RunError::Busy(_) => "busy",
             RunError::Trap(_) => "trap",
         }
     }
@@ -201,10 +257,27 @@ impl WasiView for NodeState {
     }
 }
 
-/// Caps linear memory and remembers that it did, so the trap can name the limit.
+/// Caps the run's linear memory, summed over every memory of the component, and
+/// remembers that it did, so the trap can name the limit. Wasmtime asks before
+/// creating a memory (from 0) and before each growth, so `total` is exact.
 struct MemoryLimiter {
     max_memory: u64,
+    /// Bytes of linear memory the run holds now.
+    total: u64,
+    /// The last approved growth, taken back if wasmtime then fails to grow.
+    last_growth: u64,
     hit: bool,
+}
+
+impl MemoryLimiter {
+    fn new(max_memory: u64) -> Self {
+        MemoryLimiter {
+            max_memory,
+            total: 0,
+            last_growth: 0,
+            hit: false,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -214,15 +287,24 @@ struct MemoryLimitHit;
 impl ResourceLimiter for MemoryLimiter {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired as u64 > self.max_memory {
+        let growth = (desired as u64).saturating_sub(current as u64);
+        let total = self.total.saturating_add(growth);
+        if total > self.max_memory {
             self.hit = true;
             return Err(MemoryLimitHit.into());
         }
+        self.total = total;
+        self.last_growth = growth;
         Ok(true)
+    }
+
+    fn memory_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.total -= std::mem::take(&mut self.last_growth);
+        Ok(())
     }
 
     fn table_growing(
@@ -250,6 +332,10 @@ pub struct RuntimeStats {
     /// Components compiled from source (cache misses and cacheless loads).
     pub compiles: u64,
     pub runs: u64,
+    /// Runs waiting for a slot (`max_concurrent_runs` are executing).
+    pub queued: u64,
+    /// Runs executing now.
+    pub running: u64,
 }
 
 /// Loads and runs nodes. Cheap to share behind an `Arc`; every run gets a fresh
@@ -260,8 +346,15 @@ pub struct Runtime {
     cache: Option<ComponentCache>,
     backend: Arc<dyn CapabilityBackend>,
     limits: Limits,
+    /// One permit per run allowed to execute at once; runs past it queue here
+    /// rather than fail on a full instance pool.
+    run_slots: tokio::sync::Semaphore,
+    max_input: usize,
+    max_output: usize,
     compiles: AtomicU64,
     runs: AtomicU64,
+    queued: AtomicU64,
+    running: AtomicU64,
     _ticker: EpochTicker,
 }
 
@@ -281,15 +374,22 @@ impl Runtime {
             .max(config.limits.max_memory);
         let mut wasm_config = Config::new();
         wasm_config.epoch_interruption(true);
+        let mut max_concurrent_runs = config.max_concurrent_runs.max(1);
         if config.allocator == Allocator::Pooling {
+            let instances = config.pool_instances.max(1);
             let mut pool = PoolingAllocationConfig::default();
-            pool.total_component_instances(256)
-                .total_core_instances(2048)
-                .total_memories(512)
-                .total_tables(512)
-                .total_stacks(256)
+            pool.total_component_instances(instances)
+                .total_core_instances(instances.saturating_mul(8))
+                .total_memories(instances.saturating_mul(2))
+                .total_tables(instances.saturating_mul(2))
+                .total_stacks(instances)
+                .max_core_instances_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
+                .max_memories_per_component(MAX_MEMORIES_PER_COMPONENT)
+                .max_tables_per_component(MAX_TABLES_PER_COMPONENT)
                 .max_memory_size(usize::try_from(ceiling).unwrap_or(usize::MAX));
             wasm_config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+            // More runs at once than component slots could only fail.
+            max_concurrent_runs = max_concurrent_runs.min(instances as usize);
         }
         let engine = Engine::new(&wasm_config).map_err(|e| LoadError::Engine(format!("{e:#}")))?;
 
@@ -304,7 +404,13 @@ impl Runtime {
 
         let cache = config
             .cache_dir
-            .map(|dir| ComponentCache::new(dir, &engine));
+            .and_then(|dir| match ComponentCache::open(dir, &engine) {
+                Ok(cache) => Some(cache),
+                Err(e) => {
+                    tracing::warn!("{e}; running without the precompile cache");
+                    None
+                }
+            });
         let ticker = EpochTicker::start(engine.clone());
         Ok(Runtime {
             engine,
@@ -312,8 +418,13 @@ impl Runtime {
             cache,
             backend,
             limits: config.limits,
+            run_slots: tokio::sync::Semaphore::new(max_concurrent_runs),
+            max_input: config.max_input,
+            max_output: config.max_output,
             compiles: AtomicU64::new(0),
             runs: AtomicU64::new(0),
+            queued: AtomicU64::new(0),
+            running: AtomicU64::new(0),
             _ticker: ticker,
         })
     }
@@ -337,6 +448,8 @@ impl Runtime {
                 .unwrap_or_default(),
             compiles: self.compiles.load(Ordering::Relaxed),
             runs: self.runs.load(Ordering::Relaxed),
+            queued: self.queued.load(Ordering::Relaxed),
+            running: self.running.load(Ordering::Relaxed),
         }
     }
 
@@ -436,6 +549,9 @@ impl Runtime {
 
     /// Runs `node` once on `input` (JSON text) in a fresh instance.
     ///
+    /// At most `max_concurrent_runs` runs execute at once; a run past that waits
+    /// for a slot, and the wait counts against its deadline and can be cancelled.
+    ///
     /// Never panics or poisons the runtime: every failure, including traps,
     /// timeouts and the memory cap, is reported in [`RunReport::result`], and
     /// the next run starts clean.
@@ -448,9 +564,10 @@ impl Runtime {
             opts.run_id.clone()
         };
         let limits = opts.limits.unwrap_or(self.limits);
+        let deadline = started + limits.timeout;
         let stdout = CapturedOutput::new(CAPTURE_CAP);
         let stderr = CapturedOutput::new(CAPTURE_CAP);
-        let logs = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let logs = Arc::new(std::sync::Mutex::new(LogBuffer::default()));
 
         let span = tracing::info_span!("run", run = %run_id, node = %node.name);
 
@@ -465,17 +582,16 @@ impl Runtime {
                 journal: opts.journal.clone(),
                 calls: Default::default(),
             };
-            self.run_inner(
-                node,
-                input,
+            let run = RunContext {
                 limits,
-                &opts.cancel,
-                &stdout,
-                &stderr,
-                capability,
-            )
-            .instrument(span.clone())
-            .await
+                deadline,
+                cancel: &opts.cancel,
+                stdout: &stdout,
+                stderr: &stderr,
+            };
+            self.run_inner(node, input, run, capability)
+                .instrument(span.clone())
+                .await
         };
 
         let (stdout, stderr) = (stdout.contents(), stderr.contents());
@@ -496,23 +612,44 @@ impl Runtime {
             result,
             stdout,
             stderr,
-            logs,
+            logs: logs.into_records(),
             elapsed: started.elapsed(),
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn run_inner(
         &self,
         node: &Node,
         input: &str,
-        limits: Limits,
-        cancel: &CancellationToken,
-        stdout: &CapturedOutput,
-        stderr: &CapturedOutput,
+        run: RunContext<'_>,
         capability: CapabilityCtx,
     ) -> Result<String, RunError> {
-        check_json(input).map_err(RunError::InvalidInput)?;
+        let RunContext {
+            limits,
+            deadline,
+            cancel,
+            stdout,
+            stderr,
+        } = run;
+        if input.len() > self.max_input {
+            return Err(RunError::InvalidInput(format!(
+                "is {} bytes; the limit is {} bytes (`[runtime] max_input`)",
+                input.len(),
+                self.max_input
+            )));
+        }
+        check_json(input).map_err(|e| RunError::InvalidInput(format!("is not valid JSON: {e}")))?;
+
+        // Wait for a run slot; time in the queue is time of the run.
+        let _slot = {
+            let _queued = Gauge::raise(&self.queued);
+            tokio::select! {
+                permit = self.run_slots.acquire() => permit.expect("the run semaphore is never closed"),
+                _ = tokio::time::sleep_until(deadline.into()) => return Err(RunError::Timeout(limits.timeout)),
+                _ = cancel.cancelled() => return Err(RunError::Cancelled),
+            }
+        };
+        let _running = Gauge::raise(&self.running);
 
         // Nothing is granted: no preopened dirs, no env, no args, empty stdin, no
         // sockets or name lookups. Only stdout/stderr, captured.
@@ -526,16 +663,12 @@ impl Runtime {
         let state = NodeState {
             wasi,
             table: ResourceTable::new(),
-            limiter: MemoryLimiter {
-                max_memory: limits.max_memory,
-                hit: false,
-            },
+            limiter: MemoryLimiter::new(limits.max_memory),
             capability,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
 
-        let deadline = Instant::now() + limits.timeout;
         let guest_cancel = cancel.clone();
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(move |_| {
@@ -563,18 +696,70 @@ impl Runtime {
 
         match outcome {
             Ok(Ok(output)) => {
+                if output.len() > self.max_output {
+                    return Err(RunError::OutputTooLarge {
+                        size: output.len(),
+                        limit: self.max_output,
+                    });
+                }
                 check_json(&output).map_err(RunError::InvalidOutput)?;
                 Ok(output)
             }
-            Ok(Err(NodeError { code, message })) => Err(RunError::Node { code, message }),
+            Ok(Err(NodeError { code, message })) => Err(RunError::Node {
+                code: truncate_utf8(code, NODE_ERROR_CODE_CAP),
+                message: truncate_utf8(message, NODE_ERROR_MESSAGE_CAP),
+            }),
             Err(trap) => Err(classify_trap(&trap, store.data().limiter.hit, limits)),
         }
     }
 }
 
+/// What one run is held to, and where its stdio goes.
+struct RunContext<'a> {
+    limits: Limits,
+    deadline: Instant,
+    cancel: &'a CancellationToken,
+    stdout: &'a CapturedOutput,
+    stderr: &'a CapturedOutput,
+}
+
+/// Counts something while alive: raised on creation, lowered on drop, so a
+/// cancelled or failed run never leaves a count behind.
+struct Gauge<'a>(&'a AtomicU64);
+
+impl<'a> Gauge<'a> {
+    fn raise(counter: &'a AtomicU64) -> Self {
+        counter.fetch_add(1, Ordering::Relaxed);
+        Gauge(counter)
+    }
+}
+
+impl Drop for Gauge<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Cuts `text` to at most `cap` bytes at a character boundary, saying so.
+fn truncate_utf8(mut text: String, cap: usize) -> String {
+    if text.len() <= cap {
+        return text;
+    }
+    let dropped = text.len() - cap;
+    text.truncate(text.floor_char_boundary(cap));
+    text.push_str(&format!("… [{dropped} more bytes truncated]"));
+    text
+}
+
 fn classify_trap(trap: &wasmtime::Error, memory_hit: bool, limits: Limits) -> RunError {
     if memory_hit || trap.downcast_ref::<MemoryLimitHit>().is_some() {
         return RunError::MemoryLimit(limits.max_memory);
+    }
+    if let Some(full) = trap
+        .chain()
+        .find_map(|e| e.downcast_ref::<wasmtime::PoolConcurrencyLimitError>())
+    {
+        return RunError::Busy(full.to_string());
     }
     match trap.downcast_ref::<Interrupt>() {
         Some(Interrupt::Deadline) => RunError::Timeout(limits.timeout),

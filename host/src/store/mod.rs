@@ -73,7 +73,10 @@ impl StepStatus {
     pub fn is_finished(self) -> bool {
         matches!(
             self,
-            StepStatus::Succeeded | StepStatus::Failed | StepStatus::Skipped | StepStatus::Cancelled
+            StepStatus::Succeeded
+                | StepStatus::Failed
+                | StepStatus::Skipped
+                | StepStatus::Cancelled
         )
     }
 }
@@ -158,7 +161,7 @@ pub struct NewRun {
 pub enum Created {
     New,
     /// The idempotency key was used before: this is that run.
-    Existing(RunRow),
+    Existing(Box<RunRow>),
 }
 
 /// Which runs [`Store::list_runs`] returns, newest first.

@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::Value;
-use sqlx::Row;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
+use sqlx::{ConnectOptions, Row};
 
 use super::{
     CallRow, Counts, Created, Failure, ListQuery, NewRun, RunRow, RunStatus, StepRow, StepStatus,
@@ -24,6 +24,8 @@ use super::{
 
 /// `PRAGMA application_id` of a wf-host state file: "wfhs".
 const APPLICATION_ID: i64 = 0x7766_6873;
+
+const FOREIGN: &str = "it holds another application's database, not wf-host state; move it away or pick another `state` path";
 
 /// The SQLite store.
 pub struct SqliteStore {
@@ -58,7 +60,7 @@ impl SqliteStore {
                 location: location.to_owned(),
                 _lock: None,
             };
-            store.prepare(true).await?;
+            store.prepare().await?;
             return Ok(store);
         }
         let path = Path::new(location);
@@ -94,6 +96,28 @@ impl SqliteStore {
                 ));
             }
         }
+        if !fresh {
+            // Asked read-only, before the pool switches the file to WAL: a
+            // database that is not ours is left exactly as it was.
+            let mut probe = SqliteConnectOptions::new()
+                .filename(path)
+                .read_only(true)
+                .connect()
+                .await
+                .map_err(|e| open_err(e.to_string()))?;
+            let app_id: i64 = sqlx::query_scalar("PRAGMA application_id")
+                .fetch_one(&mut probe)
+                .await
+                .map_err(|e| open_err(e.to_string()))?;
+            let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM sqlite_master")
+                .fetch_one(&mut probe)
+                .await
+                .map_err(|e| open_err(e.to_string()))?;
+            let _ = sqlx::Connection::close(probe).await;
+            if app_id != APPLICATION_ID && (app_id != 0 || tables > 0) {
+                return Err(open_err(FOREIGN.into()));
+            }
+        }
         let options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
@@ -113,7 +137,7 @@ impl SqliteStore {
             location: location.to_owned(),
             _lock: Some(lock),
         };
-        store.prepare(fresh).await.map_err(|e| match e {
+        store.prepare().await.map_err(|e| match e {
             StoreError::Db(e) => open_err(e.to_string()),
             other => other,
         })?;
@@ -121,7 +145,7 @@ impl SqliteStore {
     }
 
     /// Checks that the database is ours (or empty), then migrates it.
-    async fn prepare(&self, fresh: bool) -> Result<(), StoreError> {
+    async fn prepare(&self) -> Result<(), StoreError> {
         let open_err = |message: String| StoreError::Open {
             path: self.location.clone(),
             message,
@@ -134,15 +158,13 @@ impl SqliteStore {
                 .fetch_one(&self.pool)
                 .await?;
             if app_id != 0 || tables > 0 {
-                return Err(open_err(
-                    "it holds another application's database, not wf-host state; move it away or pick another `state` path".into(),
-                ));
+                return Err(open_err(FOREIGN.into()));
             }
             sqlx::query(sqlx::AssertSqlSafe(format!(
                 "PRAGMA application_id = {APPLICATION_ID}"
             )))
-                .execute(&self.pool)
-                .await?;
+            .execute(&self.pool)
+            .await?;
         }
         let check: String = sqlx::query_scalar("PRAGMA quick_check")
             .fetch_one(&self.pool)
@@ -295,7 +317,7 @@ impl Store for SqliteStore {
             .fetch_one(&mut *tx)
             .await?;
             tx.rollback().await?;
-            return Ok(Created::Existing(run_row(&existing)?));
+            return Ok(Created::Existing(Box::new(run_row(&existing)?)));
         }
         for (position, step) in new.steps.iter().enumerate() {
             sqlx::query(

@@ -137,40 +137,42 @@ impl Spec {
             message,
         };
         let one_node;
-        let (steps, run_timeout): (&[StepConfig], Option<Duration>) =
-            match (&w.component, w.steps.is_empty()) {
-                (Some(_), false) => {
+        let (steps, run_timeout): (&[StepConfig], Option<Duration>) = match (
+            &w.component,
+            w.steps.is_empty(),
+        ) {
+            (Some(_), false) => {
+                return Err(wf_err(
+                    "sets both `component` (one node) and `steps` (a graph); pick one".into(),
+                ));
+            }
+            (None, true) => {
+                return Err(wf_err(
+                    "needs `component` (one node) or `[[workflows.NAME.steps]]`".into(),
+                ));
+            }
+            (Some(component), true) => {
+                // The one-node form is a one-step graph; its limits are the node's.
+                one_node = [StepConfig {
+                    id: "main".into(),
+                    component: component.clone(),
+                    allow: w.allow.clone(),
+                    timeout: w.timeout,
+                    max_memory: w.max_memory,
+                    retry: w.retry.clone(),
+                    ..StepConfig::default()
+                }];
+                (&one_node, None)
+            }
+            (None, false) => {
+                if !w.allow.is_empty() || w.max_memory.is_some() || w.retry.is_some() {
                     return Err(wf_err(
-                        "sets both `component` (one node) and `steps` (a graph); pick one".into(),
-                    ));
-                }
-                (None, true) => {
-                    return Err(wf_err(
-                        "needs `component` (one node) or `[[workflows.NAME.steps]]`".into(),
-                    ));
-                }
-                (Some(component), true) => {
-                    // The one-node form is a one-step graph; its limits are the node's.
-                    one_node = [StepConfig {
-                        id: "main".into(),
-                        component: component.clone(),
-                        allow: w.allow.clone(),
-                        timeout: w.timeout,
-                        max_memory: w.max_memory,
-                        retry: w.retry.clone(),
-                        ..StepConfig::default()
-                    }];
-                    (&one_node, None)
-                }
-                (None, false) => {
-                    if !w.allow.is_empty() || w.max_memory.is_some() || w.retry.is_some() {
-                        return Err(wf_err(
                             "`allow`, `max_memory` and `retry` belong on each step when the workflow has `steps`".into(),
                         ));
-                    }
-                    (&w.steps, w.timeout)
                 }
-            };
+                (&w.steps, w.timeout)
+            }
+        };
         let mut specs = Vec::with_capacity(steps.len());
         for s in steps {
             let step_err = |message: String| DefinitionError::Step {
@@ -330,9 +332,8 @@ impl Definition {
                 }
             }
         }
-        let order = topological_order(&spec.steps).map_err(|cycle| {
-            wf_err(format!("the steps form a cycle: {}", cycle.join(" → ")))
-        })?;
+        let order = topological_order(&spec.steps)
+            .map_err(|cycle| wf_err(format!("the steps form a cycle: {}", cycle.join(" → "))))?;
 
         let compile = |step: &str, what: &str, source: &Option<String>| {
             source
@@ -475,10 +476,13 @@ fn find_cycle(steps: &[StepSpec], index: &HashMap<&str, usize>, done: &[bool]) -
         };
         if let Some(pos) = path.iter().position(|&i| i == next) {
             // `a needs b` means b runs first: show the flow, b → a.
-            let mut cycle: Vec<String> = path[pos..].iter().map(|&i| steps[i].id.clone()).collect();
+            let mut cycle: Vec<usize> = path[pos..].to_vec();
             cycle.reverse();
-            cycle.push(cycle[0].clone());
-            return cycle;
+            // Start from the step defined first, so the message is stable.
+            let first = (0..cycle.len()).min_by_key(|&i| cycle[i]).unwrap_or(0);
+            cycle.rotate_left(first);
+            cycle.push(cycle[0]);
+            return cycle.iter().map(|&i| steps[i].id.clone()).collect();
         }
         path.push(next);
         at = next;

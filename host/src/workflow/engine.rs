@@ -22,9 +22,7 @@ use tokio_util::sync::CancellationToken;
 use super::definition::{Definition, Step};
 use crate::capability::{CallJournal, JournalEntry};
 use crate::runtime::{Node, RunError, RunOptions, Runtime};
-use crate::store::{
-    CallRow, Failure, RunStatus, StepRow, StepStatus, Store, StoreError, now_text,
-};
+use crate::store::{CallRow, Failure, RunStatus, StepRow, StepStatus, Store, StoreError, now_text};
 
 /// Records a step attempt's capability calls in the store.
 struct StepJournal {
@@ -51,7 +49,12 @@ impl CallJournal for StepJournal {
             seq: entry.seq,
             name: entry.name,
             arguments: entry.arguments,
-            outcome: if entry.error_code.is_some() { "error" } else { "ok" }.into(),
+            outcome: if entry.error_code.is_some() {
+                "error"
+            } else {
+                "ok"
+            }
+            .into(),
             error_code: entry.error_code.map(str::to_owned),
             duration_us: entry.duration.as_micros() as u64,
             at: now_text(),
@@ -97,10 +100,7 @@ enum Stop {
 
 /// How a step ended, before it is stored.
 enum Outcome {
-    Succeeded {
-        output: Value,
-        input: Option<Value>,
-    },
+    Succeeded(Value),
     Skipped,
     Failed(Failure),
     /// Its node was stopped by a cancel, the run deadline or shutdown.
@@ -223,7 +223,10 @@ async fn launch_ready(
             .iter()
             .find(|(_, s)| matches!(s, StepStatus::Failed | StepStatus::Cancelled))
         {
-            let error = Failure::new("need-failed", format!("not run: step `{need}` did not succeed"));
+            let error = Failure::new(
+                "need-failed",
+                format!("not run: step `{need}` did not succeed"),
+            );
             ctx.store
                 .step_finished(&ctx.run_id, id, StepStatus::Cancelled, None, Some(&error))
                 .await?;
@@ -279,7 +282,7 @@ async fn record(
     stop: Option<Stop>,
 ) -> Result<(), StoreError> {
     let (status, output, error) = match outcome {
-        Outcome::Succeeded { output, .. } => (StepStatus::Succeeded, Some(output), None),
+        Outcome::Succeeded(output) => (StepStatus::Succeeded, Some(output), None),
         Outcome::Skipped => (StepStatus::Skipped, None, None),
         Outcome::Failed(f) => (StepStatus::Failed, None, Some(f)),
         Outcome::Interrupted if stop == Some(Stop::Shutdown) => {
@@ -428,10 +431,7 @@ async fn run_step(
             return Outcome::Failed(store_failure(e));
         }
         return match run_item(ctx, step, None, &input, &attempts, stop).await {
-            Ok(output) => Outcome::Succeeded {
-                output,
-                input: Some(input),
-            },
+            Ok(output) => Outcome::Succeeded(output),
             Err(outcome) => outcome,
         };
     };
@@ -465,10 +465,7 @@ async fn run_step(
         .try_collect::<Vec<Value>>()
         .await;
     match outputs {
-        Ok(outputs) => Outcome::Succeeded {
-            output: Value::Array(outputs),
-            input: Some(all),
-        },
+        Ok(outputs) => Outcome::Succeeded(Value::Array(outputs)),
         Err(outcome) => outcome,
     }
 }
@@ -547,9 +544,8 @@ async fn run_item(
         };
         let failure = match result {
             Ok(output) => {
-                return serde_json::from_str(&output).map_err(|e| {
-                    Outcome::Failed(Failure::new("invalid-output", e.to_string()))
-                });
+                return serde_json::from_str(&output)
+                    .map_err(|e| Outcome::Failed(Failure::new("invalid-output", e.to_string())));
             }
             Err(RunError::Cancelled) => return Err(Outcome::Interrupted),
             Err(e) => Failure::new(

@@ -99,7 +99,9 @@ impl Expr {
                 jaq_core::load::Error::Lex(list) => list
                     .into_iter()
                     .next()
-                    .map(|(expect, part)| error(span(part), format!("expected {}", expect.as_str())))
+                    .map(|(expect, part)| {
+                        error(span(part), format!("expected {}", expect.as_str()))
+                    })
                     .unwrap_or_else(|| error(0, "cannot be lexed".into())),
                 jaq_core::load::Error::Parse(list) => list
                     .into_iter()
@@ -155,7 +157,8 @@ impl Expr {
             expr: self.source.to_string(),
             message,
         };
-        let input: Val = serde_json::from_value(input.clone()).map_err(|e| failed(e.to_string()))?;
+        let input: Val =
+            serde_json::from_value(input.clone()).map_err(|e| failed(e.to_string()))?;
         let ctx = Ctx::<data::JustLut<Val>>::new(&self.filter.lut, Vars::new([]));
         let mut outputs = self
             .filter
@@ -178,7 +181,10 @@ impl Expr {
     /// # Errors
     /// As [`Expr::eval`].
     pub fn eval_bool(&self, input: &Value) -> Result<bool, EvalError> {
-        Ok(!matches!(self.eval(input)?, Value::Null | Value::Bool(false)))
+        Ok(!matches!(
+            self.eval(input)?,
+            Value::Null | Value::Bool(false)
+        ))
     }
 
     /// Runs the filter and requires an array.

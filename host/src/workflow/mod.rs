@@ -198,24 +198,21 @@ impl Workflows {
         });
         for def in this.definitions.values() {
             for step in &def.steps {
-                this.node_for(&step.spec)
-                    .map_err(|e| match e {
-                        NodeError::Load(source) => WorkflowError::Load {
-                            workflow: def.name.clone(),
-                            step: step.spec.id.clone(),
-                            source,
-                        },
-                        NodeError::Changed(now) => {
-                            WorkflowError::Definition(DefinitionError::Step {
-                                workflow: def.name.clone(),
-                                step: step.spec.id.clone(),
-                                message: format!(
-                                    "component `{}` changed while loading (now {now})",
-                                    step.spec.component.display()
-                                ),
-                            })
-                        }
-                    })?;
+                this.node_for(&step.spec).map_err(|e| match e {
+                    NodeError::Load(source) => WorkflowError::Load {
+                        workflow: def.name.clone(),
+                        step: step.spec.id.clone(),
+                        source,
+                    },
+                    NodeError::Changed(now) => WorkflowError::Definition(DefinitionError::Step {
+                        workflow: def.name.clone(),
+                        step: step.spec.id.clone(),
+                        message: format!(
+                            "component `{}` changed while loading (now {now})",
+                            step.spec.component.display()
+                        ),
+                    }),
+                })?;
             }
         }
         Ok(this)
@@ -361,13 +358,10 @@ impl Workflows {
             run: run.clone(),
         };
         if let Created::Existing(existing) = self.store.create_run(&new).await? {
-            return Ok(existing.into());
+            return Ok((*existing).into());
         }
         let nodes = self.nodes_of(def).map_err(|f| {
-            WorkflowError::Store(StoreError::Corrupt(format!(
-                "{}: {}",
-                f.code, f.message
-            )))
+            WorkflowError::Store(StoreError::Corrupt(format!("{}: {}", f.code, f.message)))
         })?;
         let rows = self.store.steps(&run.run_id).await?;
         self.launch(def.clone(), nodes, run.clone(), rows);
@@ -404,7 +398,12 @@ impl Workflows {
     async fn launch_stored(self: &Arc<Self>, run: RunRow) -> Result<(), WorkflowError> {
         let rows = self.store.steps(&run.run_id).await?;
         let prepared = serde_json::from_value::<Spec>(run.definition.clone())
-            .map_err(|e| Failure::new("definition-changed", format!("the stored definition cannot be read: {e}")))
+            .map_err(|e| {
+                Failure::new(
+                    "definition-changed",
+                    format!("the stored definition cannot be read: {e}"),
+                )
+            })
             .and_then(|spec| {
                 Definition::compile(&run.workflow, spec)
                     .map_err(|e| Failure::new("definition-changed", e.to_string()))
@@ -413,8 +412,10 @@ impl Workflows {
                 // Only the steps that will run need their code unchanged.
                 let mut needed = def.clone();
                 needed.steps.retain(|s| {
-                    rows.iter()
-                        .any(|r| r.step_id == s.spec.id && !matches!(r.status, StepStatus::Succeeded | StepStatus::Skipped))
+                    rows.iter().any(|r| {
+                        r.step_id == s.spec.id
+                            && !matches!(r.status, StepStatus::Succeeded | StepStatus::Skipped)
+                    })
                 });
                 let nodes = self.nodes_of(&needed)?;
                 Ok((def, nodes))
@@ -494,7 +495,8 @@ impl Workflows {
     async fn prune(&self) {
         use std::sync::atomic::Ordering;
         self.finished_since_prune.store(0, Ordering::Relaxed);
-        let before = now_ms() - i64::try_from(self.options.keep_for.as_millis()).unwrap_or(i64::MAX);
+        let before =
+            now_ms() - i64::try_from(self.options.keep_for.as_millis()).unwrap_or(i64::MAX);
         match self.store.prune(self.options.keep_runs, before).await {
             Ok(0) => {}
             Ok(n) => tracing::debug!("pruned {n} finished runs"),
@@ -629,7 +631,9 @@ impl Workflows {
             .await
             .is_err()
         {
-            tracing::warn!("runs still going after the grace period; stopping them (they resume at the next start)");
+            tracing::warn!(
+                "runs still going after the grace period; stopping them (they resume at the next start)"
+            );
             self.shutdown.cancel();
             self.tasks.wait().await;
         }

@@ -3,7 +3,9 @@
 //! - `{"mode": "loop"}` spins forever;
 //! - `{"mode": "grow", "mib": N}` allocates and touches N MiB;
 //! - `{"mode": "print", "stdout": "...", "stderr": "..."}` writes to stdio and returns `"printed"`;
-//! - `{"mode": "trap"}` panics.
+//! - `{"mode": "trap"}` panics;
+//! - `{"mode": "log", "count": N, "bytes": B}` calls `log` N times with B bytes each;
+//! - `{"mode": "output", "bytes": N}` returns a JSON string of N bytes.
 
 use std::io::Write;
 
@@ -17,6 +19,8 @@ enum Input {
     Grow { mib: usize },
     Print { stdout: String, stderr: String },
     Trap,
+    Log { count: usize, bytes: usize },
+    Output { bytes: usize },
 }
 
 fn run(input: Input) -> Result<Value, wf_sdk::Error> {
@@ -41,6 +45,15 @@ fn run(input: Input) -> Result<Value, wf_sdk::Error> {
             Ok(json!("printed"))
         }
         Input::Trap => panic!("asked to trap"),
+        Input::Log { count, bytes } => {
+            let message = "x".repeat(bytes);
+            for _ in 0..count {
+                wf_sdk::log(wf_sdk::Level::Info, &message);
+            }
+            Ok(json!({ "logged": count }))
+        }
+        // Two bytes go to the quotes.
+        Input::Output { bytes } => Ok(json!("y".repeat(bytes.saturating_sub(2)))),
     }
 }
 
