@@ -18,20 +18,56 @@ fn method(name: &str, summary: &str, params: Vec<Value>, result: Value) -> Value
     })
 }
 
+fn failure() -> Value {
+    json!({
+        "type": "object",
+        "properties": { "code": { "type": "string" }, "message": { "type": "string" } }
+    })
+}
+
+fn step_record() -> Value {
+    json!({
+        "type": "object",
+        "required": ["id", "status", "attempts"],
+        "properties": {
+            "id": { "type": "string" },
+            "status": { "enum": ["pending", "running", "succeeded", "failed", "skipped", "cancelled"] },
+            "attempts": { "type": "integer", "minimum": 0 },
+            "started_at": { "type": "string", "format": "date-time" },
+            "finished_at": { "type": "string", "format": "date-time" },
+            "output": {},
+            "error": failure(),
+            "calls": {
+                "type": "array",
+                "description": "With `calls: true`: every capability call of the step, by attempt, item and sequence.",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "item": { "type": "integer" }, "attempt": { "type": "integer" },
+                        "seq": { "type": "integer" }, "name": { "type": "string" },
+                        "arguments": {}, "outcome": { "enum": ["ok", "error"] },
+                        "error_code": { "type": "string" }, "duration_us": { "type": "integer" },
+                        "at": { "type": "string", "format": "date-time" }
+                    }
+                }
+            }
+        }
+    })
+}
+
 fn run_record() -> Value {
     json!({
         "type": "object",
-        "required": ["run_id", "workflow", "status", "input", "started_at"],
+        "required": ["run_id", "workflow", "status", "input", "started_at", "definition_hash"],
         "properties": {
+            "definition_hash": { "type": "string", "description": "sha256 of the definition the run started with" },
+            "steps": { "type": "array", "items": step_record() },
             "run_id": { "type": "string" },
             "workflow": { "type": "string" },
             "status": { "enum": ["running", "succeeded", "failed", "cancelled"] },
             "input": {},
             "output": {},
-            "error": {
-                "type": "object",
-                "properties": { "code": { "type": "string" }, "message": { "type": "string" } }
-            },
+            "error": failure(),
             "started_at": { "type": "string", "format": "date-time" },
             "finished_at": { "type": "string", "format": "date-time" }
         }
@@ -52,7 +88,7 @@ pub fn document() -> Value {
         "methods": [
             method("workflow.start", "Starts a configured workflow; with `wait`, returns once it has finished.", vec![
                 param("workflow", true, string.clone(), "A workflow name from the config."),
-                param("input", false, json!({}), "The node's input JSON (default null)."),
+                param("input", false, json!({}), "The workflow's input JSON (default null); checked against its `input_schema`."),
                 param("wait", false, json!({ "type": "boolean" }), "Wait for the run to finish (up to 300 s)."),
                 param("idempotency_key", false, string.clone(), "The same key for the same workflow returns the same run."),
             ], json!({
@@ -60,16 +96,25 @@ pub fn document() -> Value {
                 "required": ["run_id", "status"],
                 "properties": { "run_id": string, "status": { "type": "string" }, "output": {}, "error": object }
             })),
-            method("workflow.get", "The run record.", vec![param("run_id", true, string.clone(), "")], run_record()),
+            method("workflow.get", "The run record with its steps.", vec![
+                param("run_id", true, string.clone(), ""),
+                param("calls", false, json!({ "type": "boolean" }), "Add each step's journal of capability calls."),
+            ], run_record()),
             method("workflow.wait", "The run record once finished, or the current one after `timeout_ms` (default 30000, at most 300000).", vec![
                 param("run_id", true, string.clone(), ""),
                 param("timeout_ms", false, json!({ "type": "integer", "minimum": 0 }), ""),
             ], run_record()),
-            method("workflow.cancel", "Stops the node and any in-flight upstream call; returns the record.", vec![param("run_id", true, string.clone(), "")], run_record()),
-            method("workflow.list", "Runs, newest first.", vec![
+            method("workflow.cancel", "Stops every running step and its in-flight upstream calls; returns the record.", vec![param("run_id", true, string.clone(), "")], run_record()),
+            method("workflow.retry", "Starts a failed or cancelled run again from its failed or cancelled steps, keeping the outputs of the steps that succeeded; same run id.", vec![param("run_id", true, string.clone(), "")], run_record()),
+            method("workflow.list", "Runs, newest first, a page at a time.", vec![
+                param("workflow", false, string.clone(), "Only runs of this workflow."),
                 param("status", false, json!({ "enum": ["running", "succeeded", "failed", "cancelled"] }), ""),
-                param("limit", false, json!({ "type": "integer", "minimum": 0 }), "Default 100."),
-            ], json!({ "type": "object", "properties": { "runs": { "type": "array", "items": run_record() } } })),
+                param("limit", false, json!({ "type": "integer", "minimum": 1, "maximum": 1000 }), "Default 100."),
+                param("cursor", false, string.clone(), "`next_cursor` of the previous page."),
+            ], json!({ "type": "object", "properties": {
+                "runs": { "type": "array", "items": run_record() },
+                "next_cursor": { "type": "string" }
+            } })),
             method("capability.list", "Every tool, resource and prompt, with qualified names, descriptions and schemas.", vec![], json!({
                 "type": "object", "properties": { "capabilities": { "type": "array" } }
             })),
@@ -85,8 +130,15 @@ pub fn document() -> Value {
                 param("name", true, string.clone(), "`<connection>.<prompt>`"),
                 param("arguments", false, object.clone(), ""),
             ], object.clone()),
-            method("host.status", "Per connection: transport, state, sessions opened, calls, failures, last error, catalog sizes.", vec![], json!({
-                "type": "object", "properties": { "connections": { "type": "array" }, "workflows": { "type": "array" } }
+            method("host.status", "Per connection: transport, state, sessions opened, calls, failures, last error, catalog sizes; the workflows; the state store.", vec![], json!({
+                "type": "object", "properties": {
+                    "connections": { "type": "array" },
+                    "workflows": { "type": "array" },
+                    "state": { "type": "object", "properties": {
+                        "backend": { "type": "string" }, "path": { "type": "string" },
+                        "runs_running": { "type": "integer" }, "runs_total": { "type": "integer" }
+                    } }
+                }
             })),
             method("rpc.discover", "This document.", vec![], object),
         ],
