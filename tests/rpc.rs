@@ -561,6 +561,49 @@ async fn every_error_code_is_spec_exact() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rpc_discover_lists_exactly_the_methods_that_answer() {
+    let (state, _dir) = state().await;
+    let doc = answer(
+        &state,
+        r#"{"jsonrpc":"2.0","id":1,"method":"rpc.discover"}"#,
+    )
+    .await
+    .unwrap();
+    let mut listed: Vec<String> = doc["result"]["methods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap().to_owned())
+        .collect();
+    listed.sort();
+    let mut expected = [
+        "capability.call",
+        "capability.list",
+        "host.status",
+        "prompt.get",
+        "resource.read",
+        "rpc.discover",
+        "workflow.cancel",
+        "workflow.get",
+        "workflow.list",
+        "workflow.retry",
+        "workflow.start",
+        "workflow.wait",
+    ];
+    expected.sort();
+    assert_eq!(listed, expected);
+    for name in &listed {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": name});
+        let reply = answer(&state, &body.to_string()).await.unwrap();
+        assert_ne!(
+            reply["error"]["code"], -32601,
+            "{name} is listed but not answered"
+        );
+    }
+    state.pool.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_router_answers_in_process_and_refuses_big_bodies() {
     let (state, _dir) = state().await;
     let app = router(

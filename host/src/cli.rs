@@ -571,7 +571,7 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
         options.state = state.clone();
     }
     if let Some(n) = args.max_runs {
-        options.keep_runs = n;
+        options.keep_runs = n.max(1);
     }
     let workflows = Workflows::open(&config, runtime, options)
         .await

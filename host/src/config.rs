@@ -279,6 +279,24 @@ impl Config {
                 message: "`[runtime] max_concurrent_runs` must be at least 1".into(),
             });
         }
+        if config.runtime.keep_runs == Some(0) {
+            return Err(ConfigError::Invalid {
+                path: path.to_owned(),
+                message: "`runtime.keep_runs` must be at least 1".into(),
+            });
+        }
+        if config.runtime.keep_for.is_some_and(|d| d.is_zero()) {
+            return Err(ConfigError::Invalid {
+                path: path.to_owned(),
+                message: "`runtime.keep_for` must be greater than zero".into(),
+            });
+        }
+        if config.runtime.max_concurrent_steps == Some(0) {
+            return Err(ConfigError::Invalid {
+                path: path.to_owned(),
+                message: "`runtime.max_concurrent_steps` must be at least 1".into(),
+            });
+        }
         for (name, workflow) in &config.workflows {
             if let Err(e) = crate::grants::Grants::new(&workflow.allow) {
                 return Err(ConfigError::Invalid {

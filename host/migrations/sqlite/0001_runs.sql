@@ -21,6 +21,7 @@ CREATE UNIQUE INDEX runs_idempotency ON runs (workflow, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
 CREATE INDEX runs_status ON runs (status);
 CREATE INDEX runs_created ON runs (created_ms, run_id);
+CREATE INDEX runs_finished ON runs (finished_ms, run_id) WHERE status != 'running';
 
 CREATE TABLE steps (
     run_id        TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,

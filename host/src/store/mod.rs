@@ -255,6 +255,16 @@ pub trait Store: Send + Sync {
     /// not failed or cancelled.
     async fn reopen_run(&self, run_id: &str) -> Result<bool, StoreError>;
     async fn record_call(&self, call: &CallRow) -> Result<(), StoreError>;
+    /// Ends a run that nothing drives any more (its task failed, or it is
+    /// cancelled while not running here): the run gets `status` and
+    /// `failure`, its pending and running steps become `cancelled`. Does
+    /// nothing to a finished run.
+    async fn abandon_run(
+        &self,
+        run_id: &str,
+        status: RunStatus,
+        failure: &Failure,
+    ) -> Result<(), StoreError>;
     async fn counts(&self) -> Result<Counts, StoreError>;
     /// Deletes finished runs past the newest `keep_runs`, and those finished
     /// before `finished_before_ms`. Returns how many went.

@@ -99,9 +99,11 @@ impl SqliteStore {
         if !fresh {
             // Asked read-only, before the pool switches the file to WAL: a
             // database that is not ours is left exactly as it was.
+            // `immutable`: no lock, no WAL or shared-memory side files.
             let mut probe = SqliteConnectOptions::new()
                 .filename(path)
                 .read_only(true)
+                .immutable(true)
                 .connect()
                 .await
                 .map_err(|e| open_err(e.to_string()))?;
@@ -113,9 +115,17 @@ impl SqliteStore {
                 .fetch_one(&mut probe)
                 .await
                 .map_err(|e| open_err(e.to_string()))?;
-            let _ = sqlx::Connection::close(probe).await;
             if app_id != APPLICATION_ID && (app_id != 0 || tables > 0) {
+                let _ = sqlx::Connection::close(probe).await;
                 return Err(open_err(FOREIGN.into()));
+            }
+            let check: String = sqlx::query_scalar("PRAGMA quick_check")
+                .fetch_one(&mut probe)
+                .await
+                .map_err(|e| open_err(format!("it is corrupt: {e}")))?;
+            let _ = sqlx::Connection::close(probe).await;
+            if check != "ok" {
+                return Err(open_err(format!("it is corrupt: {check}")));
             }
         }
         let options = SqliteConnectOptions::new()
@@ -563,6 +573,44 @@ impl Store for SqliteStore {
         Ok(())
     }
 
+    async fn abandon_run(
+        &self,
+        run_id: &str,
+        status: RunStatus,
+        failure: &Failure,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let ended = sqlx::query(
+            "UPDATE runs SET status = ?, error_code = ?, error_message = ?,
+                             finished_at = ?, finished_ms = ?
+             WHERE run_id = ? AND status = 'running'",
+        )
+        .bind(status.as_str())
+        .bind(&failure.code)
+        .bind(&failure.message)
+        .bind(now_text())
+        .bind(now_ms())
+        .bind(run_id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if ended > 0 {
+            sqlx::query(
+                "UPDATE steps SET status = 'cancelled', error_code = ?, error_message = ?,
+                                  finished_at = ?
+                 WHERE run_id = ? AND status IN ('pending', 'running')",
+            )
+            .bind(&failure.code)
+            .bind(&failure.message)
+            .bind(now_text())
+            .bind(run_id)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
     async fn counts(&self) -> Result<Counts, StoreError> {
         let row = sqlx::query(
             "SELECT count(*) AS total, coalesce(sum(status = 'running'), 0) AS running FROM runs",
@@ -588,5 +636,99 @@ impl Store for SqliteStore {
         .await?
         .rows_affected();
         Ok(deleted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn new_run(id: &str, created_ms: i64) -> NewRun {
+        NewRun {
+            run: RunRow {
+                run_id: id.into(),
+                workflow: "w".into(),
+                status: RunStatus::Running,
+                input: json!(null),
+                output: None,
+                error: None,
+                definition: json!({}),
+                definition_hash: "h".into(),
+                idempotency_key: None,
+                created_ms,
+                started_at: now_text(),
+                finished_at: None,
+            },
+            steps: vec!["a".into()],
+        }
+    }
+
+    #[tokio::test]
+    async fn prune_keeps_running_runs_and_the_newest_finished_ones() {
+        let store = SqliteStore::open(":memory:").await.unwrap();
+        for (i, id) in ["r1", "r2", "r3", "r4"].iter().enumerate() {
+            store.create_run(&new_run(id, i as i64)).await.unwrap();
+        }
+        for id in ["r1", "r2", "r3"] {
+            store
+                .run_finished(id, RunStatus::Succeeded, Some(&json!(1)), None)
+                .await
+                .unwrap();
+        }
+        // Keep two finished runs; none is old enough for the age limit.
+        assert_eq!(store.prune(2, 0).await.unwrap(), 1);
+        assert!(store.run("r1").await.unwrap().is_none(), "the oldest goes");
+        assert!(store.run("r4").await.unwrap().is_some(), "running stays");
+        assert!(
+            store.steps("r1").await.unwrap().is_empty(),
+            "its steps go too"
+        );
+        // Everything finished before now goes; the running run stays.
+        assert_eq!(store.prune(100, now_ms() + 1).await.unwrap(), 2);
+        let left: Vec<_> = store
+            .list_runs(&ListQuery {
+                limit: 10,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .0
+            .into_iter()
+            .map(|r| r.run_id)
+            .collect();
+        assert_eq!(left, ["r4"]);
+    }
+
+    #[tokio::test]
+    async fn an_idempotency_key_finds_the_first_run() {
+        let store = SqliteStore::open(":memory:").await.unwrap();
+        let mut first = new_run("r1", 1);
+        first.run.idempotency_key = Some("k".into());
+        assert_eq!(store.create_run(&first).await.unwrap(), Created::New);
+        let mut second = new_run("r2", 2);
+        second.run.idempotency_key = Some("k".into());
+        match store.create_run(&second).await.unwrap() {
+            Created::Existing(run) => assert_eq!(run.run_id, "r1"),
+            Created::New => panic!("a second run with the same key"),
+        }
+        assert!(store.run("r2").await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_bad_cursor_is_refused() {
+        let store = SqliteStore::open(":memory:").await.unwrap();
+        let err = store
+            .list_runs(&ListQuery {
+                limit: 1,
+                cursor: Some("nonsense".into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "cursor `nonsense` is not one this server returned"
+        );
     }
 }

@@ -94,8 +94,10 @@ impl RetryPolicy {
     }
 }
 
-/// One step as data.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One step as data. Fields added later must default, so that runs stored
+/// by an older version still load.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct StepSpec {
     pub id: String,
     pub component: PathBuf,
@@ -113,7 +115,8 @@ pub struct StepSpec {
 }
 
 /// A whole workflow as data: what a run stores.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Spec {
     pub input_schema: Option<Value>,
     pub output: Option<String>,

@@ -41,6 +41,26 @@ impl CallJournal for StepJournal {
     }
 
     async fn record(&self, entry: JournalEntry) {
+        if entry.seq > MAX_JOURNALED_CALLS {
+            if entry.seq == MAX_JOURNALED_CALLS + 1 {
+                tracing::warn!(run = %self.run_id, step = %self.step_id,
+                    "more than {MAX_JOURNALED_CALLS} capability calls; later ones are not journaled");
+            }
+            return;
+        }
+        let mut arguments = entry.arguments;
+        let text = arguments.to_string();
+        if text.len() > MAX_JOURNALED_ARGUMENTS {
+            let mut cut = MAX_JOURNALED_ARGUMENTS;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            arguments = Value::String(format!(
+                "{}… [{} more bytes truncated]",
+                &text[..cut],
+                text.len() - cut
+            ));
+        }
         let row = CallRow {
             run_id: self.run_id.clone(),
             step_id: self.step_id.clone(),
@@ -48,7 +68,7 @@ impl CallJournal for StepJournal {
             attempt: self.attempt,
             seq: entry.seq,
             name: entry.name,
-            arguments: entry.arguments,
+            arguments,
             outcome: if entry.error_code.is_some() {
                 "error"
             } else {
@@ -62,6 +82,53 @@ impl CallJournal for StepJournal {
         if let Err(e) = self.store.record_call(&row).await {
             tracing::warn!(run = %self.run_id, step = %self.step_id, "cannot journal a call: {e}");
         }
+    }
+}
+
+/// How long one jq evaluation may take. Expressions come from the config,
+/// but the data they walk comes from nodes and upstream servers.
+const JQ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most items a `for_each` may produce.
+pub const MAX_ITEMS: usize = 10_000;
+/// Interrupted attempts (the host crashed or was killed while the step ran)
+/// allowed beyond the step's own retry budget before the step fails `crashed`.
+const CRASH_ALLOWANCE: u32 = 2;
+/// Journal rows kept per node run; later calls still run, unrecorded.
+const MAX_JOURNALED_CALLS: u32 = 1000;
+/// Largest arguments kept in the journal, in bytes of JSON.
+const MAX_JOURNALED_ARGUMENTS: usize = 4096;
+
+/// Runs a jq evaluation on its own thread, so a slow expression never holds
+/// an async worker, and gives up on it after [`JQ_TIMEOUT`]. (jq has no way
+/// to be interrupted: a runaway evaluation's thread is left to finish, and
+/// dies with the process.)
+async fn jq<T: Send + 'static>(
+    code: &'static str,
+    eval: impl FnOnce() -> Result<T, super::expr::EvalError> + Send + 'static,
+) -> Result<T, Failure> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let spawned = std::thread::Builder::new()
+        .name("wf-jq".into())
+        .spawn(move || {
+            let _ = tx.send(eval());
+        });
+    if let Err(e) = spawned {
+        return Err(Failure::new(
+            code,
+            format!("cannot start a jq evaluation: {e}"),
+        ));
+    }
+    match tokio::time::timeout(JQ_TIMEOUT, rx).await {
+        Ok(Ok(Ok(value))) => Ok(value),
+        Ok(Ok(Err(e))) => Err(Failure::new(code, e.to_string())),
+        Ok(Err(_)) => Err(Failure::new(code, "the jq evaluation panicked")),
+        Err(_) => Err(Failure::new(
+            code,
+            format!(
+                "a jq expression did not finish within {}",
+                humantime::format_duration(JQ_TIMEOUT)
+            ),
+        )),
     }
 }
 
@@ -81,6 +148,9 @@ pub(crate) struct RunCtx {
     /// The process is stopping: stop, and leave the stored state as it is so
     /// the next start resumes the run.
     pub shutdown: CancellationToken,
+    /// How long the run has already had (its deadline counts from its start,
+    /// across restarts).
+    pub elapsed: Duration,
 }
 
 /// How driving a run ended.
@@ -123,11 +193,22 @@ struct StepState {
 /// A [`StoreError`]: the run's state could not be recorded, so it stops (and
 /// stays `running`, to be resumed).
 pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending, StoreError> {
+    let mut crashed = Vec::new();
     let mut states: HashMap<String, StepState> = rows
         .into_iter()
         .map(|r| {
-            // A step left `running` was interrupted by a crash: it runs again.
+            // A step left `running` was interrupted by a crash: it runs again,
+            // unless it has been interrupted too often (it may be what kills
+            // the host).
             let status = if r.status == StepStatus::Running {
+                let budget = ctx
+                    .def
+                    .step(&r.step_id)
+                    .map_or(1, |s| s.spec.retry.max_attempts)
+                    + CRASH_ALLOWANCE;
+                if r.attempts >= budget {
+                    crashed.push(r.step_id.clone());
+                }
                 StepStatus::Pending
             } else {
                 r.status
@@ -143,7 +224,23 @@ pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending
             )
         })
         .collect();
-    let deadline = ctx.def.timeout.map(|t| Instant::now() + t);
+    for id in crashed {
+        let attempts = states[&id].attempts;
+        let error = Failure::new(
+            "crashed",
+            format!("the host stopped {attempts} times while this step ran; not trying again"),
+        );
+        ctx.store
+            .step_finished(&ctx.run_id, &id, StepStatus::Failed, None, Some(&error))
+            .await?;
+        let state = states.get_mut(&id).expect("every step has a state");
+        state.status = StepStatus::Failed;
+        state.error = Some(error);
+    }
+    let deadline = ctx
+        .def
+        .timeout
+        .map(|t| Instant::now() + t.saturating_sub(ctx.elapsed));
     let stop_token = CancellationToken::new();
     let mut stop: Option<Stop> = None;
     let mut running: JoinSet<(String, Outcome)> = JoinSet::new();
@@ -371,7 +468,7 @@ async fn finish(
             };
             (RunStatus::Failed, None, Some(f))
         }
-        (_, None) => match run_output(ctx, states) {
+        (_, None) => match run_output(ctx, states).await {
             Ok(output) => (RunStatus::Succeeded, Some(output), None),
             Err(f) => (RunStatus::Failed, None, Some(f)),
         },
@@ -384,11 +481,10 @@ async fn finish(
 
 /// The `output` mapping, or the output of the one step nothing needs (an
 /// object keyed by id when there are several).
-fn run_output(ctx: &RunCtx, states: &HashMap<String, StepState>) -> Result<Value, Failure> {
-    if let Some(expr) = &ctx.def.output {
-        return expr
-            .eval(&context(&ctx.input, states))
-            .map_err(|e| Failure::new("output-mapping", e.to_string()));
+async fn run_output(ctx: &RunCtx, states: &HashMap<String, StepState>) -> Result<Value, Failure> {
+    if let Some(expr) = ctx.def.output.clone() {
+        let data = context(&ctx.input, states);
+        return jq("output-mapping", move || expr.eval(&data)).await;
     }
     let output_of = |id: &String| states[id].output.clone().unwrap_or(Value::Null);
     Ok(match ctx.def.leaves.as_slice() {
@@ -407,19 +503,21 @@ async fn run_step(
     stop: &CancellationToken,
 ) -> Outcome {
     let id = &step.spec.id;
-    if let Some(cond) = &step.condition {
-        match cond.eval_bool(&data) {
+    let data = Arc::new(data);
+    if let Some(cond) = step.condition.clone() {
+        let d = data.clone();
+        match jq("condition", move || cond.eval_bool(&d)).await {
             Ok(true) => {}
             Ok(false) => return Outcome::Skipped,
-            Err(e) => return Outcome::Failed(Failure::new("condition", e.to_string())),
+            Err(f) => return Outcome::Failed(f),
         }
     }
     // The attempt counter is the step's, shared by its items: every node run
     // (a first try or a retry) takes the next number, so the journal never
     // mixes two runs of the node.
     let attempts = AtomicU32::new(first_attempt);
-    let Some(each) = &step.for_each else {
-        let input = match step_input(ctx, step, &data, None) {
+    let Some(each) = step.for_each.clone() else {
+        let input = match step_input(step, &data, None).await {
             Ok(input) => input,
             Err(f) => return Outcome::Failed(f),
         };
@@ -435,21 +533,23 @@ async fn run_step(
             Err(outcome) => outcome,
         };
     };
-    let items = match each.eval_array(&data) {
-        Ok(items) => items,
-        Err(e) => return Outcome::Failed(Failure::new("input-mapping", e.to_string())),
-    };
-    let mut inputs = Vec::with_capacity(items.len());
-    for (index, item) in items.into_iter().enumerate() {
-        let mut data = data.clone();
-        data["item"] = item;
-        data["index"] = json!(index);
-        match step_input(ctx, step, &data, Some(index)) {
-            Ok(input) => inputs.push(input),
-            Err(f) => return Outcome::Failed(f),
+    let d = data.clone();
+    let items = match jq("input-mapping", move || each.eval_array(&d)).await {
+        Ok(items) if items.len() > MAX_ITEMS => {
+            return Outcome::Failed(Failure::new(
+                "input-mapping",
+                format!(
+                    "`for_each` produced {} items; the limit is {MAX_ITEMS}",
+                    items.len()
+                ),
+            ));
         }
-    }
-    let all = Value::Array(inputs.clone());
+        Ok(items) => items,
+        Err(f) => return Outcome::Failed(f),
+    };
+    // The step's recorded input is its items; each item's input is mapped
+    // only when the item runs.
+    let all = Value::Array(items);
     if let Err(e) = ctx
         .store
         .step_started(&ctx.run_id, id, first_attempt, Some(&all))
@@ -457,10 +557,21 @@ async fn run_step(
     {
         return Outcome::Failed(store_failure(e));
     }
+    let Value::Array(items) = all else {
+        unreachable!("built as an array above")
+    };
     let attempts = &attempts;
-    let inputs = &inputs;
-    let outputs = futures::stream::iter(0..inputs.len())
-        .map(|index| run_item(ctx, step, Some(index), &inputs[index], attempts, stop))
+    let data = &data;
+    let outputs = futures::stream::iter(items.into_iter().enumerate())
+        .map(|(index, item)| async move {
+            let mut item_data = (**data).clone();
+            item_data["item"] = item;
+            item_data["index"] = json!(index);
+            let input = step_input(step, &item_data, Some(index))
+                .await
+                .map_err(Outcome::Failed)?;
+            run_item(ctx, step, Some(index), &input, attempts, stop).await
+        })
         .buffered(step.spec.concurrency)
         .try_collect::<Vec<Value>>()
         .await;
@@ -477,16 +588,10 @@ fn store_failure(e: StoreError) -> Failure {
 /// The step's input: its mapping, or by default the item (under `for_each`),
 /// the workflow input (no needs), the need's output (one need), or an object
 /// of the needs' outputs by id.
-fn step_input(
-    _ctx: &RunCtx,
-    step: &Step,
-    data: &Value,
-    item: Option<usize>,
-) -> Result<Value, Failure> {
-    if let Some(expr) = &step.input {
-        return expr
-            .eval(data)
-            .map_err(|e| Failure::new("input-mapping", e.to_string()));
+async fn step_input(step: &Step, data: &Value, item: Option<usize>) -> Result<Value, Failure> {
+    if let Some(expr) = step.input.clone() {
+        let data = data.clone();
+        return jq("input-mapping", move || expr.eval(&data)).await;
     }
     if item.is_some() {
         return Ok(data["item"].clone());

@@ -143,6 +143,9 @@ pub enum WorkflowError {
 
 /// A run driven by this process.
 struct Live {
+    /// Which launch this is: a retried run gets a new entry, and the old
+    /// task must not remove it.
+    generation: u64,
     cancel: CancellationToken,
     // Flips to true once the run's task has ended; waiters watch it.
     done: watch::Receiver<bool>,
@@ -168,6 +171,7 @@ pub struct Workflows {
     closing: CancellationToken,
     /// Finished runs since the last prune.
     finished_since_prune: std::sync::atomic::AtomicU64,
+    generations: std::sync::atomic::AtomicU64,
 }
 
 impl Workflows {
@@ -195,6 +199,7 @@ impl Workflows {
             shutdown: CancellationToken::new(),
             closing: CancellationToken::new(),
             finished_since_prune: Default::default(),
+            generations: Default::default(),
         });
         for def in this.definitions.values() {
             for step in &def.steps {
@@ -229,7 +234,7 @@ impl Workflows {
         let count = runs.len();
         for run in runs {
             tracing::info!(run = %run.run_id, workflow = %run.workflow, "resuming run");
-            self.launch_stored(run).await?;
+            self.launch_stored(run, true).await?;
         }
         let this = Arc::downgrade(self);
         let stop = self.closing.clone();
@@ -338,6 +343,10 @@ impl Workflows {
                 workflow: workflow.to_owned(),
                 message,
             })?;
+        // The nodes first: a run is stored only when it can run.
+        let nodes = self.nodes_of(def).map_err(|f| {
+            WorkflowError::Store(StoreError::Corrupt(format!("{}: {}", f.code, f.message)))
+        })?;
         let created_ms = now_ms();
         let run = RunRow {
             run_id: new_run_id(created_ms),
@@ -360,11 +369,8 @@ impl Workflows {
         if let Created::Existing(existing) = self.store.create_run(&new).await? {
             return Ok((*existing).into());
         }
-        let nodes = self.nodes_of(def).map_err(|f| {
-            WorkflowError::Store(StoreError::Corrupt(format!("{}: {}", f.code, f.message)))
-        })?;
         let rows = self.store.steps(&run.run_id).await?;
-        self.launch(def.clone(), nodes, run.clone(), rows);
+        self.launch(def.clone(), nodes, run.clone(), rows, Duration::ZERO);
         Ok(run.into())
     }
 
@@ -395,7 +401,11 @@ impl Workflows {
     }
 
     /// Drives a stored run (resume or retry) on the definition it started with.
-    async fn launch_stored(self: &Arc<Self>, run: RunRow) -> Result<(), WorkflowError> {
+    async fn launch_stored(
+        self: &Arc<Self>,
+        run: RunRow,
+        resumed: bool,
+    ) -> Result<(), WorkflowError> {
         let rows = self.store.steps(&run.run_id).await?;
         let prepared = serde_json::from_value::<Spec>(run.definition.clone())
             .map_err(|e| {
@@ -422,7 +432,14 @@ impl Workflows {
             });
         match prepared {
             Ok((def, nodes)) => {
-                self.launch(def, nodes, run, rows);
+                // A resumed run's deadline counts from its start; a retried
+                // run (finished, then reopened) gets a whole new one.
+                let elapsed = if resumed {
+                    Duration::from_millis(u64::try_from(now_ms() - run.created_ms).unwrap_or(0))
+                } else {
+                    Duration::ZERO
+                };
+                self.launch(def, nodes, run, rows, elapsed);
                 Ok(())
             }
             Err(failure) => {
@@ -441,12 +458,16 @@ impl Workflows {
         nodes: HashMap<String, Node>,
         run: RunRow,
         rows: Vec<crate::store::StepRow>,
+        elapsed: Duration,
     ) {
+        use std::sync::atomic::Ordering;
         let cancel = CancellationToken::new();
         let (done_tx, done_rx) = watch::channel(false);
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed);
         self.live.lock().unwrap_or_else(|e| e.into_inner()).insert(
             run.run_id.clone(),
             Live {
+                generation,
                 cancel: cancel.clone(),
                 done: done_rx,
             },
@@ -461,11 +482,36 @@ impl Workflows {
             slots: self.slots.clone(),
             cancel,
             shutdown: self.shutdown.clone(),
+            elapsed,
         });
         let this = self.clone();
         self.tasks.spawn(async move {
             let run_id = ctx.run_id.clone();
-            match engine::drive(ctx, rows).await {
+            let ending = engine::drive(ctx, rows).await;
+            if let Err(e) = &ending {
+                // Nothing drives the run any more: say so in the state rather
+                // than leave it `running`.
+                tracing::error!(run = %run_id, "run stopped: {e}");
+                let failure = Failure::new(
+                    "state",
+                    format!("the run's state could not be recorded: {e}"),
+                );
+                if let Err(e) = this
+                    .store
+                    .abandon_run(&run_id, RunStatus::Failed, &failure)
+                    .await
+                {
+                    tracing::error!(run = %run_id, "cannot mark the run failed either: {e}");
+                }
+            }
+            {
+                let mut live = this.live.lock().unwrap_or_else(|e| e.into_inner());
+                if live.get(&run_id).is_some_and(|l| l.generation == generation) {
+                    live.remove(&run_id);
+                }
+            }
+            let _ = done_tx.send(true);
+            match ending {
                 Ok(Ending::Finished(status)) => {
                     tracing::debug!(run = %run_id, ?status, "run finished");
                     this.after_finish().await;
@@ -473,13 +519,8 @@ impl Workflows {
                 Ok(Ending::Interrupted) => {
                     tracing::info!(run = %run_id, "run interrupted by shutdown; it resumes at the next start");
                 }
-                Err(e) => tracing::error!(run = %run_id, "run stopped: {e}"),
+                Err(_) => {}
             }
-            this.live
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&run_id);
-            let _ = done_tx.send(true);
         });
     }
 
@@ -575,7 +616,15 @@ impl Workflows {
                 token.cancel();
                 self.wait(run_id, Duration::from_secs(5)).await
             }
-            None => self.get(run_id, false).await,
+            None => {
+                // Running in the state but driven by nobody (its task failed):
+                // record the cancel there.
+                let failure = Failure::new("cancelled", "the run was cancelled");
+                self.store
+                    .abandon_run(run_id, RunStatus::Cancelled, &failure)
+                    .await?;
+                self.get(run_id, false).await
+            }
         }
     }
 
@@ -605,7 +654,7 @@ impl Workflows {
             .run(run_id)
             .await?
             .ok_or_else(|| WorkflowError::UnknownRun(run_id.to_owned()))?;
-        self.launch_stored(run).await?;
+        self.launch_stored(run, false).await?;
         self.get(run_id, false).await
     }
 
