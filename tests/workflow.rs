@@ -879,6 +879,50 @@ async fn a_sigkilled_run_resumes_and_never_reruns_a_finished_step() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_interrupted_too_often_fails_crashed_instead_of_looping() {
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path(), CHAIN);
+    let witness = dir.path().join("witness.jsonl");
+    let serve = Serve::start(dir.path());
+    let started = serve
+        .call(
+            "workflow.start",
+            json!({"workflow": "chain", "input": {"n": 1, "ms": 60000}}),
+        )
+        .await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    wait_until("step two's sleep upstream", || {
+        read_witness(&witness).iter().any(|c| c["tool"] == "sleep")
+    })
+    .await;
+    serve.kill();
+    // As if the host had died in this step 21 times already.
+    let status = Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import sqlite3; c = sqlite3.connect({:?}); c.execute(\"update steps set attempts = 21 where step_id = 'two'\"); c.commit()",
+            dir.path().join("state.db").display().to_string()
+        ))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let serve = Serve::start(dir.path());
+    let done = serve
+        .call(
+            "workflow.wait",
+            json!({"run_id": run_id, "timeout_ms": 10000}),
+        )
+        .await;
+    assert_eq!(done["status"], "failed", "{done}");
+    assert_eq!(done["error"]["code"], "crashed");
+    let sleeps = read_witness(&witness)
+        .iter()
+        .filter(|c| c["tool"] == "sleep")
+        .count();
+    assert_eq!(sleeps, 1, "the step ran again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_state_that_is_not_ours_is_refused_and_left_untouched() {
     let dir = tempfile::tempdir().unwrap();
     write_config(dir.path(), CHAIN);

@@ -92,7 +92,7 @@ const JQ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_ITEMS: usize = 10_000;
 /// Interrupted attempts (the host crashed or was killed while the step ran)
 /// allowed beyond the step's own retry budget before the step fails `crashed`.
-const CRASH_ALLOWANCE: u32 = 2;
+const CRASH_ALLOWANCE: u32 = 20;
 /// Journal rows kept per node run; later calls still run, unrecorded.
 const MAX_JOURNALED_CALLS: u32 = 1000;
 /// Largest arguments kept in the journal, in bytes of JSON.
@@ -339,7 +339,14 @@ async fn launch_ready(
             states.get_mut(id).expect("every step has a state").status = StepStatus::Skipped;
             continue;
         }
-        let data = context(&ctx.input, states);
+        // jq sees every finished step; a step without expressions needs only
+        // its needs' outputs (and a long chain stays linear).
+        let has_jq = step.input.is_some() || step.condition.is_some() || step.for_each.is_some();
+        let data = if has_jq {
+            context(&ctx.input, states, None)
+        } else {
+            context(&ctx.input, states, Some(&step.spec.needs))
+        };
         let state = states.get_mut(id).expect("every step has a state");
         state.status = StepStatus::Running;
         let first_attempt = state.attempts + 1;
@@ -355,10 +362,12 @@ async fn launch_ready(
     Ok(())
 }
 
-/// `{input, steps: {<id>: {output}}}` over the steps that have finished.
-fn context(input: &Value, states: &HashMap<String, StepState>) -> Value {
+/// `{input, steps: {<id>: {output}}}` over the steps that have finished
+/// (only those in `only`, when given).
+fn context(input: &Value, states: &HashMap<String, StepState>, only: Option<&[String]>) -> Value {
     let steps: Map<String, Value> = states
         .iter()
+        .filter(|(id, _)| only.is_none_or(|only| only.contains(id)))
         .filter(|(_, s)| matches!(s.status, StepStatus::Succeeded | StepStatus::Skipped))
         .map(|(id, s)| {
             (
@@ -483,7 +492,7 @@ async fn finish(
 /// object keyed by id when there are several).
 async fn run_output(ctx: &RunCtx, states: &HashMap<String, StepState>) -> Result<Value, Failure> {
     if let Some(expr) = ctx.def.output.clone() {
-        let data = context(&ctx.input, states);
+        let data = context(&ctx.input, states, None);
         return jq("output-mapping", move || expr.eval(&data)).await;
     }
     let output_of = |id: &String| states[id].output.clone().unwrap_or(Value::Null);
