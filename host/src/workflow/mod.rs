@@ -510,10 +510,11 @@ impl Workflows {
                     live.remove(&run_id);
                 }
             }
-            let _ = done_tx.send(true);
             match ending {
                 Ok(Ending::Finished(status)) => {
                     tracing::debug!(run = %run_id, ?status, "run finished");
+                    // Before waiters hear of it: a client that lists runs
+                    // after its wait sees at most `keep_runs` finished ones.
                     this.after_finish().await;
                 }
                 Ok(Ending::Interrupted) => {
@@ -521,6 +522,7 @@ impl Workflows {
                 }
                 Err(_) => {}
             }
+            let _ = done_tx.send(true);
         });
     }
 
