@@ -359,6 +359,69 @@ needs = ["gated"]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn for_each_keeps_item_order_and_stops_at_the_first_failure() {
+    let host = Host::new(
+        r#"[[workflows.w.steps]]
+id = "each"
+component = "{call}"
+allow = ["fixture.sleep", "fixture.fail"]
+for_each = ".input"
+concurrency = 3
+input = 'if .item < 0 then {capability: "fixture.fail", arguments: {message: "item \(.index) fails"}} else {capability: "fixture.sleep", arguments: {ms: .item}} end'
+"#,
+    )
+    .await;
+    // Later items finish first; the output is still in item order.
+    let run = host.run("w", json!([300, 10, 150])).await;
+    assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
+    let texts: Vec<&str> = run
+        .output
+        .as_ref()
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(text_of)
+        .collect();
+    assert_eq!(texts, ["slept 300ms", "slept 10ms", "slept 150ms"]);
+
+    // Item 1 fails while item 0 sleeps for a minute: the step fails at once
+    // and item 0's upstream call is cancelled.
+    let started = Instant::now();
+    let run = host.run("w", json!([60000, -1, 60000])).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(run.status, RunStatus::Failed, "{run:#?}");
+    let error = run.error.as_ref().unwrap();
+    assert_eq!(error.code, "tool-error", "{error:?}");
+    assert!(error.message.contains("item 1 fails"), "{error:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = host
+            .pool
+            .call_tool("fixture", "call_log", Default::default(), None)
+            .await
+            .unwrap();
+        let cancelled = log["structuredContent"]["cancelled"]
+            .as_array()
+            .unwrap()
+            .len();
+        if cancelled >= 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the sleeps were not cancelled: {log}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    host.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_jq_error_at_run_time_fails_the_step_naming_it() {
     let host = Host::new(
         r#"[[workflows.w.steps]]

@@ -569,21 +569,64 @@ async fn run_step(
     let Value::Array(items) = all else {
         unreachable!("built as an array above")
     };
-    let attempts = &attempts;
-    let data = &data;
-    let outputs = futures::stream::iter(items.into_iter().enumerate())
-        .map(|(index, item)| async move {
-            let mut item_data = (**data).clone();
-            item_data["item"] = item;
-            item_data["index"] = json!(index);
-            let input = step_input(step, &item_data, Some(index))
-                .await
-                .map_err(Outcome::Failed)?;
-            run_item(ctx, step, Some(index), &input, attempts, stop).await
-        })
-        .buffered(step.spec.concurrency)
-        .try_collect::<Vec<Value>>()
-        .await;
+    // Each item is its own task, so items run on every core; at most
+    // `concurrency` at once, outputs kept in item order. The first failure
+    // stops the rest.
+    let attempts = Arc::new(attempts);
+    let step = Arc::new(step.clone());
+    let count = items.len();
+    let mut pending = items.into_iter().enumerate();
+    let mut outputs: Vec<Option<Value>> = vec![None; count];
+    let mut running: JoinSet<(usize, Result<Value, Outcome>)> = JoinSet::new();
+    let mut failed: Option<Outcome> = None;
+    loop {
+        while failed.is_none() && running.len() < step.spec.concurrency {
+            let Some((index, item)) = pending.next() else {
+                break;
+            };
+            let (ctx, step, data) = (ctx.clone(), step.clone(), data.clone());
+            let (attempts, stop) = (attempts.clone(), stop.clone());
+            running.spawn(async move {
+                let mut item_data = (*data).clone();
+                item_data["item"] = item;
+                item_data["index"] = json!(index);
+                let result = match step_input(&step, &item_data, Some(index)).await {
+                    Ok(input) => run_item(&ctx, &step, Some(index), &input, &attempts, &stop).await,
+                    Err(f) => Err(Outcome::Failed(f)),
+                };
+                (index, result)
+            });
+        }
+        let Some(joined) = running.join_next().await else {
+            break;
+        };
+        match joined {
+            Ok((index, Ok(output))) => outputs[index] = Some(output),
+            Ok((_, Err(outcome))) => {
+                if failed.is_none() {
+                    failed = Some(outcome);
+                    // Dropping a node run mid-flight cancels it (and its
+                    // upstream call).
+                    running.abort_all();
+                }
+            }
+            Err(e) if e.is_cancelled() => {}
+            Err(e) => {
+                failed.get_or_insert(Outcome::Failed(Failure::new(
+                    "trap",
+                    format!("a for_each item's task failed: {e}"),
+                )));
+                running.abort_all();
+            }
+        }
+    }
+    let outputs = match failed {
+        Some(outcome) => Err(outcome),
+        None => Ok(outputs
+            .into_iter()
+            .map(|o| o.unwrap_or(Value::Null))
+            .collect()),
+    };
     match outputs {
         Ok(outputs) => Outcome::Succeeded(Value::Array(outputs)),
         Err(outcome) => outcome,
