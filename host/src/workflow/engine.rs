@@ -229,12 +229,7 @@ pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending
             "crashed",
             format!("the host stopped {attempts} times while this step ran; not trying again"),
         );
-        ctx.store
-            .step_finished(&ctx.run_id, &id, StepStatus::Failed, None, Some(&error))
-            .await?;
-        let state = states.get_mut(&id).expect("every step has a state");
-        state.status = StepStatus::Failed;
-        state.error = Some(error);
+        settle(&ctx, &mut states, &id, StepStatus::Failed, error).await?;
     }
     let deadline = ctx
         .def
@@ -323,12 +318,7 @@ async fn launch_ready(
                 "need-failed",
                 format!("not run: step `{need}` did not succeed"),
             );
-            ctx.store
-                .step_finished(&ctx.run_id, id, StepStatus::Cancelled, None, Some(&error))
-                .await?;
-            let state = states.get_mut(id).expect("every step has a state");
-            state.status = StepStatus::Cancelled;
-            state.error = Some(error);
+            settle(ctx, states, id, StepStatus::Cancelled, error).await?;
             continue;
         }
         if needs.iter().any(|(_, s)| *s == StepStatus::Skipped) {
@@ -376,6 +366,24 @@ fn context(input: &Value, states: &HashMap<String, StepState>, only: Option<&[St
         })
         .collect();
     json!({ "input": input, "steps": steps })
+}
+
+/// Ends a step that did not run to an outcome of its own (a need failed, the
+/// run stopped, too many crashes): stored first, then the scheduler's view.
+async fn settle(
+    ctx: &RunCtx,
+    states: &mut HashMap<String, StepState>,
+    id: &str,
+    status: StepStatus,
+    error: Failure,
+) -> Result<(), StoreError> {
+    ctx.store
+        .step_finished(&ctx.run_id, id, status, None, Some(&error))
+        .await?;
+    let state = states.get_mut(id).expect("every step has a state");
+    state.status = status;
+    state.error = Some(error);
+    Ok(())
 }
 
 /// Stores how a step ended and updates the scheduler's view.
@@ -430,12 +438,7 @@ async fn finish(
                 }
                 _ => Failure::new("cancelled", "not run: the run was cancelled"),
             };
-            ctx.store
-                .step_finished(&ctx.run_id, id, StepStatus::Cancelled, None, Some(&error))
-                .await?;
-            let state = states.get_mut(id).expect("every step has a state");
-            state.status = StepStatus::Cancelled;
-            state.error = Some(error);
+            settle(ctx, states, id, StepStatus::Cancelled, error).await?;
         }
     }
     let single = ctx.def.steps.len() == 1;
