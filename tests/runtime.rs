@@ -842,3 +842,71 @@ fn granting(patterns: &[&str]) -> RunOptions {
 fn wat_to_binary(text: &str) -> Vec<u8> {
     wat::parse_str(text).expect("valid wat")
 }
+
+/// A component that looks for a mark at two addresses (just past its data,
+/// and in its third page), answers `"seen"` if either holds it, else sets both
+/// and answers `null`: what one run leaves behind, the next must not see.
+const RESIDUE: &str = r#"(component
+  (core module $main
+    (memory (export "memory") 3)
+    (global $next (mut i32) (i32.const 1024))
+    (func (export "realloc") (param i32 i32 i32 i32) (result i32)
+      (local $ptr i32)
+      (local.set $ptr (global.get $next))
+      (global.set $next (i32.add (global.get $next)
+        (i32.and (i32.add (local.get 3) (i32.const 7)) (i32.const -8))))
+      (local.get $ptr))
+    (func (export "run") (param i32 i32) (result i32)
+      (if (i32.or
+            (i32.eq (i32.load (i32.const 4096)) (i32.const 0xC0FFEE))
+            (i32.eq (i32.load (i32.const 131172)) (i32.const 0xC0FFEE)))
+        (then (return (i32.const 32))))
+      (i32.store (i32.const 4096) (i32.const 0xC0FFEE))
+      (i32.store (i32.const 131172) (i32.const 0xC0FFEE))
+      (i32.const 0))
+    ;; ok "null" at 0 (string at 12), ok "\"seen\"" at 32 (string at 44)
+    (data (i32.const 0) "\00\00\00\00\0c\00\00\00\04\00\00\00null")
+    (data (i32.const 32) "\00\00\00\00\2c\00\00\00\06\00\00\00\22seen\22"))
+  (core instance $main (instantiate $main))
+  (type $node-error (record (field "code" string) (field "message" string)))
+  (export $node-error-export "node-error" (type $node-error))
+  (func (export "run") (param "input" string) (result (result string (error $node-error-export)))
+    (canon lift (core func $main "run") (memory (core memory $main "memory")) (realloc (core func $main "realloc")))))"#;
+
+#[tokio::test]
+async fn a_run_never_sees_what_the_previous_run_left_in_memory() {
+    for pagemap_scan in [true, false] {
+        let (runtime, _cache) = runtime_with(
+            RuntimeConfig {
+                // One slot, so every run reuses the same memory.
+                pool_instances: 1,
+                max_concurrent_runs: 1,
+                reset: wf_host::runtime::SlotReset {
+                    pagemap_scan,
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            Arc::new(wf_host::capability::NoBackend),
+        );
+        if !pagemap_scan {
+            assert!(!runtime.pagemap_scan());
+        }
+        let node = runtime
+            .load_bytes("residue.wasm", RESIDUE.as_bytes())
+            .unwrap();
+        eprintln!(
+            "pagemap_scan asked: {pagemap_scan}, in use: {}",
+            runtime.pagemap_scan()
+        );
+        for run in 0..5 {
+            let report = runtime.run(&node, "{}", RunOptions::default()).await;
+            assert_eq!(
+                expect_ok(&report),
+                "null",
+                "run {run} saw the previous run's memory (pagemap_scan: {})",
+                runtime.pagemap_scan()
+            );
+        }
+    }
+}

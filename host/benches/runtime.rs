@@ -1,4 +1,6 @@
-//! Instantiate + `run` of the `echo` node: pooling allocator vs on-demand.
+//! Instantiate + `run` of the `echo` node: the pooling allocator keeping
+//! memory resident (`PAGEMAP_SCAN`, the default where the kernel has it), the
+//! pooling allocator handing out freshly decommitted memory, and on-demand.
 //!
 //! `cargo bench -p wf-host --bench runtime` prints median and p99 per mode and
 //! their ratio, measured side by side in one process.
@@ -8,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wf_host::capability::NoBackend;
-use wf_host::runtime::{Allocator, RunOptions, Runtime, RuntimeConfig};
+use wf_host::runtime::{Allocator, RunOptions, Runtime, RuntimeConfig, SlotReset};
 
 const WARMUP: usize = 200;
 const ROUNDS: usize = 10;
@@ -20,16 +22,22 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    let no_scan = SlotReset {
+        pagemap_scan: false,
+        ..SlotReset::default()
+    };
     let modes = [
-        ("pooling", Allocator::Pooling),
-        ("on-demand", Allocator::OnDemand),
+        ("pooling", Allocator::Pooling, SlotReset::default()),
+        ("pool-fresh", Allocator::Pooling, no_scan),
+        ("on-demand", Allocator::OnDemand, SlotReset::default()),
     ];
     let runtimes: Vec<_> = modes
         .iter()
-        .map(|(name, allocator)| {
+        .map(|(name, allocator, reset)| {
             let runtime = Runtime::new(
                 RuntimeConfig {
                     allocator: *allocator,
+                    reset: *reset,
                     ..Default::default()
                 },
                 Arc::new(NoBackend),
@@ -81,8 +89,16 @@ fn main() {
         );
     }
     println!(
-        "  ratio on-demand / pooling (median): {:.2}x",
+        "  pooling resets slots with PAGEMAP_SCAN: {}",
+        runtimes[0].1.pagemap_scan()
+    );
+    println!(
+        "  ratio pool-fresh / pooling (median): {:.2}x",
         medians[1].as_secs_f64() / medians[0].as_secs_f64()
+    );
+    println!(
+        "  ratio on-demand / pooling (median): {:.2}x",
+        medians[2].as_secs_f64() / medians[0].as_secs_f64()
     );
 }
 

@@ -307,6 +307,17 @@ fn runtime_config(config: &Config, common: &CommonArgs, limits: Limits) -> Runti
             .unwrap_or(defaults.max_concurrent_runs),
         max_input: bytes(config.runtime.max_input, defaults.max_input),
         max_output: bytes(config.runtime.max_output, defaults.max_output),
+        reset: wf_host::runtime::SlotReset {
+            pagemap_scan: config
+                .runtime
+                .pagemap_scan
+                .unwrap_or(defaults.reset.pagemap_scan),
+            keep_resident: config
+                .runtime
+                .keep_resident
+                .map_or(defaults.reset.keep_resident, |b| b.as_u64()),
+            ..defaults.reset
+        },
         ..defaults
     }
 }

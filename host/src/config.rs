@@ -96,6 +96,12 @@ pub struct RuntimeSection {
     pub max_input: Option<ByteSize>,
     /// The largest node output JSON kept (default 4 MiB).
     pub max_output: Option<ByteSize>,
+    /// Reset memory between runs with Linux's `PAGEMAP_SCAN` where the
+    /// kernel has it (default true).
+    pub pagemap_scan: Option<bool>,
+    /// Linear memory kept resident per pool slot when `pagemap_scan` is on
+    /// (default 16 MiB).
+    pub keep_resident: Option<ByteSize>,
 }
 
 /// `[rpc]`: the grants of JSON-RPC clients.

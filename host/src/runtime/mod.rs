@@ -99,6 +99,39 @@ pub struct RuntimeConfig {
     /// Component instance slots the pooling allocator reserves; its core
     /// instance, memory and table slots scale with it.
     pub pool_instances: u32,
+    /// How the pooling allocator resets a slot between runs.
+    pub reset: SlotReset,
+}
+
+/// How the pooling allocator resets memory between runs.
+///
+/// By default every run gets freshly decommitted memory: page faults and TLB
+/// shoot-downs on every run. Where Linux's `PAGEMAP_SCAN` ioctl is there
+/// (kernel 6.7+), the low `keep_resident` bytes of a slot's memory stay
+/// mapped and only the pages the run touched are restored to their original
+/// contents, byte for byte. Without the ioctl the settings are not used:
+/// keeping memory resident without it costs more than it saves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotReset {
+    /// Use `PAGEMAP_SCAN` where the kernel has it.
+    pub pagemap_scan: bool,
+    /// Linear memory kept resident per slot, in bytes.
+    pub keep_resident: u64,
+    /// Table bytes kept resident per slot.
+    pub table_keep_resident: u64,
+    /// Async stack bytes kept resident per slot.
+    pub stack_keep_resident: u64,
+}
+
+impl Default for SlotReset {
+    fn default() -> Self {
+        SlotReset {
+            pagemap_scan: true,
+            keep_resident: 16 << 20,
+            table_keep_resident: 64 << 10,
+            stack_keep_resident: 1 << 20,
+        }
+    }
 }
 
 impl Default for RuntimeConfig {
@@ -112,6 +145,7 @@ impl Default for RuntimeConfig {
             max_input: DEFAULT_MAX_IO,
             max_output: DEFAULT_MAX_IO,
             pool_instances: DEFAULT_POOL_INSTANCES,
+            reset: SlotReset::default(),
         }
     }
 }
@@ -355,6 +389,8 @@ pub struct Runtime {
     runs: AtomicU64,
     queued: AtomicU64,
     running: AtomicU64,
+    /// Whether slots are reset with `PAGEMAP_SCAN` (see [`SlotReset`]).
+    pagemap_scan: bool,
     _ticker: EpochTicker,
 }
 
@@ -375,6 +411,7 @@ impl Runtime {
         let mut wasm_config = Config::new();
         wasm_config.epoch_interruption(true);
         let mut max_concurrent_runs = config.max_concurrent_runs.max(1);
+        let mut pagemap_scan = false;
         if config.allocator == Allocator::Pooling {
             let instances = config.pool_instances.max(1);
             let mut pool = PoolingAllocationConfig::default();
@@ -387,6 +424,14 @@ impl Runtime {
                 .max_memories_per_component(MAX_MEMORIES_PER_COMPONENT)
                 .max_tables_per_component(MAX_TABLES_PER_COMPONENT)
                 .max_memory_size(usize::try_from(ceiling).unwrap_or(usize::MAX));
+            if config.reset.pagemap_scan && PoolingAllocationConfig::is_pagemap_scan_available() {
+                let size = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+                pool.pagemap_scan(wasmtime::Enabled::Yes)
+                    .linear_memory_keep_resident(size(config.reset.keep_resident))
+                    .table_keep_resident(size(config.reset.table_keep_resident))
+                    .async_stack_keep_resident(size(config.reset.stack_keep_resident));
+                pagemap_scan = true;
+            }
             wasm_config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
             // More runs at once than component slots could only fail.
             max_concurrent_runs = max_concurrent_runs.min(instances as usize);
@@ -425,8 +470,15 @@ impl Runtime {
             runs: AtomicU64::new(0),
             queued: AtomicU64::new(0),
             running: AtomicU64::new(0),
+            pagemap_scan,
             _ticker: ticker,
         })
+    }
+
+    /// Whether the pooling allocator resets slots with `PAGEMAP_SCAN`,
+    /// keeping memory resident between runs.
+    pub fn pagemap_scan(&self) -> bool {
+        self.pagemap_scan
     }
 
     /// The runtime's default limits.
