@@ -1,4 +1,8 @@
-//! Instantiate + `run` of the `echo` node: the pooling allocator keeping
+//! Instantiate + `run` of the `echo` node, next to a floor: a minimal async
+//! wasmtime host in the same process (the same engine settings and component,
+//! an `InstancePre`, a store with only WASI and stub capability imports, one
+//! `instantiate_async` + `run` per sample). Then wf-host's modes: the
+//! pooling allocator keeping
 //! memory resident (`PAGEMAP_SCAN`, the default where the kernel has it), the
 //! pooling allocator handing out freshly decommitted memory, and on-demand.
 //!
@@ -9,6 +13,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use wasmtime::component::{Component, Linker, ResourceTable, Val};
+use wasmtime::{
+    Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store,
+};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wf_host::capability::NoBackend;
 use wf_host::runtime::{Allocator, RunOptions, Runtime, RuntimeConfig, SlotReset};
 
@@ -48,8 +57,13 @@ fn main() {
         })
         .collect();
 
+    let floor = FloorHost::new(&std::fs::read(&echo).unwrap());
+    let mut floor_samples = Vec::new();
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); runtimes.len()];
     rt.block_on(async {
+        for _ in 0..WARMUP {
+            assert_eq!(floor.run("{\"k\":1}").await, "{\"k\":1}");
+        }
         for (_, runtime, node) in &runtimes {
             for _ in 0..WARMUP {
                 runtime
@@ -59,8 +73,14 @@ fn main() {
                     .unwrap();
             }
         }
-        // Interleave rounds so drift on a noisy machine hits both modes alike.
+        // Interleave rounds so drift on a noisy machine hits every mode alike.
         for _ in 0..ROUNDS {
+            for _ in 0..PER_ROUND {
+                let start = Instant::now();
+                let out = floor.run("{\"k\":1}").await;
+                floor_samples.push(start.elapsed());
+                assert_eq!(out, "{\"k\":1}");
+            }
             for (i, (_, runtime, node)) in runtimes.iter().enumerate() {
                 for _ in 0..PER_ROUND {
                     let start = Instant::now();
@@ -75,6 +95,14 @@ fn main() {
     println!(
         "echo: instantiate + run, {} samples per mode",
         ROUNDS * PER_ROUND
+    );
+    floor_samples.sort();
+    let floor_median = floor_samples[floor_samples.len() / 2];
+    println!(
+        "  {:<10} median {:>8.1} µs   p99 {:>8.1} µs",
+        "floor",
+        us(floor_median),
+        us(floor_samples[floor_samples.len() * 99 / 100])
     );
     let mut medians = Vec::new();
     for ((name, _, _), s) in runtimes.iter().zip(&mut samples) {
@@ -93,6 +121,10 @@ fn main() {
         runtimes[0].1.pagemap_scan()
     );
     println!(
+        "  ratio pooling / floor (median): {:.2}x",
+        medians[0].as_secs_f64() / floor_median.as_secs_f64()
+    );
+    println!(
         "  ratio pool-fresh / pooling (median): {:.2}x",
         medians[1].as_secs_f64() / medians[0].as_secs_f64()
     );
@@ -100,6 +132,88 @@ fn main() {
         "  ratio on-demand / pooling (median): {:.2}x",
         medians[2].as_secs_f64() / medians[0].as_secs_f64()
     );
+}
+
+/// The floor's store: WASI and nothing else.
+struct Floor {
+    wasi: WasiCtx,
+    table: ResourceTable,
+}
+
+impl WasiView for Floor {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// A minimal async host for `component`: wf-host's engine settings, WASI, and
+/// capability imports that do nothing (echo only logs).
+struct FloorHost {
+    engine: Engine,
+    pre: wasmtime::component::InstancePre<Floor>,
+}
+
+impl FloorHost {
+    fn new(bytes: &[u8]) -> FloorHost {
+        let mut config = Config::new();
+        config.epoch_interruption(true);
+        let mut pool = PoolingAllocationConfig::default();
+        pool.total_component_instances(256)
+            .max_memory_size(256 << 20);
+        if PoolingAllocationConfig::is_pagemap_scan_available() {
+            pool.pagemap_scan(Enabled::Yes)
+                .linear_memory_keep_resident(16 << 20)
+                .table_keep_resident(64 << 10)
+                .async_stack_keep_resident(1 << 20);
+        }
+        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let engine = Engine::new(&config).unwrap();
+        let component = Component::new(&engine, bytes).unwrap();
+        let mut linker: Linker<Floor> = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).unwrap();
+        let mut capability = linker.instance("wf:node/capability@0.1.0").unwrap();
+        for name in [
+            "call-tool",
+            "read-resource",
+            "get-prompt",
+            "list-capabilities",
+            "log",
+        ] {
+            capability
+                .func_new_async(name, |_, _, _, _| Box::new(async { Ok(()) }))
+                .unwrap();
+        }
+        let pre = linker.instantiate_pre(&component).unwrap();
+        FloorHost { engine, pre }
+    }
+
+    async fn run(&self, input: &str) -> String {
+        let wasi = wasmtime_wasi::WasiCtxBuilder::new().build();
+        let mut store = Store::new(
+            &self.engine,
+            Floor {
+                wasi,
+                table: ResourceTable::new(),
+            },
+        );
+        store.set_epoch_deadline(u64::MAX / 2);
+        let instance = self.pre.instantiate_async(&mut store).await.unwrap();
+        let run = instance.get_func(&mut store, "run").unwrap();
+        let mut results = [Val::Bool(false)];
+        run.call_async(&mut store, &[Val::String(input.into())], &mut results)
+            .await
+            .unwrap();
+        match &results[0] {
+            Val::Result(Ok(Some(out))) => match &**out {
+                Val::String(text) => text.clone(),
+                other => panic!("run returned {other:?}"),
+            },
+            other => panic!("run returned {other:?}"),
+        }
+    }
 }
 
 fn us(d: Duration) -> f64 {
