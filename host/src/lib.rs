@@ -7,6 +7,10 @@
 //!   interface, in front of a [`capability::CapabilityBackend`].
 //! - [`pool`] holds one persistent MCP client session per connection and is
 //!   the backend behind every capability call.
+//! - [`workflow`] runs graphs of nodes (jq between steps, retries, deadlines),
+//!   and [`store`] keeps their runs durable (SQLite), so a restarted host
+//!   resumes them.
+//! - [`rpc`] is the JSON-RPC 2.0 server over HTTP.
 //! - [`fixture`] is an MCP server for tests.
 //!
 //! ```no_run
