@@ -209,9 +209,24 @@ impl CapabilityBackend for NoBackend {
     }
 }
 
-/// Appends to a not-found `message` the tools of `connection` that `grants`
-/// allow, so a typo is easy to fix without showing what was not granted.
-pub async fn with_granted_tools(
+/// A not-found error of a call on `connection` gets the tools there that
+/// `grants` allow appended, so a typo is easy to fix without showing what was
+/// not granted. Other results pass through.
+pub async fn with_tool_hint(
+    backend: &dyn CapabilityBackend,
+    grants: &Grants,
+    connection: &str,
+    result: Result<Value, CapabilityError>,
+) -> Result<Value, CapabilityError> {
+    match result {
+        Err(CapabilityError::NotFound(message)) => Err(CapabilityError::NotFound(
+            granted_tools_hint(backend, grants, message, connection).await,
+        )),
+        other => other,
+    }
+}
+
+async fn granted_tools_hint(
     backend: &dyn CapabilityBackend,
     grants: &Grants,
     message: String,
@@ -327,16 +342,7 @@ impl LogBuffer {
     /// Keeps `message` (cut to [`MAX_LOG_RECORD_BYTES`]) if the run's budget
     /// allows, and returns what was kept, or `None` if the record was dropped.
     fn push(&mut self, level: &'static str, message: &str) -> Option<&LogRecord> {
-        let kept = if message.len() > MAX_LOG_RECORD_BYTES {
-            let cut = message.floor_char_boundary(MAX_LOG_RECORD_BYTES);
-            format!(
-                "{}… [{} more bytes truncated]",
-                &message[..cut],
-                message.len() - cut
-            )
-        } else {
-            message.to_owned()
-        };
+        let kept = truncate_utf8(message.to_owned(), MAX_LOG_RECORD_BYTES);
         if self.records.len() >= MAX_LOG_RECORDS || self.bytes + kept.len() > MAX_LOG_BYTES {
             self.dropped += 1;
             self.dropped_bytes += message.len() as u64;
@@ -365,6 +371,19 @@ impl LogBuffer {
     }
 }
 
+/// Cuts `text` to at most `cap` bytes at a character boundary, and says how
+/// many bytes went: `… [N more bytes truncated]`.
+pub(crate) fn truncate_utf8(mut text: String, cap: usize) -> String {
+    if text.len() <= cap {
+        return text;
+    }
+    let cut = text.floor_char_boundary(cap);
+    let dropped = text.len() - cut;
+    text.truncate(cut);
+    text.push_str(&format!("… [{dropped} more bytes truncated]"));
+    text
+}
+
 /// Per-run state behind the `capability` imports.
 pub struct CapabilityCtx {
     pub(crate) backend: Arc<dyn CapabilityBackend>,
@@ -389,109 +408,71 @@ impl CapabilityCtx {
     }
 
     async fn call_tool(&self, name: &str, arguments: &str) -> Result<Value, CapabilityError> {
-        let Some(journal) = &self.journal else {
-            return self.call_tool_keyed(name, arguments, None).await;
-        };
-        let seq = self.next_seq();
-        let started = std::time::Instant::now();
-        let key = format!("{}/{seq}", journal.key_prefix());
-        let result = self.call_tool_keyed(name, arguments, Some(key)).await;
-        let recorded =
-            serde_json::from_str(arguments).unwrap_or_else(|_| Value::String(arguments.to_owned()));
-        self.journal(journal, seq, name, recorded, &result, started)
-            .await;
-        result
-    }
-
-    /// A tool call, with its idempotency key in `_meta` when it has one.
-    async fn call_tool_keyed(
-        &self,
-        name: &str,
-        arguments: &str,
-        key: Option<String>,
-    ) -> Result<Value, CapabilityError> {
-        let (connection, tool) = split_qualified(name)?;
-        self.check(name)?;
-        let arguments = parse_arguments(arguments)?;
-        let outcome = match key {
-            Some(key) => {
-                let mut meta = Map::new();
-                meta.insert(IDEMPOTENCY_META_KEY.into(), Value::String(key));
-                self.backend
-                    .call_tool_with_meta(connection, tool, arguments, meta)
-                    .await
-            }
-            None => self.backend.call_tool(connection, tool, arguments).await,
-        };
-        match outcome {
-            Err(CapabilityError::NotFound(message)) => Err(CapabilityError::NotFound(
-                self.with_granted_tools(message, connection).await,
-            )),
-            other => other.and_then(tool_result_to_outcome),
-        }
-    }
-
-    async fn with_granted_tools(&self, message: String, connection: &str) -> String {
-        with_granted_tools(&*self.backend, &self.grants, message, connection).await
+        self.journaled(name, Some(arguments), |key| async move {
+            let (connection, tool) = split_qualified(name)?;
+            self.check(name)?;
+            let arguments = parse_arguments(arguments)?;
+            let outcome = match key {
+                Some(key) => {
+                    let mut meta = Map::new();
+                    meta.insert(IDEMPOTENCY_META_KEY.into(), Value::String(key));
+                    self.backend
+                        .call_tool_with_meta(connection, tool, arguments, meta)
+                        .await
+                }
+                None => self.backend.call_tool(connection, tool, arguments).await,
+            };
+            with_tool_hint(&*self.backend, &self.grants, connection, outcome)
+                .await
+                .and_then(tool_result_to_outcome)
+        })
+        .await
     }
 
     async fn read_resource(&self, connection: &str, uri: &str) -> Result<Value, CapabilityError> {
         let name = format!("{connection}.{uri}");
-        let Some(journal) = &self.journal else {
+        self.journaled(&name, None, |_| async {
             self.check(&name)?;
-            return self.backend.read_resource(connection, uri).await;
-        };
-        let seq = self.next_seq();
-        let started = std::time::Instant::now();
-        let result = match self.check(&name) {
-            Ok(()) => self.backend.read_resource(connection, uri).await,
-            Err(e) => Err(e),
-        };
-        self.journal(journal, seq, &name, Value::Null, &result, started)
-            .await;
-        result
+            self.backend.read_resource(connection, uri).await
+        })
+        .await
     }
 
     async fn get_prompt(&self, name: &str, arguments: &str) -> Result<Value, CapabilityError> {
+        self.journaled(name, Some(arguments), |_| async move {
+            let (connection, prompt) = split_qualified(name)?;
+            self.check(name)?;
+            let arguments = parse_arguments(arguments)?;
+            self.backend.get_prompt(connection, prompt, arguments).await
+        })
+        .await
+    }
+
+    /// Runs `call`, and when this run has a journal, records it there (denied
+    /// and malformed calls too) with its sequence number. `call` gets the
+    /// call's idempotency key, `<journal prefix>/<seq>`, when there is one.
+    async fn journaled<F, Fut>(
+        &self,
+        name: &str,
+        arguments: Option<&str>,
+        call: F,
+    ) -> Result<Value, CapabilityError>
+    where
+        F: FnOnce(Option<String>) -> Fut,
+        Fut: Future<Output = Result<Value, CapabilityError>>,
+    {
         let Some(journal) = &self.journal else {
-            return self.get_prompt_checked(name, arguments).await;
+            return call(None).await;
         };
-        let seq = self.next_seq();
-        let started = std::time::Instant::now();
-        let recorded =
-            serde_json::from_str(arguments).unwrap_or_else(|_| Value::String(arguments.to_owned()));
-        let result = self.get_prompt_checked(name, arguments).await;
-        self.journal(journal, seq, name, recorded, &result, started)
-            .await;
-        result
-    }
-
-    async fn get_prompt_checked(
-        &self,
-        name: &str,
-        arguments: &str,
-    ) -> Result<Value, CapabilityError> {
-        let (connection, prompt) = split_qualified(name)?;
-        self.check(name)?;
-        let arguments = parse_arguments(arguments)?;
-        self.backend.get_prompt(connection, prompt, arguments).await
-    }
-
-    fn next_seq(&self) -> u32 {
-        self.calls
+        let seq = self
+            .calls
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            + 1
-    }
-
-    async fn journal(
-        &self,
-        journal: &Arc<dyn CallJournal>,
-        seq: u32,
-        name: &str,
-        arguments: Value,
-        result: &Result<Value, CapabilityError>,
-        started: std::time::Instant,
-    ) {
+            + 1;
+        let started = std::time::Instant::now();
+        let result = call(Some(format!("{}/{seq}", journal.key_prefix()))).await;
+        let arguments = arguments.map_or(Value::Null, |text| {
+            serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
+        });
         journal
             .record(JournalEntry {
                 seq,
@@ -501,6 +482,7 @@ impl CapabilityCtx {
                 duration: started.elapsed(),
             })
             .await;
+        result
     }
 
     /// Only connections the grants could reach are listed (and so opened).

@@ -121,19 +121,11 @@ pub async fn call(state: &RpcState, method: &str, params: Value) -> Result<Value
             let p: NamedArgs = parse(params, &["name", "arguments"])?;
             let (connection, tool) = split(&p.name)?;
             state.check(&p.name)?;
-            match CapabilityBackend::call_tool(&state.pool, connection, tool, p.arguments).await {
-                Err(CapabilityError::NotFound(message)) => {
-                    let message = crate::capability::with_granted_tools(
-                        &state.pool,
-                        &state.grants,
-                        message,
-                        connection,
-                    )
-                    .await;
-                    Err(capability_error(CapabilityError::NotFound(message)))
-                }
-                other => other.map_err(capability_error),
-            }
+            let result =
+                CapabilityBackend::call_tool(&state.pool, connection, tool, p.arguments).await;
+            crate::capability::with_tool_hint(&state.pool, &state.grants, connection, result)
+                .await
+                .map_err(capability_error)
         }
         "resource.read" => {
             let p: ResourceParams = parse(params, &["connection", "uri"])?;

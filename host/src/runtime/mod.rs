@@ -23,7 +23,9 @@ pub use cache::{CacheError, CacheStats, ComponentCache, default_cache_dir};
 use stdio::CapturedOutput;
 
 use crate::bindings::{NodeError, NodePre};
-use crate::capability::{CallJournal, CapabilityBackend, CapabilityCtx, LogBuffer, LogRecord};
+use crate::capability::{
+    CallJournal, CapabilityBackend, CapabilityCtx, LogBuffer, LogRecord, truncate_utf8,
+};
 use crate::grants::Grants;
 
 /// The WIT world every node must target.
@@ -510,21 +512,9 @@ impl Runtime {
     /// # Errors
     /// A [`LoadError`] naming the file and what is wrong with it.
     pub fn load(&self, path: &Path) -> Result<Node, LoadError> {
-        let bytes = std::fs::read(path).map_err(|source| match source.kind() {
-            std::io::ErrorKind::NotFound => LoadError::NotFound {
-                path: path.to_owned(),
-            },
-            _ => LoadError::Read {
-                path: path.to_owned(),
-                source,
-            },
-        })?;
-        let name = path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| path.display().to_string());
+        let bytes = read_component(path)?;
         let display = path.display().to_string();
-        self.load_bytes_as(&name, &display, &bytes)
+        self.load_bytes_as(&node_name(path), &display, &bytes)
     }
 
     /// Loads a component from memory. `name` names the node in logs and errors.
@@ -792,15 +782,27 @@ impl Drop for Gauge<'_> {
     }
 }
 
-/// Cuts `text` to at most `cap` bytes at a character boundary, saying so.
-fn truncate_utf8(mut text: String, cap: usize) -> String {
-    if text.len() <= cap {
-        return text;
-    }
-    let dropped = text.len() - cap;
-    text.truncate(text.floor_char_boundary(cap));
-    text.push_str(&format!("… [{dropped} more bytes truncated]"));
-    text
+/// The bytes of the component file at `path`.
+///
+/// # Errors
+/// [`LoadError::NotFound`] or [`LoadError::Read`], naming the file.
+pub fn read_component(path: &Path) -> Result<Vec<u8>, LoadError> {
+    std::fs::read(path).map_err(|source| match source.kind() {
+        std::io::ErrorKind::NotFound => LoadError::NotFound {
+            path: path.to_owned(),
+        },
+        _ => LoadError::Read {
+            path: path.to_owned(),
+            source,
+        },
+    })
+}
+
+/// A node's name: its component file's stem.
+pub fn node_name(path: &Path) -> String {
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
 }
 
 fn classify_trap(trap: &wasmtime::Error, memory_hit: bool, limits: Limits) -> RunError {

@@ -8,7 +8,7 @@
 //! expressions, grants and the input schema, ready for the engine.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -508,18 +508,6 @@ pub fn load_all(
             Ok((name.clone(), Definition::compile(name, spec)?))
         })
         .collect()
-}
-
-/// Whether `path` still holds the bytes with `hash`; `Err` with the current
-/// hash (or why it cannot be read) when not.
-pub fn check_component(path: &Path, hash: &str) -> Result<(), String> {
-    match std::fs::read(path) {
-        Ok(bytes) => {
-            let now = content_hash(&bytes);
-            if now == hash { Ok(()) } else { Err(now) }
-        }
-        Err(e) => Err(format!("unreadable: {e}")),
-    }
 }
 
 #[cfg(test)]

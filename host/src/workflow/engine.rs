@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::definition::{Definition, Step};
-use crate::capability::{CallJournal, JournalEntry};
+use crate::capability::{CallJournal, JournalEntry, truncate_utf8};
 use crate::runtime::{Node, RunError, RunOptions, Runtime};
 use crate::store::{CallRow, Failure, RunStatus, StepRow, StepStatus, Store, StoreError, now_text};
 
@@ -50,15 +50,7 @@ impl CallJournal for StepJournal {
         let mut arguments = entry.arguments;
         let text = arguments.to_string();
         if text.len() > MAX_JOURNALED_ARGUMENTS {
-            let mut cut = MAX_JOURNALED_ARGUMENTS;
-            while !text.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            arguments = Value::String(format!(
-                "{}… [{} more bytes truncated]",
-                &text[..cut],
-                text.len() - cut
-            ));
+            arguments = Value::String(truncate_utf8(text, MAX_JOURNALED_ARGUMENTS));
         }
         let row = CallRow {
             run_id: self.run_id.clone(),
@@ -189,8 +181,8 @@ struct StepState {
 /// or retried run, finished steps keep their outputs and are never re-run.
 ///
 /// # Errors
-/// A [`StoreError`]: the run's state could not be recorded, so it stops (and
-/// stays `running`, to be resumed).
+/// A [`StoreError`]: the run's state could not be recorded, so it stops; the
+/// caller marks it failed.
 pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending, StoreError> {
     let mut crashed = Vec::new();
     let mut states: HashMap<String, StepState> = rows
@@ -229,7 +221,15 @@ pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending
             "crashed",
             format!("the host stopped {attempts} times while this step ran; not trying again"),
         );
-        settle(&ctx, &mut states, &id, StepStatus::Failed, error).await?;
+        transition(
+            &ctx,
+            &mut states,
+            &id,
+            StepStatus::Failed,
+            None,
+            Some(error),
+        )
+        .await?;
     }
     let deadline = ctx
         .def
@@ -318,14 +318,11 @@ async fn launch_ready(
                 "need-failed",
                 format!("not run: step `{need}` did not succeed"),
             );
-            settle(ctx, states, id, StepStatus::Cancelled, error).await?;
+            transition(ctx, states, id, StepStatus::Cancelled, None, Some(error)).await?;
             continue;
         }
         if needs.iter().any(|(_, s)| *s == StepStatus::Skipped) {
-            ctx.store
-                .step_finished(&ctx.run_id, id, StepStatus::Skipped, None, None)
-                .await?;
-            states.get_mut(id).expect("every step has a state").status = StepStatus::Skipped;
+            transition(ctx, states, id, StepStatus::Skipped, None, None).await?;
             continue;
         }
         // jq sees every finished step; a step without expressions needs only
@@ -368,21 +365,23 @@ fn context(input: &Value, states: &HashMap<String, StepState>, only: Option<&[St
     json!({ "input": input, "steps": steps })
 }
 
-/// Ends a step that did not run to an outcome of its own (a need failed, the
-/// run stopped, too many crashes): stored first, then the scheduler's view.
-async fn settle(
+/// Moves a step to a finished `status`: stored first, then the scheduler's
+/// view, so nothing acts on a transition that is not durable.
+async fn transition(
     ctx: &RunCtx,
     states: &mut HashMap<String, StepState>,
     id: &str,
     status: StepStatus,
-    error: Failure,
+    output: Option<Value>,
+    error: Option<Failure>,
 ) -> Result<(), StoreError> {
     ctx.store
-        .step_finished(&ctx.run_id, id, status, None, Some(&error))
+        .step_finished(&ctx.run_id, id, status, output.as_ref(), error.as_ref())
         .await?;
     let state = states.get_mut(id).expect("every step has a state");
     state.status = status;
-    state.error = Some(error);
+    state.output = output;
+    state.error = error;
     Ok(())
 }
 
@@ -413,14 +412,7 @@ async fn record(
             (StepStatus::Cancelled, None, Some(f))
         }
     };
-    ctx.store
-        .step_finished(&ctx.run_id, id, status, output.as_ref(), error.as_ref())
-        .await?;
-    let state = states.get_mut(id).expect("every step has a state");
-    state.status = status;
-    state.output = output;
-    state.error = error;
-    Ok(())
+    transition(ctx, states, id, status, output, error).await
 }
 
 /// Settles the steps that never ran and records how the run ended.
@@ -438,7 +430,7 @@ async fn finish(
                 }
                 _ => Failure::new("cancelled", "not run: the run was cancelled"),
             };
-            settle(ctx, states, id, StepStatus::Cancelled, error).await?;
+            transition(ctx, states, id, StepStatus::Cancelled, None, Some(error)).await?;
         }
     }
     let single = ctx.def.steps.len() == 1;

@@ -288,29 +288,14 @@ impl Workflows {
         {
             return Ok(node.clone());
         }
-        let bytes = std::fs::read(&spec.component).map_err(|source| {
-            NodeError::Load(match source.kind() {
-                std::io::ErrorKind::NotFound => LoadError::NotFound {
-                    path: spec.component.clone(),
-                },
-                _ => LoadError::Read {
-                    path: spec.component.clone(),
-                    source,
-                },
-            })
-        })?;
+        let bytes = crate::runtime::read_component(&spec.component).map_err(NodeError::Load)?;
         let hash = definition::content_hash(&bytes);
         if hash != spec.component_hash {
             return Err(NodeError::Changed(hash));
         }
-        let name = spec
-            .component
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| spec.id.clone());
         let node = self
             .runtime
-            .load_bytes(&name, &bytes)
+            .load_bytes(&crate::runtime::node_name(&spec.component), &bytes)
             .map_err(NodeError::Load)?;
         self.nodes
             .lock()
@@ -345,7 +330,10 @@ impl Workflows {
             })?;
         // The nodes first: a run is stored only when it can run.
         let nodes = self.nodes_of(def).map_err(|f| {
-            WorkflowError::Store(StoreError::Corrupt(format!("{}: {}", f.code, f.message)))
+            WorkflowError::Definition(DefinitionError::Workflow {
+                workflow: workflow.to_owned(),
+                message: f.message,
+            })
         })?;
         let created_ms = now_ms();
         let run = RunRow {
@@ -445,7 +433,7 @@ impl Workflows {
             Err(failure) => {
                 tracing::warn!(run = %run.run_id, "cannot continue run: {}", failure.message);
                 self.store
-                    .run_finished(&run.run_id, RunStatus::Failed, None, Some(&failure))
+                    .abandon_run(&run.run_id, RunStatus::Failed, &failure)
                     .await?;
                 Ok(())
             }
