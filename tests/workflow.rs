@@ -828,6 +828,38 @@ impl Drop for Serve {
     }
 }
 
+/// Runs `code` against the SQLite file `db` with Python's own sqlite3 (an
+/// independent client: `c` is the connection), commits, and returns stdout.
+fn sqlite(db: &Path, code: &str) -> String {
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import sqlite3; c = sqlite3.connect({:?}); {code}; c.commit()",
+            db.display().to_string()
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "python3 sqlite3 failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `wf-host serve` on the config in `dir`, expected to refuse to start:
+/// exits 2; returns its stderr.
+fn serve_refused(dir: &Path) -> String {
+    let out = Command::new(wf_host_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(dir.join("wf.toml"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 fn write_config(dir: &Path, body: &str) {
     std::fs::write(dir.join("wf.toml"), config_text(dir, body)).unwrap();
 }
@@ -960,15 +992,10 @@ async fn a_step_interrupted_too_often_fails_crashed_instead_of_looping() {
     .await;
     serve.kill();
     // As if the host had died in this step 21 times already.
-    let status = Command::new("python3")
-        .arg("-c")
-        .arg(format!(
-            "import sqlite3; c = sqlite3.connect({:?}); c.execute(\"update steps set attempts = 21 where step_id = 'two'\"); c.commit()",
-            dir.path().join("state.db").display().to_string()
-        ))
-        .status()
-        .unwrap();
-    assert!(status.success());
+    sqlite(
+        &dir.path().join("state.db"),
+        "c.execute(\"update steps set attempts = 21 where step_id = 'two'\")",
+    );
     let serve = Serve::start(dir.path());
     let done = serve
         .call(
@@ -999,38 +1026,19 @@ async fn a_state_that_is_not_ours_is_refused_and_left_untouched() {
     ];
     // Garbage.
     std::fs::write(&state, cases[0].0).unwrap();
-    let out = Command::new(wf_host_bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(dir.path().join("wf.toml"))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = serve_refused(dir.path());
     assert!(stderr.contains(cases[0].1), "{stderr}");
     assert!(stderr.contains("state.db"), "{stderr}");
     assert_eq!(std::fs::read(&state).unwrap(), cases[0].0);
 
     // Another application's SQLite database.
     std::fs::remove_file(&state).unwrap();
-    let status = Command::new("python3")
-        .arg("-c")
-        .arg(format!(
-            "import sqlite3; c = sqlite3.connect({:?}); c.execute('create table notes (t text)'); c.execute(\"insert into notes values ('mine')\"); c.commit()",
-            state.display().to_string()
-        ))
-        .status()
-        .unwrap();
-    assert!(status.success());
+    sqlite(
+        &state,
+        "c.execute('create table notes (t text)'); c.execute(\"insert into notes values ('mine')\")",
+    );
     let before = std::fs::read(&state).unwrap();
-    let out = Command::new(wf_host_bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(dir.path().join("wf.toml"))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = serve_refused(dir.path());
     assert!(
         stderr.contains("it holds another application's database, not wf-host state"),
         "{stderr}"
@@ -1057,15 +1065,7 @@ async fn a_damaged_state_file_is_refused_and_left_untouched() {
     }
     // Checkpoint the WAL into the file, then cut the file in the middle of
     // its pages, as a bad disk or a partial copy would.
-    let status = Command::new("python3")
-        .arg("-c")
-        .arg(format!(
-            "import sqlite3; sqlite3.connect({:?}).execute('PRAGMA wal_checkpoint(TRUNCATE)')",
-            state.display().to_string()
-        ))
-        .status()
-        .unwrap();
-    assert!(status.success());
+    sqlite(&state, "c.execute('PRAGMA wal_checkpoint(TRUNCATE)')");
     let _ = std::fs::remove_file(dir.path().join("state.db-wal"));
     let _ = std::fs::remove_file(dir.path().join("state.db-shm"));
     let bytes = std::fs::read(&state).unwrap();
@@ -1073,14 +1073,7 @@ async fn a_damaged_state_file_is_refused_and_left_untouched() {
     let mut damaged = bytes[..bytes.len() / 2].to_vec();
     damaged.extend(std::iter::repeat_n(0xA5u8, 4096));
     std::fs::write(&state, &damaged).unwrap();
-    let out = Command::new(wf_host_bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(dir.path().join("wf.toml"))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = serve_refused(dir.path());
     assert!(stderr.contains("cannot be used"), "{stderr}");
     assert_eq!(
         std::fs::read(&state).unwrap(),
@@ -1095,14 +1088,7 @@ async fn two_hosts_cannot_share_one_state_file() {
     let dir = tempfile::tempdir().unwrap();
     write_config(dir.path(), CHAIN);
     let _first = Serve::start(dir.path());
-    let out = Command::new(wf_host_bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(dir.path().join("wf.toml"))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = serve_refused(dir.path());
     assert!(stderr.contains("another wf-host (pid "), "{stderr}");
 }
 
@@ -1393,13 +1379,9 @@ input = '{capability: "fixture.echo", arguments: {text: "three-\(.input)"}}'
         );
     }
     serve.kill();
-    let check = Command::new("python3")
-        .arg("-c")
-        .arg(format!(
-            "import sqlite3; print(sqlite3.connect({:?}).execute('PRAGMA integrity_check').fetchone()[0])",
-            dir.path().join("state.db").display().to_string()
-        ))
-        .output()
-        .unwrap();
-    assert_eq!(String::from_utf8_lossy(&check.stdout), "ok\n");
+    let check = sqlite(
+        &dir.path().join("state.db"),
+        "print(c.execute('PRAGMA integrity_check').fetchone()[0])",
+    );
+    assert_eq!(check, "ok\n");
 }
