@@ -213,6 +213,10 @@ pub struct ConnectionConfig {
     /// unless set).
     #[serde(default, with = "humantime_serde")]
     pub ping_interval: Option<Duration>,
+    /// Re-list the catalog this often even without `list_changed` (default
+    /// 5m): it catches changes a server announces where we cannot hear them.
+    #[serde(default, with = "humantime_serde")]
+    pub catalog_refresh: Option<Duration>,
 }
 
 impl Config {
@@ -271,6 +275,7 @@ impl Config {
                 ("call_timeout", conn.call_timeout),
                 ("idle_timeout", conn.idle_timeout),
                 ("ping_interval", conn.ping_interval),
+                ("catalog_refresh", conn.catalog_refresh),
             ] {
                 if duration.is_some_and(|d| d.is_zero()) {
                     return Err(invalid(format!(

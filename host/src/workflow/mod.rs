@@ -78,6 +78,9 @@ pub struct StepRecord {
     pub error: Option<Failure>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub calls: Option<Vec<CallRow>>,
+    /// While the step runs: the latest progress its capability calls reported.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<crate::capability::Progress>,
 }
 
 /// What `workflow.get` returns.
@@ -149,6 +152,7 @@ struct Live {
     cancel: CancellationToken,
     // Flips to true once the run's task has ended; waiters watch it.
     done: watch::Receiver<bool>,
+    progress: engine::StepProgress,
 }
 
 /// The configured workflows and every run of them.
@@ -452,12 +456,14 @@ impl Workflows {
         let cancel = CancellationToken::new();
         let (done_tx, done_rx) = watch::channel(false);
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
+        let progress = engine::StepProgress::default();
         self.live.lock().unwrap_or_else(|e| e.into_inner()).insert(
             run.run_id.clone(),
             Live {
                 generation,
                 cancel: cancel.clone(),
                 done: done_rx,
+                progress: progress.clone(),
             },
         );
         let ctx = Arc::new(RunCtx {
@@ -471,6 +477,7 @@ impl Workflows {
             cancel,
             shutdown: self.shutdown.clone(),
             elapsed,
+            progress,
         });
         let this = self.clone();
         self.tasks.spawn(async move {
@@ -545,6 +552,13 @@ impl Workflows {
             .run(run_id)
             .await?
             .ok_or_else(|| WorkflowError::UnknownRun(run_id.to_owned()))?;
+        let progress: HashMap<String, crate::capability::Progress> = self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(run_id)
+            .map(|l| l.progress.lock().unwrap_or_else(|e| e.into_inner()).clone())
+            .unwrap_or_default();
         let mut steps = Vec::new();
         for row in self.store.steps(run_id).await? {
             let calls = if calls {
@@ -553,7 +567,6 @@ impl Workflows {
                 None
             };
             steps.push(StepRecord {
-                id: row.step_id,
                 status: row.status,
                 attempts: row.attempts,
                 started_at: row.started_at,
@@ -561,6 +574,10 @@ impl Workflows {
                 output: row.output,
                 error: row.error,
                 calls,
+                progress: (row.status == StepStatus::Running)
+                    .then(|| progress.get(&row.step_id).cloned())
+                    .flatten(),
+                id: row.step_id,
             });
         }
         let mut record = RunRecord::from(run);
