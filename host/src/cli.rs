@@ -80,6 +80,14 @@ tool results (`[canned.<tool>]`) and what to expect (`[expect]`: `output`,
 Exit codes: 0 every case passed; 1 a case failed (a diff is printed); 2 usage,
 case file or load errors.")]
     Test(TestArgs),
+    /// Serve the config's exposed workflows as MCP tools over stdio.
+    #[command(after_help = "Example (an MCP client's server entry):
+  {\"command\": \"wf-host\", \"args\": [\"mcp\", \"--config\", \"/path/to/wf.toml\"]}
+
+Only workflows with `expose = true` are listed. Each tool call runs the
+workflow to the end and returns its output. Logs go to stderr; stdout carries
+the protocol. `wf-host serve` offers the same server over HTTP at `/mcp`.")]
+    Mcp(McpArgs),
     /// Pin every tool definition of the config's connections in `wf.lock`.
     #[command(after_help = "Example:
   wf-host pin --config examples/fixture.toml
@@ -197,6 +205,16 @@ struct TestArgs {
 }
 
 #[derive(Args)]
+struct McpArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Where runs are kept: a SQLite file, or `:memory:`
+    /// [default: `[runtime] state`, else `.wf-host/state.db` beside the config].
+    #[arg(long, value_name = "PATH")]
+    state: Option<String>,
+}
+
+#[derive(Args)]
 struct PinArgs {
     /// Configuration file (TOML).
     #[arg(long, value_name = "FILE", default_value = "wf.toml")]
@@ -249,6 +267,7 @@ pub fn run() -> Result<(), ExitCode> {
         Command::Test(args) => block_on(test_component(args)),
         Command::Serve(args) => block_on(serve(args)),
         Command::Pin(args) => block_on(pin_tools(args)),
+        Command::Mcp(args) => block_on(mcp_stdio(args)),
         Command::FixtureServer(args) => block_on(fixture_server(args)),
     };
     result.map_err(|failure| {
@@ -402,6 +421,44 @@ async fn run_node(args: RunArgs) -> Result<(), Failure> {
             error: anyhow!("`{}` failed: {e}", node.name()),
         }),
     }
+}
+
+/// `wf-host mcp`: the exposed workflows as an MCP server on stdio, until the
+/// client closes stdin or a signal arrives.
+async fn mcp_stdio(args: McpArgs) -> Result<(), Failure> {
+    use rmcp::ServiceExt;
+    let config = load_config(args.common.config.as_deref())?;
+    if !config.workflows.values().any(|w| w.expose) {
+        eprintln!("warning: no workflow has `expose = true`; the MCP server lists no tools");
+    }
+    let mut rc = runtime_config(&config, &args.common, config_limits(&config));
+    rc.memory_ceiling = memory_ceiling(&config);
+    let pool = Pool::new(pool_config(&config)?);
+    let runtime = Arc::new(Runtime::new(rc, Arc::new(pool.clone())).map_err(usage)?);
+    let mut options = workflow_options(&config);
+    if let Some(state) = &args.state {
+        options.state = state.clone();
+    }
+    let workflows = Workflows::open(&config, runtime, options)
+        .await
+        .map_err(usage)?;
+    workflows.resume().await.map_err(usage)?;
+    let server = wf_host::mcp::WorkflowServer::new(workflows.clone());
+    let result = match server.serve(rmcp::transport::stdio()).await {
+        Ok(running) => {
+            tokio::select! {
+                ended = running.waiting() => ended.map(|_| ()).map_err(|e| anyhow!(e)),
+                () = shutdown_signal() => Ok(()),
+            }
+        }
+        Err(e) => Err(anyhow!(e).context("MCP initialize failed")),
+    };
+    workflows.shutdown(Duration::from_secs(10)).await;
+    pool.shutdown().await;
+    result.map_err(|error| Failure {
+        code: EXIT_RUN_FAILED,
+        error,
+    })
 }
 
 /// `wf-host pin`: lists every connection's tools, with no lock in force,

@@ -137,6 +137,16 @@ pub struct WorkflowConfig {
     pub output: Option<String>,
     #[serde(default)]
     pub steps: Vec<StepConfig>,
+    /// Offer this workflow as a tool of wf-host's own MCP server (`/mcp`,
+    /// `wf-host mcp`). Default false: nothing is published by accident.
+    #[serde(default)]
+    pub expose: bool,
+    /// The tool's display name when exposed.
+    pub title: Option<String>,
+    /// The tool's description when exposed.
+    pub description: Option<String>,
+    /// JSON Schema of the run's output; an exposed workflow's `outputSchema`.
+    pub output_schema: Option<Value>,
 }
 
 /// `[[workflows.<name>.steps]]`: one node in the graph.

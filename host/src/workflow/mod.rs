@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -60,6 +60,92 @@ impl Default for Options {
             keep_for: DEFAULT_KEEP_FOR,
         }
     }
+}
+
+/// A workflow offered as an MCP tool (`expose = true`).
+#[derive(Debug)]
+pub struct Exposed {
+    pub name: String,
+    pub title: Option<String>,
+    pub description: Option<String>,
+    /// The input schema (an object schema), or an open object schema.
+    pub input_schema: Arc<Map<String, Value>>,
+    pub output_schema: Option<Arc<Map<String, Value>>>,
+    output_validator: Option<Arc<jsonschema::Validator>>,
+    /// How many steps a run has, for progress.
+    pub steps: usize,
+}
+
+impl Exposed {
+    /// `Some(problem)` when `output` breaks the declared output schema.
+    pub fn check_output(&self, output: &Value) -> Option<String> {
+        let error = self.output_validator.as_ref()?.iter_errors(output).next()?;
+        let path = error.instance_path().to_string();
+        Some(if path.is_empty() {
+            error.to_string()
+        } else {
+            format!("`{path}`: {error}")
+        })
+    }
+}
+
+/// The `expose = true` workflows of `config`, checked: MCP tool arguments and
+/// structured results are JSON objects, so their schemas must describe objects.
+fn exposed_workflows(
+    config: &crate::config::Config,
+) -> Result<BTreeMap<String, Arc<Exposed>>, WorkflowError> {
+    let mut exposed = BTreeMap::new();
+    for (name, w) in config.workflows.iter().filter(|(_, w)| w.expose) {
+        let invalid = |message: String| {
+            WorkflowError::Definition(DefinitionError::Workflow {
+                workflow: name.clone(),
+                message,
+            })
+        };
+        let object_schema = |key: &str, schema: &Value| match schema {
+            Value::Object(map) if map.get("type").is_none_or(|t| t == "object") => {
+                Ok(Arc::new(map.clone()))
+            }
+            _ => Err(invalid(format!(
+                "`expose = true` needs an `{key}` of `type = \"object\"`: MCP tool arguments and structured results are objects"
+            ))),
+        };
+        let input_schema = match &w.input_schema {
+            Some(schema) => object_schema("input_schema", schema)?,
+            None => Arc::new(
+                json!({"type": "object"})
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default(),
+            ),
+        };
+        let (output_schema, output_validator) = match &w.output_schema {
+            Some(schema) => {
+                let validator = jsonschema::validator_for(schema).map_err(|e| {
+                    invalid(format!("`output_schema` is not a valid JSON Schema: {e}"))
+                })?;
+                (
+                    Some(object_schema("output_schema", schema)?),
+                    Some(Arc::new(validator)),
+                )
+            }
+            None => (None, None),
+        };
+        let steps = w.steps.len().max(1);
+        exposed.insert(
+            name.clone(),
+            Arc::new(Exposed {
+                name: name.clone(),
+                title: w.title.clone(),
+                description: w.description.clone(),
+                input_schema,
+                output_schema,
+                output_validator,
+                steps,
+            }),
+        );
+    }
+    Ok(exposed)
 }
 
 /// One step as `workflow.get` shows it.
@@ -175,6 +261,8 @@ pub struct Workflows {
     closing: CancellationToken,
     /// Finished runs since the last prune.
     finished_since_prune: std::sync::atomic::AtomicU64,
+    /// The workflows offered as MCP tools, by name.
+    exposed: BTreeMap<String, Arc<Exposed>>,
     generations: std::sync::atomic::AtomicU64,
 }
 
@@ -190,6 +278,7 @@ impl Workflows {
         options: Options,
     ) -> Result<Arc<Self>, WorkflowError> {
         let definitions = definition::load_all(config, runtime.limits())?;
+        let exposed = exposed_workflows(config)?;
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&options.state).await?);
         let this = Arc::new(Workflows {
             runtime,
@@ -204,6 +293,7 @@ impl Workflows {
             closing: CancellationToken::new(),
             finished_since_prune: Default::default(),
             generations: Default::default(),
+            exposed,
         });
         for def in this.definitions.values() {
             for step in &def.steps {
@@ -254,6 +344,26 @@ impl Workflows {
             }
         });
         Ok(count)
+    }
+
+    /// The workflows offered as MCP tools.
+    pub fn exposed(&self) -> impl Iterator<Item = &Arc<Exposed>> {
+        self.exposed.values()
+    }
+
+    /// The exposed workflow `name`, if it is one.
+    pub fn exposed_workflow(&self, name: &str) -> Option<&Arc<Exposed>> {
+        self.exposed.get(name)
+    }
+
+    /// Whether shutdown has begun (waits return at once from then on).
+    pub fn is_closing(&self) -> bool {
+        self.closing.is_cancelled()
+    }
+
+    /// Cancelled when shutdown begins: long-lived streams end on it.
+    pub fn closing_token(&self) -> CancellationToken {
+        self.closing.clone()
     }
 
     /// The configured workflow names.
