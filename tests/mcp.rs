@@ -140,6 +140,7 @@ impl Drop for Serve {
 #[derive(Clone, Default)]
 struct Client {
     progress: Arc<Mutex<Vec<ProgressNotificationParam>>>,
+    tools_changed: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl ClientHandler for Client {
@@ -156,6 +157,11 @@ impl ClientHandler for Client {
         _: NotificationContext<RoleClient>,
     ) {
         self.progress.lock().unwrap().push(params);
+    }
+
+    async fn on_tool_list_changed(&self, _: NotificationContext<RoleClient>) {
+        self.tools_changed
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -471,4 +477,69 @@ fn an_exposed_workflow_without_an_object_input_schema_is_a_load_error() {
             && stderr.contains("`expose = true` needs an `input_schema` of `type = \"object\"`"),
         "{stderr}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_exposes_a_workflow_tells_connected_clients() {
+    let serve = Serve::start(&[]);
+    let (client, handler) = http_client(&serve.mcp_url(), None).await;
+    assert_eq!(client.list_all_tools().await.unwrap().len(), 2);
+    let path = serve.dir.path().join("wf.toml");
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str(&format!(
+        "\n[workflows.more]\nexpose = true\ncomponent = {:?}\n",
+        repo_root().join("plugins/echo.wasm")
+    ));
+    std::fs::write(&path, &text).unwrap();
+    let hup = |serve: &Serve| {
+        let pid = i32::try_from(serve.child.id()).unwrap();
+        // SAFETY: sending a signal to our own child process.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+    };
+    hup(&serve);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while handler
+        .tools_changed
+        .load(std::sync::atomic::Ordering::SeqCst)
+        == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no tools/list_changed after the reload"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let names: Vec<String> = client
+        .list_all_tools()
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert_eq!(names, ["chain", "more", "slow"]);
+    let started = serve
+        .rpc(
+            "workflow.start",
+            json!({"workflow": "more", "input": {"a": 1}, "wait": true}),
+            None,
+        )
+        .await;
+    assert_eq!(started["result"]["output"], json!({"a": 1}), "{started}");
+
+    // A config that does not load changes nothing.
+    std::fs::write(&path, "[workflows.broken]\nexpose = true\n").unwrap();
+    hup(&serve);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let status = serve.rpc("host.status", json!({}), None).await;
+    assert_eq!(
+        status["result"]["exposed"],
+        json!(["chain", "more", "slow"])
+    );
+    assert_eq!(
+        handler
+            .tools_changed
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+    client.cancel().await.unwrap();
 }

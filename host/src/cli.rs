@@ -751,6 +751,10 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
     // The server stops accepting when `stopping` fires; open requests finish
     // meanwhile, and waits end at once because the workflows shut down too.
     let stopping = tokio_util::sync::CancellationToken::new();
+    if let Some(path) = args.common.config.clone() {
+        let reloader = reload_on_sighup(path, workflows.clone(), pool.clone(), stopping.clone());
+        tokio::spawn(reloader);
+    }
     let served = wf_host::rpc::serve(listener, app, stopping.clone().cancelled_owned());
     tokio::pin!(served);
     let served = tokio::select! {
@@ -836,6 +840,55 @@ async fn fixture_server(args: FixtureArgs) -> Result<(), Failure> {
         code: EXIT_RUN_FAILED,
         error: e.context("fixture server failed"),
     })
+}
+
+/// `serve`: on SIGHUP, re-reads the config and swaps in its workflows and
+/// connections, all or nothing: a config that does not load changes nothing
+/// and says why. Ends with `stopping`.
+async fn reload_on_sighup(
+    path: PathBuf,
+    workflows: Arc<Workflows>,
+    pool: Pool,
+    stopping: tokio_util::sync::CancellationToken,
+) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = hup.recv() => {}
+                () = stopping.cancelled() => return,
+            }
+            let reloaded = Config::load(&path)
+                .map_err(anyhow::Error::from)
+                .and_then(|config| {
+                    let report = workflows.reload(&config)?;
+                    pool.update(config.connections.clone());
+                    Ok(report)
+                });
+            match reloaded {
+                Ok(r) => eprintln!(
+                    "wf-host reloaded {}: workflows added {:?}, removed {:?}, changed {:?}",
+                    path.display(),
+                    r.added,
+                    r.removed,
+                    r.changed
+                ),
+                Err(e) => eprintln!(
+                    "wf-host kept its configuration: reloading {} failed: {e:#}",
+                    path.display()
+                ),
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (path, workflows, pool);
+        stopping.cancelled().await;
+    }
 }
 
 /// Resolves on ctrl-c or SIGTERM.

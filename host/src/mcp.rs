@@ -11,6 +11,8 @@
 //!   (steps finished of the total, the step ids as the message).
 //! - `notifications/cancelled` for the call cancels the run.
 //! - `wf-host://runs/{run_id}` reads a run record (of an exposed workflow).
+//! - A config reload that changes the exposed workflows sends
+//!   `notifications/tools/list_changed` to every session.
 //!
 //! Served over streamable HTTP at `/mcp` by `wf-host serve` (same listener and
 //! token as `/rpc`), and over stdio by `wf-host mcp`.
@@ -25,7 +27,7 @@ use rmcp::model::{
     ProgressNotificationParam, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
     ResourceContents, ResourceTemplate, ServerCapabilities, ServerConfig, Tool,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -56,6 +58,7 @@ impl WorkflowServer {
     fn tools(&self) -> Vec<Tool> {
         self.workflows
             .exposed()
+            .iter()
             .map(|w| {
                 let mut tool = Tool::new(
                     w.name.clone(),
@@ -78,7 +81,7 @@ impl WorkflowServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
         let name = request.name.as_ref();
-        let Some(exposed) = self.workflows.exposed_workflow(name).cloned() else {
+        let Some(exposed) = self.workflows.exposed_workflow(name) else {
             return Err(McpError::invalid_params(
                 format!("unknown tool `{name}`"),
                 Some(json!({"tool": name})),
@@ -169,6 +172,13 @@ impl WorkflowServer {
     }
 }
 
+/// Resolves once the session's transport is gone.
+async fn peer_closed(peer: &rmcp::Peer<RoleServer>) {
+    while !peer.is_transport_closed() {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
 fn is_finished(status: StepStatus) -> bool {
     !matches!(status, StepStatus::Pending | StepStatus::Running)
 }
@@ -229,6 +239,7 @@ impl ServerHandler for WorkflowServer {
     fn get_info(&self) -> ServerConfig {
         let capabilities = ServerCapabilities::builder()
             .enable_tools()
+            .enable_tool_list_changed()
             .enable_resources()
             .build();
         let mut info = ServerConfig::new(capabilities).with_instructions(
@@ -237,6 +248,27 @@ impl ServerHandler for WorkflowServer {
         );
         info.server_info = Implementation::new("wf-host", env!("CARGO_PKG_VERSION"));
         info
+    }
+
+    /// Tells this client when a config reload changes the tools, until the
+    /// session or the host ends.
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        let mut changes = self.workflows.watch_exposed();
+        let closing = self.workflows.closing_token();
+        let peer = context.peer;
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    changed = changes.changed() => {
+                        if changed.is_err() || peer.notify_tool_list_changed().await.is_err() {
+                            return;
+                        }
+                    }
+                    () = closing.cancelled() => return,
+                    () = peer_closed(&peer) => return,
+                }
+            }
+        });
     }
 
     async fn list_tools(

@@ -10,7 +10,7 @@ pub mod definition;
 mod engine;
 pub mod expr;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -60,6 +60,43 @@ impl Default for Options {
             keep_for: DEFAULT_KEEP_FOR,
         }
     }
+}
+
+/// The workflows of one config: definitions and what is exposed.
+struct Loaded {
+    definitions: BTreeMap<String, Definition>,
+    exposed: BTreeMap<String, Arc<Exposed>>,
+}
+
+impl Loaded {
+    fn from_config(
+        config: &crate::config::Config,
+        runtime: &Runtime,
+    ) -> Result<Loaded, WorkflowError> {
+        Ok(Loaded {
+            definitions: definition::load_all(config, runtime.limits())?,
+            exposed: exposed_workflows(config)?,
+        })
+    }
+}
+
+/// What a reload changed, by workflow name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Reloaded {
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    pub changed: Vec<String>,
+}
+
+fn same_exposed(a: &BTreeMap<String, Arc<Exposed>>, b: &BTreeMap<String, Arc<Exposed>>) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|((na, ea), (nb, eb))| {
+            na == nb
+                && ea.title == eb.title
+                && ea.description == eb.description
+                && ea.input_schema == eb.input_schema
+                && ea.output_schema == eb.output_schema
+        })
 }
 
 /// A workflow offered as an MCP tool (`expose = true`).
@@ -244,7 +281,11 @@ struct Live {
 /// The configured workflows and every run of them.
 pub struct Workflows {
     runtime: Arc<Runtime>,
-    definitions: BTreeMap<String, Definition>,
+    /// What the config defines now; a reload swaps it. Runs keep the
+    /// definition they started with.
+    loaded: std::sync::RwLock<Arc<Loaded>>,
+    /// Bumped when a reload changes the exposed workflows.
+    exposed_changes: watch::Sender<u64>,
     store: Arc<dyn Store>,
     /// Loaded components by content hash.
     nodes: Mutex<HashMap<String, Node>>,
@@ -261,8 +302,6 @@ pub struct Workflows {
     closing: CancellationToken,
     /// Finished runs since the last prune.
     finished_since_prune: std::sync::atomic::AtomicU64,
-    /// The workflows offered as MCP tools, by name.
-    exposed: BTreeMap<String, Arc<Exposed>>,
     generations: std::sync::atomic::AtomicU64,
 }
 
@@ -277,12 +316,12 @@ impl Workflows {
         runtime: Arc<Runtime>,
         options: Options,
     ) -> Result<Arc<Self>, WorkflowError> {
-        let definitions = definition::load_all(config, runtime.limits())?;
-        let exposed = exposed_workflows(config)?;
+        let loaded = Loaded::from_config(config, &runtime)?;
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&options.state).await?);
         let this = Arc::new(Workflows {
             runtime,
-            definitions,
+            loaded: std::sync::RwLock::new(Arc::new(loaded)),
+            exposed_changes: watch::channel(0).0,
             store,
             nodes: Mutex::default(),
             slots: Arc::new(Semaphore::new(options.max_concurrent_steps.max(1))),
@@ -293,11 +332,16 @@ impl Workflows {
             closing: CancellationToken::new(),
             finished_since_prune: Default::default(),
             generations: Default::default(),
-            exposed,
         });
-        for def in this.definitions.values() {
+        this.load_nodes(&this.loaded())?;
+        Ok(this)
+    }
+
+    /// Loads (and so checks) the component of every step of `loaded`.
+    fn load_nodes(&self, loaded: &Loaded) -> Result<(), WorkflowError> {
+        for def in loaded.definitions.values() {
             for step in &def.steps {
-                this.node_for(&step.spec).map_err(|e| match e {
+                self.node_for(&step.spec).map_err(|e| match e {
                     NodeError::Load(source) => WorkflowError::Load {
                         workflow: def.name.clone(),
                         step: step.spec.id.clone(),
@@ -314,7 +358,56 @@ impl Workflows {
                 })?;
             }
         }
-        Ok(this)
+        Ok(())
+    }
+
+    fn loaded(&self) -> Arc<Loaded> {
+        self.loaded
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Replaces the workflows with those of `config`, all or nothing: a
+    /// config that does not load changes nothing. Running runs go on with the
+    /// definition they started with. Says which workflows were added,
+    /// removed or changed.
+    ///
+    /// # Errors
+    /// As [`Workflows::open`].
+    pub fn reload(&self, config: &crate::config::Config) -> Result<Reloaded, WorkflowError> {
+        let next = Loaded::from_config(config, &self.runtime)?;
+        self.load_nodes(&next)?;
+        let mut slot = self.loaded.write().unwrap_or_else(|e| e.into_inner());
+        let before = slot.clone();
+        let names = |l: &Loaded| -> BTreeSet<String> { l.definitions.keys().cloned().collect() };
+        let report = Reloaded {
+            added: names(&next).difference(&names(&before)).cloned().collect(),
+            removed: names(&before).difference(&names(&next)).cloned().collect(),
+            changed: next
+                .definitions
+                .iter()
+                .filter(|(name, d)| {
+                    before
+                        .definitions
+                        .get(*name)
+                        .is_some_and(|b| b.hash != d.hash)
+                })
+                .map(|(name, _)| name.clone())
+                .collect(),
+        };
+        let exposed_changed = !same_exposed(&before.exposed, &next.exposed);
+        *slot = Arc::new(next);
+        drop(slot);
+        if exposed_changed {
+            self.exposed_changes.send_modify(|n| *n += 1);
+        }
+        Ok(report)
+    }
+
+    /// Changes whenever a reload changes the exposed workflows.
+    pub fn watch_exposed(&self) -> watch::Receiver<u64> {
+        self.exposed_changes.subscribe()
     }
 
     /// Starts driving every run the state holds as `running` (the last
@@ -347,13 +440,13 @@ impl Workflows {
     }
 
     /// The workflows offered as MCP tools.
-    pub fn exposed(&self) -> impl Iterator<Item = &Arc<Exposed>> {
-        self.exposed.values()
+    pub fn exposed(&self) -> Vec<Arc<Exposed>> {
+        self.loaded().exposed.values().cloned().collect()
     }
 
     /// The exposed workflow `name`, if it is one.
-    pub fn exposed_workflow(&self, name: &str) -> Option<&Arc<Exposed>> {
-        self.exposed.get(name)
+    pub fn exposed_workflow(&self, name: &str) -> Option<Arc<Exposed>> {
+        self.loaded().exposed.get(name).cloned()
     }
 
     /// Whether shutdown has begun (waits return at once from then on).
@@ -368,12 +461,12 @@ impl Workflows {
 
     /// The configured workflow names.
     pub fn names(&self) -> Vec<String> {
-        self.definitions.keys().cloned().collect()
+        self.loaded().definitions.keys().cloned().collect()
     }
 
     /// The definition of `workflow`.
-    pub fn definition(&self, workflow: &str) -> Option<&Definition> {
-        self.definitions.get(workflow)
+    pub fn definition(&self, workflow: &str) -> Option<Definition> {
+        self.loaded().definitions.get(workflow).cloned()
     }
 
     /// The state's backend, location and counts, for `host.status`.
@@ -431,8 +524,7 @@ impl Workflows {
         idempotency_key: Option<String>,
     ) -> Result<RunRecord, WorkflowError> {
         let def = self
-            .definitions
-            .get(workflow)
+            .definition(workflow)
             .ok_or_else(|| WorkflowError::UnknownWorkflow(workflow.to_owned()))?;
         if self.tasks.is_closed() {
             return Err(WorkflowError::ShuttingDown);
@@ -443,7 +535,7 @@ impl Workflows {
                 message,
             })?;
         // The nodes first: a run is stored only when it can run.
-        let nodes = self.nodes_of(def).map_err(|f| {
+        let nodes = self.nodes_of(&def).map_err(|f| {
             WorkflowError::Definition(DefinitionError::Workflow {
                 workflow: workflow.to_owned(),
                 message: f.message,
@@ -472,7 +564,7 @@ impl Workflows {
             return Ok((*existing).into());
         }
         let rows = self.store.steps(&run.run_id).await?;
-        self.launch(def.clone(), nodes, run.clone(), rows, Duration::ZERO);
+        self.launch(def, nodes, run.clone(), rows, Duration::ZERO);
         Ok(run.into())
     }
 
