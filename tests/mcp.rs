@@ -5,9 +5,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,6 +20,7 @@ use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{Map, Value, json};
 
+use common::serve::Serve;
 use common::*;
 
 /// Three steps: `shout` calls `fixture.echo` with the upper-cased text, `copy`
@@ -77,63 +77,9 @@ component = {echo:?}
     path
 }
 
-/// `wf-host serve` on a free port, killed on drop.
-struct Serve {
-    child: Child,
-    base: String,
-    dir: tempfile::TempDir,
-}
-
-impl Serve {
-    fn start(extra: &[&str]) -> Serve {
-        let dir = tempfile::tempdir().unwrap();
-        let config = config(dir.path());
-        let mut child = Command::new(wf_host_bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&config)
-            .args(extra)
-            .env("WF_HOST_CACHE_DIR", dir.path().join("cache"))
-            .env_remove("WF_HOST_TOKEN")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let base = loop {
-            let line = lines.next().expect("serve printed its address").unwrap();
-            if let Some(rest) = line.strip_prefix("wf-host listening on ") {
-                break rest.trim_end_matches("/rpc").to_owned();
-            }
-        };
-        std::thread::spawn(move || for _ in lines {});
-        Serve { child, base, dir }
-    }
-
-    fn mcp_url(&self) -> String {
-        format!("{}/mcp", self.base)
-    }
-
-    async fn rpc(&self, method: &str, params: Value, token: Option<&str>) -> Value {
-        let mut request = reqwest::Client::new()
-            .post(format!("{}/rpc", self.base))
-            .header("Content-Type", "application/json")
-            .body(
-                json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string(),
-            );
-        if let Some(token) = token {
-            request = request.header("Authorization", format!("Bearer {token}"));
-        }
-        let text = request.send().await.unwrap().text().await.unwrap();
-        serde_json::from_str(&text).unwrap()
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `wf-host serve` on [`config`].
+fn serve(extra: &[&str]) -> Serve {
+    Serve::start(config, extra)
 }
 
 /// An rmcp client that keeps the progress notifications it gets.
@@ -274,7 +220,7 @@ async fn exercise(client: &RunningService<RoleClient, Client>, handler: &Client)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_client_over_http_lists_calls_follows_progress_and_reads_runs() {
-    let serve = Serve::start(&[]);
+    let serve = serve(&[]);
     let (client, handler) = http_client(&serve.mcp_url(), None).await;
     exercise(&client, &handler).await;
     client.cancel().await.unwrap();
@@ -311,7 +257,7 @@ async fn an_mcp_client_over_stdio_runs_the_same_workflows() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_call_cancels_its_run() {
-    let serve = Serve::start(&[]);
+    let serve = serve(&[]);
     let (client, _) = http_client(&serve.mcp_url(), None).await;
     let call = {
         let peer = client.peer().clone();
@@ -356,7 +302,7 @@ async fn a_cancelled_call_cancels_its_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_token_is_enforced_on_mcp() {
-    let serve = Serve::start(&["--token", "s3cret"]);
+    let serve = serve(&["--token", "s3cret"]);
     let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {},
         "clientInfo": {"name": "t", "version": "0"}}});
@@ -378,7 +324,7 @@ async fn the_token_is_enforced_on_mcp() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_python_sdk_client_runs_a_workflow_with_progress() {
-    let serve = Serve::start(&[]);
+    let serve = serve(&[]);
     let script = repo_root().join("tests/mcp/python_client.py");
     let out = Command::new("python3")
         .arg(&script)
@@ -401,7 +347,7 @@ async fn the_official_python_sdk_client_runs_a_workflow_with_progress() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_workflow_step_calls_another_hosts_exposed_workflow_through_the_pool() {
-    let upstream = Serve::start(&["--token", "t0ken"]);
+    let upstream = serve(&["--token", "t0ken"]);
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("wf.toml");
     std::fs::write(
@@ -481,7 +427,7 @@ fn an_exposed_workflow_without_an_object_input_schema_is_a_load_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_that_exposes_a_workflow_tells_connected_clients() {
-    let serve = Serve::start(&[]);
+    let serve = serve(&[]);
     let (client, handler) = http_client(&serve.mcp_url(), None).await;
     assert_eq!(client.list_all_tools().await.unwrap().len(), 2);
     let path = serve.dir.path().join("wf.toml");

@@ -33,6 +33,7 @@ pub mod config;
 pub mod fixture;
 pub mod grants;
 pub mod mcp;
+pub mod metrics;
 pub mod pool;
 pub mod rpc;
 pub mod runtime;

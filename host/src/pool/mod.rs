@@ -788,6 +788,35 @@ impl Pool {
         extras: CallExtras,
         timeout: Option<Duration>,
     ) -> Result<Value, PoolError> {
+        let started = Instant::now();
+        let result = self
+            .call_tool_checked(connection, tool, arguments, extras, timeout)
+            .await;
+        let outcome = match &result {
+            Ok(v) if v.get("isError").and_then(Value::as_bool) == Some(true) => "tool_error",
+            Ok(_) => "ok",
+            Err(PoolError::Timeout { .. }) => "timeout",
+            Err(PoolError::Server { .. } | PoolError::InvalidOutput { .. }) => "server_error",
+            Err(
+                PoolError::NoSuchTool { .. }
+                | PoolError::InvalidArguments { .. }
+                | PoolError::NotPinned { .. }
+                | PoolError::UnknownConnection { .. },
+            ) => "refused",
+            Err(_) => "unavailable",
+        };
+        crate::metrics::metrics().call_finished(connection, outcome, started.elapsed());
+        result
+    }
+
+    async fn call_tool_checked(
+        &self,
+        connection: &str,
+        tool: &str,
+        arguments: Map<String, Value>,
+        extras: CallExtras,
+        timeout: Option<Duration>,
+    ) -> Result<Value, PoolError> {
         let slot = self.slot(connection)?;
         let arguments = Value::Object(arguments);
         // The definition the call was checked against, for its output schema.

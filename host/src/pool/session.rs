@@ -335,6 +335,7 @@ pub(crate) async fn connect(
         }
     };
     counters.sessions_opened.fetch_add(1, Ordering::Relaxed);
+    crate::metrics::metrics().session_opened(&settings.id);
 
     let peer = running.peer().clone();
     // rmcp's response cache would answer list calls from stale data after the

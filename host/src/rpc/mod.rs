@@ -149,6 +149,8 @@ pub fn router(state: RpcState, access: Access) -> Result<Router, ServeError> {
             "/mcp",
             crate::mcp::http_service(app.state.workflows.clone()),
         )
+        .route("/metrics", get(metrics))
+        .with_state(app.clone())
         .layer(middleware::from_fn_with_state(app.clone(), bearer_token));
     Ok(Router::new()
         .route("/rpc", post(rpc))
@@ -271,7 +273,27 @@ fn unauthorized() -> Response {
         .into_response()
 }
 
-/// The token rule of `/rpc`, for `/mcp`.
+/// `GET /metrics`: Prometheus text.
+async fn metrics(State(app): State<App>) -> Response {
+    let connections: Vec<(String, bool)> = app
+        .state
+        .pool
+        .stats()
+        .into_iter()
+        .map(|c| (c.id, c.state == "ready"))
+        .collect();
+    let text = crate::metrics::metrics().render(&connections, app.state.workflows.running());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// The token rule of `/rpc`, for `/mcp` and `/metrics`.
 async fn bearer_token(
     State(app): State<App>,
     request: axum::extract::Request,

@@ -354,7 +354,9 @@ async fn launch_ready(
         let stop = stop_token.clone();
         let id = id.clone();
         running.spawn(async move {
+            let started = Instant::now();
             let outcome = run_step(&ctx, &step, data, first_attempt, &stop).await;
+            crate::metrics::metrics().step_finished(&ctx.def.name, &id, started.elapsed());
             (id, outcome)
         });
     }

@@ -459,6 +459,11 @@ impl Workflows {
         self.closing.clone()
     }
 
+    /// How many runs are executing in this process now.
+    pub fn running(&self) -> usize {
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
     /// The configured workflow names.
     pub fn names(&self) -> Vec<String> {
         self.loaded().definitions.keys().cloned().collect()
@@ -684,6 +689,7 @@ impl Workflows {
         let this = self.clone();
         self.tasks.spawn(async move {
             let run_id = ctx.run_id.clone();
+            let workflow = ctx.def.name.clone();
             let ending = engine::drive(ctx, rows).await;
             if let Err(e) = &ending {
                 // Nothing drives the run any more: say so in the state rather
@@ -710,6 +716,7 @@ impl Workflows {
             match ending {
                 Ok(Ending::Finished(status)) => {
                     tracing::debug!(run = %run_id, ?status, "run finished");
+                    crate::metrics::metrics().run_finished(&workflow, status.as_str());
                     // Before waiters hear of it: a client that lists runs
                     // after its wait sees at most `keep_runs` finished ones.
                     this.after_finish().await;
