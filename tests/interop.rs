@@ -391,3 +391,33 @@ async fn health_pings_keep_a_quiet_session_open(sdk: Sdk, kind: Kind) {
     assert_eq!(stats.last_error, None);
     pool.shutdown().await;
 }
+
+/// A server that exits on the 2026-07-28 probe instead of answering it (rmcp
+/// servers before 3.x do) is connected to again, with `initialize` alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_exits_on_the_discover_probe_gets_initialize_alone() {
+    let (python, _) = Sdk::Python.command();
+    let script = common::repo_root().join("tests/interop/python/initialize_first.py");
+    let witness = tempfile::NamedTempFile::new().unwrap();
+    let connection = common::fixture::connection_from_toml(&format!(
+        "command = {}\nargs = [{}]\nenv = {{ WF_INTEROP_WITNESS = {} }}",
+        toml::Value::from(python.display().to_string()),
+        toml::Value::from(script.display().to_string()),
+        toml::Value::from(witness.path().display().to_string()),
+    ));
+    common::init_tracing();
+    let pool = Pool::new(wf_host::pool::PoolConfig {
+        connections: [("old".to_owned(), connection)].into(),
+        ..Default::default()
+    });
+    let out = pool
+        .call_tool("old", "echo", args(json!({"text": "hi"})), None)
+        .await
+        .unwrap();
+    assert_eq!(text(&out), "hi");
+    assert_eq!(pool.connection_stats("old").unwrap().sessions_opened, 1);
+    // The first process got the probe and exited; the second, `initialize`.
+    let firsts = std::fs::read_to_string(witness.path()).unwrap();
+    assert_eq!(firsts, "server/discover\ninitialize\n");
+    pool.shutdown().await;
+}

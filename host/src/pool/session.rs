@@ -284,12 +284,53 @@ fn child_env(
     vars.into_iter().collect()
 }
 
-/// Opens a session: spawn or connect, `initialize`, list the catalog, and start
-/// the owner task.
+/// Opens a session: spawn or connect, `server/discover` or `initialize`, list
+/// the catalog, and start the owner task.
 pub(crate) async fn connect(
     settings: &Settings,
     counters: Arc<ConnCounters>,
 ) -> Result<Session, String> {
+    match open(settings, counters.clone(), lifecycle()).await {
+        Err(Failed::Handshake(e)) => {
+            // A server of an earlier revision may close the connection on the
+            // probe instead of answering it: rmcp servers before 3.x exit on any
+            // first request but `initialize`. Start afresh with `initialize`.
+            tracing::debug!(connection = %settings.id, "server/discover failed ({e}); connecting again with initialize");
+            open(settings, counters, ClientLifecycleMode::Initialize)
+                .await
+                .map_err(Failed::into_detail)
+        }
+        other => other.map_err(Failed::into_detail),
+    }
+}
+
+/// Why [`open`] failed.
+enum Failed {
+    /// The transport was up, the lifecycle handshake failed.
+    Handshake(String),
+    Other(String),
+}
+
+impl Failed {
+    fn into_detail(self) -> String {
+        match self {
+            Failed::Handshake(e) => format!("initialize failed: {e}"),
+            Failed::Other(e) => e,
+        }
+    }
+}
+
+impl From<String> for Failed {
+    fn from(detail: String) -> Failed {
+        Failed::Other(detail)
+    }
+}
+
+async fn open(
+    settings: &Settings,
+    counters: Arc<ConnCounters>,
+    lifecycle: ClientLifecycleMode,
+) -> Result<Session, Failed> {
     let dirty = Arc::new(Dirty::default());
     let handler = PoolClient {
         dirty: dirty.clone(),
@@ -322,9 +363,9 @@ pub(crate) async fn connect(
                 aux.spawn(drain_stderr(connection, stderr));
             }
             let running = handler
-                .serve_with_lifecycle(transport, lifecycle())
+                .serve_with_lifecycle(transport, lifecycle)
                 .await
-                .map_err(|e| format!("initialize failed: {e}"))?;
+                .map_err(|e| Failed::Handshake(e.to_string()))?;
             (running, pid)
         }
         Transport::Http { url, headers } => {
@@ -360,9 +401,9 @@ pub(crate) async fn connect(
                 .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
             let transport = StreamableHttpClientTransport::with_client(client, config);
             let running = handler
-                .serve_with_lifecycle(transport, lifecycle())
+                .serve_with_lifecycle(transport, lifecycle)
                 .await
-                .map_err(|e| format!("initialize failed: {e}"))?;
+                .map_err(|e| Failed::Handshake(e.to_string()))?;
             (running, None)
         }
     };
