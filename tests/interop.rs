@@ -421,3 +421,47 @@ async fn a_server_that_exits_on_the_discover_probe_gets_initialize_alone() {
     assert_eq!(firsts, "server/discover\ninitialize\n");
     pool.shutdown().await;
 }
+
+/// The server restarts between two calls. A 2025-11-25 server (TypeScript)
+/// forgets the session: its 404 makes the pool initialise again and replay the
+/// call. A 2026-07-28 server (Python) has no sessions to forget, so nothing is
+/// replayed. Either way the call works and runs once.
+async fn a_restarted_http_server_is_reached_again(sdk: Sdk) {
+    let (pool, server) = interop_pool(sdk, Kind::Http);
+    let mut server = server.expect("an HTTP server");
+    let out = call(&pool, sdk, "echo", json!({"text": "one"}))
+        .await
+        .unwrap();
+    assert_eq!(text(&out), "one");
+    server.restart();
+    let out = call(&pool, sdk, "echo", json!({"text": "two"}))
+        .await
+        .unwrap();
+    assert_eq!(text(&out), "two");
+    let stats = stats(&pool, sdk);
+    match sdk {
+        Sdk::Node => {
+            assert_eq!((stats.sessions_opened, stats.replays), (2, 1), "{stats:?}");
+        }
+        Sdk::Python => {
+            // Nothing to replay. The session itself may have been rebuilt: a
+            // catalog refresh or ping that hit the restart fails the health check.
+            assert_eq!(stats.replays, 0, "{stats:?}");
+            assert!(stats.sessions_opened <= 2, "{stats:?}");
+        }
+    }
+    // The restarted server got the call exactly once.
+    let log = call_log(&pool, sdk).await;
+    assert_eq!(calls_of(&log, "echo").len(), 1, "{log}");
+    pool.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_http_server_is_reached_again_python() {
+    a_restarted_http_server_is_reached_again(Sdk::Python).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_http_server_is_reached_again_node() {
+    a_restarted_http_server_is_reached_again(Sdk::Node).await
+}
