@@ -181,6 +181,9 @@ async fn list_changed_refreshes_the_catalog_on_the_same_session(sdk: Sdk, kind: 
     .expect("the catalog gained `extra` within 5s")
     .unwrap();
     assert_eq!(stats(&pool, sdk).sessions_opened, 1);
+    // The stream that carried the change is open: a GET stream (TypeScript over
+    // HTTP), subscriptions/listen (Python), or stdio itself.
+    assert_eq!(stats(&pool, sdk).notifications, Some("live"));
 
     let out = call(&pool, sdk, "extra", json!({"text": "hi"}))
         .await

@@ -144,11 +144,18 @@ pub fn router(state: RpcState, access: Access) -> Result<Router, ServeError> {
         state,
         access: Arc::new(access),
     };
+    let mcp = Router::new()
+        .nest_service(
+            "/mcp",
+            crate::mcp::http_service(app.state.workflows.clone()),
+        )
+        .layer(middleware::from_fn_with_state(app.clone(), bearer_token));
     Ok(Router::new()
         .route("/rpc", post(rpc))
         .route("/healthz", get(|| async { "ok\n" }))
-        .layer(middleware::from_fn_with_state(app.clone(), same_origin))
-        .with_state(app))
+        .with_state(app.clone())
+        .merge(mcp)
+        .layer(middleware::from_fn_with_state(app, same_origin)))
 }
 /// Serves `router` on `listener` until `shutdown` resolves, then stops
 /// accepting and lets open requests finish.
@@ -255,16 +262,34 @@ fn refuse(status: StatusCode, message: String) -> Response {
     )
 }
 
+fn unauthorized() -> Response {
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        "missing or wrong bearer token\n",
+    )
+        .into_response()
+}
+
+/// The token rule of `/rpc`, for `/mcp`.
+async fn bearer_token(
+    State(app): State<App>,
+    request: axum::extract::Request,
+    next: Next,
+) -> Response {
+    if let Some(token) = &app.access.token
+        && !authorized(request.headers(), token)
+    {
+        return unauthorized();
+    }
+    next.run(request).await
+}
+
 async fn rpc(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
     if let Some(token) = &app.access.token
         && !authorized(&headers, token)
     {
-        return (
-            StatusCode::UNAUTHORIZED,
-            [(header::WWW_AUTHENTICATE, "Bearer")],
-            "missing or wrong bearer token\n",
-        )
-            .into_response();
+        return unauthorized();
     }
     match headers.get(header::CONTENT_TYPE) {
         Some(ct) if ct.to_str().is_ok_and(is_json) => {}
