@@ -326,11 +326,18 @@ async fn the_token_is_enforced_on_mcp() {
 async fn the_official_python_sdk_client_runs_a_workflow_with_progress() {
     let serve = serve(&[]);
     let script = repo_root().join("tests/mcp/python_client.py");
-    let out = Command::new("python3")
+    // The venv tests/interop/setup.sh makes with the pinned `mcp` package.
+    let python = repo_root().join("tests/interop/python/.venv/bin/python");
+    let out = Command::new(&python)
         .arg(&script)
         .arg(serve.mcp_url())
         .output()
-        .expect("python3 runs (tests/run.sh installs the `mcp` package)");
+        .unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}; run tests/interop/setup.sh (tests/run.sh does)",
+                python.display()
+            )
+        });
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "python client failed:\n{stderr}");
     let report: Value = serde_json::from_slice(&out.stdout)
@@ -430,6 +437,10 @@ async fn a_reload_that_exposes_a_workflow_tells_connected_clients() {
     let serve = serve(&[]);
     let (client, handler) = http_client(&serve.mcp_url(), None).await;
     assert_eq!(client.list_all_tools().await.unwrap().len(), 2);
+    // wf-host's own pool, as a client of this host (it negotiates the newest
+    // protocol revision and listens on `subscriptions/listen`).
+    let pool = common::fixture::pool_with(common::fixture::http_connection(&serve.mcp_url()));
+    let mut catalog = pool.watch_catalog("fixture").await.unwrap();
     let path = serve.dir.path().join("wf.toml");
     let mut text = std::fs::read_to_string(&path).unwrap();
     text.push_str(&format!(
@@ -463,6 +474,18 @@ async fn a_reload_that_exposes_a_workflow_tells_connected_clients() {
         .map(|t| t.name.to_string())
         .collect();
     assert_eq!(names, ["chain", "more", "slow"]);
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        catalog.wait_for(|c| c.tool("more").is_some()),
+    )
+    .await
+    .expect("the pool heard of the new tool without waiting for a re-list")
+    .unwrap();
+    assert_eq!(
+        pool.connection_stats("fixture").unwrap().notifications,
+        Some("live")
+    );
+    pool.shutdown().await;
     let started = serve
         .rpc(
             "workflow.start",

@@ -47,12 +47,12 @@ use rmcp::{
     handler::server::common::schema_for_empty_input,
     model::{
         CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
-        GetPromptRequestParams, GetPromptResponse, GetPromptResult, Implementation,
-        InitializeRequestParams, InitializeResult, JsonObject, ListPromptsResult,
-        ListResourcesResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
-        Prompt, PromptArgument, PromptMessage, ReadResourceRequestParams, ReadResourceResponse,
-        ReadResourceResult, Resource, ResourceContents, Role, ServerCapabilities, ServerConfig,
-        Tool,
+        DiscoverRequestMethod, DiscoverResult, GetPromptRequestParams, GetPromptResponse,
+        GetPromptResult, Implementation, InitializeRequestParams, InitializeResult, JsonObject,
+        ListPromptsResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
+        ProgressNotificationParam, Prompt, PromptArgument, PromptMessage,
+        ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
+        ResourceContents, Role, ServerCapabilities, ServerConfig, Tool,
     },
     service::{RequestContext, ServerInitializeError},
     transport::{
@@ -995,6 +995,18 @@ impl ServerHandler for FixtureServer {
         // What the default `initialize` does.
         context.peer.set_peer_info(request.clone());
         self.negotiate_initialize(&request)
+    }
+
+    /// The fixture is a server of revision 2025-11-25, with `initialize` and
+    /// sessions, which the pool's tests of HTTP sessions (404, replay) and
+    /// per-session counters rely on: it refuses the 2026-07-28 probe as servers
+    /// of earlier revisions do, and the client falls back to `initialize`.
+    /// tests/interop.rs covers 2026-07-28 against the Python SDK.
+    async fn discover(
+        &self,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<DiscoverResult, McpError> {
+        Err(McpError::method_not_found::<DiscoverRequestMethod>())
     }
 
     async fn ping(&self, context: RequestContext<RoleServer>) -> Result<(), McpError> {

@@ -16,14 +16,14 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use rmcp::model::{
     ClientCapabilities, ClientConfig, ClientRequest, Implementation, PingRequest,
-    ProgressNotificationParam, ProtocolVersion,
+    ProgressNotificationParam, ProtocolVersion, ServerNotification, SubscriptionFilter,
 };
 use rmcp::service::{NotificationContext, RunningService};
 use rmcp::transport::streamable_http_client::{
     StreamableHttpClientTransportConfig, StreamableHttpError,
 };
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
-use rmcp::{ClientHandler, Peer, RoleClient, ServiceError, ServiceExt};
+use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, Peer, RoleClient, ServiceError};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
@@ -198,6 +198,101 @@ impl ClientHandler for PoolClient {
 /// The longest progress message kept, in bytes.
 const MAX_PROGRESS_MESSAGE: usize = 1024;
 
+/// How a session starts: `server/discover` for revision 2026-07-28 (no
+/// `initialize`; change notifications come only on `subscriptions/listen`),
+/// and an `initialize` at 2025-11-25 when the server answers the probe with a
+/// JSON-RPC error, as servers of earlier revisions do. rmcp gives a server that
+/// ignores the probe 10s before it falls back.
+fn lifecycle() -> ClientLifecycleMode {
+    ClientLifecycleMode::Auto {
+        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+        legacy_version: Some(ProtocolVersion::LATEST_WITH_INITIALIZE),
+    }
+}
+
+/// Whether the session negotiated a revision without `initialize`, whose
+/// change notifications arrive only on a `subscriptions/listen` stream.
+fn needs_listen(peer: &Peer<RoleClient>) -> bool {
+    peer.peer_info()
+        .is_some_and(|info| !info.protocol_version.has_initialize())
+}
+
+/// How long to wait before opening `subscriptions/listen` again after it ended.
+const RELISTEN_DELAY: Duration = Duration::from_secs(1);
+
+/// Keeps a `subscriptions/listen` stream open for the session's life and turns
+/// its change notifications into dirty marks. Each time the server acknowledges
+/// a stream everything is marked stale, since a change may have come before:
+/// the first stream races the listing on connect, and a stream that ended (the
+/// server closed it, or it broke) is reopened. A server that refuses the
+/// request has no subscriptions: the catalog is then only listed on connect.
+async fn listen_for_changes(
+    connection: Arc<str>,
+    peer: Peer<RoleClient>,
+    dirty: Arc<Dirty>,
+    streams: Arc<AtomicUsize>,
+) {
+    /// Counts an acknowledged stream as open until it ends.
+    struct Open(Arc<AtomicUsize>);
+    impl Drop for Open {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    let filter = SubscriptionFilter::builder()
+        .tools_list_changed()
+        .resources_list_changed()
+        .prompts_list_changed()
+        .build();
+    loop {
+        let mut subscription = match peer.listen(filter.clone()).await {
+            Ok(subscription) => subscription,
+            Err(ServiceError::McpError(e)) => {
+                tracing::warn!(connection = %connection, "the server refused subscriptions/listen; list changes will not be seen: {}", e.message);
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(connection = %connection, "subscriptions/listen failed: {e}");
+                if peer.is_transport_closed() {
+                    return;
+                }
+                tokio::time::sleep(RELISTEN_DELAY).await;
+                continue;
+            }
+        };
+        streams.fetch_add(1, Ordering::Relaxed);
+        let open = Open(streams.clone());
+        dirty.mark(catalog::ALL);
+        tracing::debug!(connection = %connection, "listening for list changes");
+        loop {
+            match subscription.next().await {
+                Ok(Some(ServerNotification::ToolListChangedNotification(_))) => {
+                    dirty.mark(catalog::TOOLS)
+                }
+                Ok(Some(ServerNotification::ResourceListChangedNotification(_))) => {
+                    dirty.mark(catalog::RESOURCES)
+                }
+                Ok(Some(ServerNotification::PromptListChangedNotification(_))) => {
+                    dirty.mark(catalog::PROMPTS)
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::debug!(connection = %connection, "subscriptions/listen stream failed: {e}");
+                    break;
+                }
+            }
+        }
+        drop(open);
+        tracing::debug!(connection = %connection, end = ?subscription.end(), "subscriptions/listen ended");
+        if peer.is_transport_closed() {
+            return;
+        }
+        tokio::time::sleep(RELISTEN_DELAY).await;
+    }
+}
+
 /// The death reason when the HTTP server no longer knows the session. Only the
 /// request that got the 404 itself is known to be unprocessed; the session's
 /// other in-flight requests may have run, so they fail instead of replaying.
@@ -247,14 +342,70 @@ fn child_env(
     vars.into_iter().collect()
 }
 
-/// Opens a session: spawn or connect, `initialize`, list the catalog, and start
-/// the owner task.
+/// Opens a session: spawn or connect, `server/discover` or `initialize`, list
+/// the catalog, and start the owner task.
 pub(crate) async fn connect(
     settings: &Settings,
     counters: Arc<ConnCounters>,
     progress: Arc<ProgressRoutes>,
     pinned: Option<Arc<BTreeMap<String, String>>>,
 ) -> Result<Session, String> {
+    let first = open(
+        settings,
+        counters.clone(),
+        progress.clone(),
+        pinned.clone(),
+        lifecycle(),
+    );
+    match first.await {
+        Err(Failed::Handshake(e)) => {
+            // A server of an earlier revision may close the connection on the
+            // probe instead of answering it: rmcp servers before 3.x exit on any
+            // first request but `initialize`. Start afresh with `initialize`.
+            tracing::debug!(connection = %settings.id, "server/discover failed ({e}); connecting again with initialize");
+            open(
+                settings,
+                counters,
+                progress,
+                pinned,
+                ClientLifecycleMode::Initialize,
+            )
+            .await
+            .map_err(Failed::into_detail)
+        }
+        other => other.map_err(Failed::into_detail),
+    }
+}
+
+/// Why [`open`] failed.
+enum Failed {
+    /// The transport was up, the lifecycle handshake failed.
+    Handshake(String),
+    Other(String),
+}
+
+impl Failed {
+    fn into_detail(self) -> String {
+        match self {
+            Failed::Handshake(e) => format!("initialize failed: {e}"),
+            Failed::Other(e) => e,
+        }
+    }
+}
+
+impl From<String> for Failed {
+    fn from(detail: String) -> Failed {
+        Failed::Other(detail)
+    }
+}
+
+async fn open(
+    settings: &Settings,
+    counters: Arc<ConnCounters>,
+    progress: Arc<ProgressRoutes>,
+    pinned: Option<Arc<BTreeMap<String, String>>>,
+    lifecycle: ClientLifecycleMode,
+) -> Result<Session, Failed> {
     let dirty = Arc::new(Dirty::default());
     let handler = PoolClient {
         dirty: dirty.clone(),
@@ -288,9 +439,9 @@ pub(crate) async fn connect(
                 aux.spawn(drain_stderr(connection, stderr));
             }
             let running = handler
-                .serve(transport)
+                .serve_with_lifecycle(transport, lifecycle)
                 .await
-                .map_err(|e| format!("initialize failed: {e}"))?;
+                .map_err(|e| Failed::Handshake(e.to_string()))?;
             (running, pid, None)
         }
         Transport::Http { url, headers } => {
@@ -328,9 +479,9 @@ pub(crate) async fn connect(
             let client = super::stream_watch::Watched::new(client, streams.clone());
             let transport = StreamableHttpClientTransport::with_client(client, config);
             let running = handler
-                .serve(transport)
+                .serve_with_lifecycle(transport, lifecycle)
                 .await
-                .map_err(|e| format!("initialize failed: {e}"))?;
+                .map_err(|e| Failed::Handshake(e.to_string()))?;
             (running, None, Some(streams))
         }
     };
@@ -342,6 +493,20 @@ pub(crate) async fn connect(
     // server died, hiding the failure.
     peer.set_response_cache_config(rmcp::ClientCacheConfig::disabled())
         .await;
+    let streams = if needs_listen(&peer) {
+        // At 2026-07-28 the listen stream is what carries change notifications,
+        // over stdio too: the session is `live` while one is open.
+        let streams = streams.unwrap_or_default();
+        aux.spawn(listen_for_changes(
+            settings.id.clone(),
+            peer.clone(),
+            dirty.clone(),
+            streams.clone(),
+        ));
+        Some(streams)
+    } else {
+        streams
+    };
     let advertised = peer
         .peer_info()
         .map(|info| Advertised {
@@ -808,6 +973,9 @@ async fn health_check(peer: Peer<RoleClient>) -> Option<String> {
     let ping = peer.send_request(ClientRequest::PingRequest(PingRequest::default()));
     match tokio::time::timeout(PING_TIMEOUT, ping).await {
         Ok(Ok(_)) => None,
+        // An error answer is an answer: the server is alive. Servers of
+        // 2026-07-28 answer `ping` with -32601 (the Python SDK and rmcp do).
+        Ok(Err(ServiceError::McpError(_))) => None,
         Ok(Err(e)) if is_session_expired(&e) => Some(EXPIRED.to_owned()),
         Ok(Err(e)) => Some(format!("ping failed: {e}")),
         Err(_) => Some(format!(

@@ -1,0 +1,168 @@
+// An MCP server on the official TypeScript SDK (@modelcontextprotocol/sdk), for
+// tests/interop.rs. It offers what the pool's scenarios need, like the fixture
+// in host/src/fixture.rs:
+//
+// - tools `echo {text}`, `add {a, b}`, `sleep {ms}` (records a cancellation),
+//   `crash` (exits without answering), `register_extra` (adds the tool `extra`
+//   to this session, which sends notifications/tools/list_changed) and
+//   `call_log`;
+// - the resource `interop://greeting` and the prompt `greet {name}`.
+//
+// `call_log` answers {"calls": [{"tool", "arguments", "session"}],
+// "cancelled": [{"tool", "session"}], "sessions": n}: every call before it, every
+// call cancelled by notifications/cancelled, and how many sessions (initialize
+// handshakes) this process served.
+//
+//   node server.mjs                 # stdio
+//   node server.mjs --http PORT     # streamable HTTP on 127.0.0.1:PORT/mcp (0 picks one)
+//
+// Over HTTP it prints `listening on http://127.0.0.1:PORT/mcp` on stderr once it
+// accepts connections.
+import { randomUUID } from "node:crypto";
+import http from "node:http";
+import { McpServer } from "@modelcontextprotocol/sdk/server/mcp.js";
+import { StdioServerTransport } from "@modelcontextprotocol/sdk/server/stdio.js";
+import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
+import { isInitializeRequest } from "@modelcontextprotocol/sdk/types.js";
+import { z } from "zod";
+
+const CRASH_EXIT_CODE = 3;
+const calls = [];
+const cancelled = [];
+let sessions = 0;
+
+const text = (t) => ({ content: [{ type: "text", text: String(t) }] });
+
+// One McpServer per session: its tool list (and `extra`) is the session's own.
+function newServer() {
+  const session = ++sessions;
+  const server = new McpServer(
+    { name: "interop-node", version: "0.0.0" },
+    { capabilities: { tools: { listChanged: true } } },
+  );
+  const record = (tool, args) => calls.push({ tool, arguments: args, session });
+  let registeredExtra = null;
+
+  server.registerTool(
+    "echo",
+    { description: "Returns `text` unchanged.", inputSchema: { text: z.string() } },
+    async (args) => (record("echo", args), text(args.text)),
+  );
+  server.registerTool(
+    "add",
+    { description: "Adds two numbers; returns the sum as text.", inputSchema: { a: z.number(), b: z.number() } },
+    async (args) => (record("add", args), text(args.a + args.b)),
+  );
+  server.registerTool(
+    "sleep",
+    {
+      description: "Waits `ms` milliseconds; a cancelled call is recorded in call_log.",
+      inputSchema: { ms: z.number().int() },
+    },
+    async (args, extra) => {
+      record("sleep", args);
+      await new Promise((resolve) => {
+        const timer = setTimeout(resolve, args.ms);
+        extra.signal.addEventListener("abort", () => {
+          clearTimeout(timer);
+          cancelled.push({ tool: "sleep", session });
+          resolve();
+        });
+      });
+      return text(`slept ${args.ms}ms`);
+    },
+  );
+  server.registerTool(
+    "crash",
+    { description: "Exits the server process at once, without answering." },
+    async () => {
+      record("crash", {});
+      process.exit(CRASH_EXIT_CODE);
+    },
+  );
+  server.registerTool(
+    "register_extra",
+    { description: "Adds the tool `extra` to this session; the SDK sends notifications/tools/list_changed." },
+    async () => {
+      record("register_extra", {});
+      if (!registeredExtra) {
+        registeredExtra = server.registerTool(
+          "extra",
+          { description: "Registered at runtime by register_extra.", inputSchema: { text: z.string().optional() } },
+          async (args) => text(`extra: ${args.text ?? ""}`),
+        );
+      }
+      return text("registered");
+    },
+  );
+  server.registerTool(
+    "call_log",
+    { description: "Every call before this one, the cancelled ones and the number of sessions." },
+    async () => {
+      const log = { calls: [...calls], cancelled: [...cancelled], sessions };
+      return { ...text(JSON.stringify(log)), structuredContent: log };
+    },
+  );
+  server.registerResource(
+    "greeting",
+    "interop://greeting",
+    { description: "A plain-text greeting.", mimeType: "text/plain" },
+    async (uri) => ({ contents: [{ uri: uri.href, mimeType: "text/plain", text: "hello from node" }] }),
+  );
+  server.registerPrompt(
+    "greet",
+    { description: "Asks the model to greet someone.", argsSchema: { name: z.string() } },
+    async ({ name }) => ({
+      messages: [{ role: "user", content: { type: "text", text: `Say hello to ${name}.` } }],
+    }),
+  );
+  return server;
+}
+
+async function serveHttp(port) {
+  const transports = new Map(); // session id -> transport
+  const httpServer = http.createServer(async (req, res) => {
+    try {
+      if (!req.url.startsWith("/mcp")) {
+        res.writeHead(404).end();
+        return;
+      }
+      let body;
+      if (req.method === "POST") {
+        const chunks = [];
+        for await (const chunk of req) chunks.push(chunk);
+        body = JSON.parse(Buffer.concat(chunks).toString("utf8"));
+      }
+      const id = req.headers["mcp-session-id"];
+      let transport = id ? transports.get(id) : undefined;
+      if (!transport) {
+        if (id || !isInitializeRequest(body)) {
+          res.writeHead(id ? 404 : 400, { "content-type": "application/json" });
+          res.end(JSON.stringify({ jsonrpc: "2.0", error: { code: -32000, message: "no such session" }, id: null }));
+          return;
+        }
+        transport = new StreamableHTTPServerTransport({
+          sessionIdGenerator: () => randomUUID(),
+          onsessioninitialized: (sid) => transports.set(sid, transport),
+        });
+        transport.onclose = () => transport.sessionId && transports.delete(transport.sessionId);
+        await newServer().connect(transport);
+      }
+      await transport.handleRequest(req, res, body);
+    } catch (e) {
+      console.error("request failed:", e);
+      if (!res.headersSent) res.writeHead(500).end();
+    }
+  });
+  httpServer.listen(port, "127.0.0.1", () => {
+    const { port } = httpServer.address();
+    console.error(`listening on http://127.0.0.1:${port}/mcp`);
+  });
+}
+
+const i = process.argv.indexOf("--http");
+if (i >= 0) {
+  await serveHttp(Number(process.argv[i + 1] ?? 0));
+} else {
+  await newServer().connect(new StdioServerTransport());
+}
