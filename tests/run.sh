@@ -7,4 +7,6 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ./plugins/build.sh --install
 ./plugins/build.sh
+# The MCP conformance suite (tests/conformance.rs), pinned by its lock file.
+(cd tests/conformance && npm ci --no-audit --no-fund)
 cargo test --workspace

@@ -81,3 +81,4 @@ pub fn init_tracing() {
         .with_test_writer()
         .try_init();
 }
+pub mod remote;

@@ -12,6 +12,8 @@
 
 mod backend;
 mod catalog;
+mod http;
+mod oauth;
 mod session;
 
 use std::collections::{BTreeMap, HashMap};
@@ -31,6 +33,8 @@ use tokio::sync::{oneshot, watch};
 
 pub use backend::to_capability_error;
 pub use catalog::Catalog;
+pub use http::{TlsFiles, load_tls_files};
+pub use oauth::login;
 pub use session::{OpFn, OpMeta};
 use session::{Operation, Session};
 
@@ -92,6 +96,8 @@ pub struct PoolConfig {
     pub base_dir: PathBuf,
     /// Catalog entries per kind; defaults to [`DEFAULT_CATALOG_CAP`].
     pub catalog_cap: Option<usize>,
+    /// The OAuth token store; defaults to `.wf-host/tokens.json` in `base_dir`.
+    pub tokens: Option<PathBuf>,
 }
 
 /// A connection's settings, normalised; what the fingerprint hashes.
@@ -118,6 +124,8 @@ pub(crate) enum Transport {
     Http {
         url: String,
         headers: BTreeMap<String, String>,
+        tls: TlsFiles,
+        auth: Option<oauth::AuthSettings>,
     },
 }
 
@@ -141,6 +149,14 @@ impl Settings {
             (None, url) => Transport::Http {
                 url: url.clone().unwrap_or_default(),
                 headers: c.headers.clone(),
+                tls: TlsFiles::resolve(c, &pool.base_dir),
+                auth: oauth::AuthSettings::from_config(
+                    c,
+                    &pool
+                        .tokens
+                        .clone()
+                        .unwrap_or_else(|| pool.base_dir.join(crate::config::DEFAULT_TOKENS)),
+                ),
             },
         };
         let is_http = matches!(transport, Transport::Http { .. });

@@ -247,7 +247,12 @@ pub(crate) async fn connect(
                 .map_err(|e| format!("initialize failed: {e}"))?;
             (running, pid)
         }
-        Transport::Http { url, headers } => {
+        Transport::Http {
+            url,
+            headers,
+            tls,
+            auth,
+        } => {
             let mut custom = std::collections::HashMap::new();
             for (name, value) in headers {
                 let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
@@ -270,19 +275,27 @@ pub(crate) async fn connect(
                 // We re-initialise ourselves, so the pool's stats count it.
                 .reinit_on_expired_session(false);
             config.retry_config = Arc::new(backoff);
-            let client = reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(5))
-                // No idle keep-alive reuse: after a server restart a stale pooled
-                // connection fails the next POST with a transport error instead
-                // of the 404 that lets us re-initialise transparently.
-                .pool_max_idle_per_host(0)
-                .build()
-                .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
-            let transport = StreamableHttpClientTransport::with_client(client, config);
-            let running = handler
-                .serve(transport)
-                .await
-                .map_err(|e| format!("initialize failed: {e}"))?;
+            // Keep-alive is on: a request a stale pooled connection swallows
+            // (the server restarted) is sent again on a fresh one, so a
+            // restart still shows up as the 404 that re-initialises us.
+            let http = super::http::client(tls)?;
+            let oauth = match auth {
+                Some(auth) => Some(Arc::new(
+                    super::oauth::OAuth::start(settings.id.clone(), url, auth, http.clone())
+                        .await?,
+                )),
+                None => None,
+            };
+            let client = super::http::HostClient::new(http, oauth);
+            let transport = StreamableHttpClientTransport::with_client(client.clone(), config);
+            let running =
+                handler
+                    .serve(transport)
+                    .await
+                    .map_err(|e| match client.last_failure() {
+                        Some(why) => why,
+                        None => format!("initialize failed: {e}"),
+                    })?;
             (running, None)
         }
     };
