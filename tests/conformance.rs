@@ -29,6 +29,8 @@ fn scenario(name: &str) {
     let out = Command::new(suite())
         .args(["client", "--scenario", name, "--command"])
         .arg(format!("{} conformance-client", wf_host_bin().display()))
+        .arg("--output-dir")
+        .arg(results.path())
         .current_dir(results.path())
         .env_remove("MCP_CONFORMANCE_CONTEXT")
         .output()
@@ -39,7 +41,7 @@ fn scenario(name: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
     let mut checks = Vec::new();
-    for entry in walk(&results.path().join("results")) {
+    for entry in walk(results.path()) {
         if entry.file_name().is_some_and(|n| n == "checks.json") {
             let parsed: Value = serde_json::from_slice(&std::fs::read(&entry).unwrap()).unwrap();
             checks.extend(parsed.as_array().cloned().unwrap_or_default());

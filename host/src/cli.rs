@@ -784,10 +784,11 @@ async fn conformance_client(url: String) -> Result<(), Failure> {
         .auth
         .as_ref()
         .is_some_and(|a| a.kind == wf_host::config::AuthKind::AuthorizationCode);
-    let mut attempts = 0;
-    loop {
-        attempts += 1;
-        if code_flow {
+    // Signed in only once the server asks, with the scope it names: first
+    // on a 401, then again on a 403 that wants more.
+    let mut sign_in = false;
+    for attempt in 1.. {
+        if sign_in {
             let mut browser = None;
             let signed_in = wf_host::pool::login("server", &conn, dir.path(), &tokens, |url| {
                 // The suite's authorization server approves at once and
@@ -821,17 +822,19 @@ async fn conformance_client(url: String) -> Result<(), Failure> {
         pool.shutdown().await;
         let Err(e) = result else { return Ok(()) };
         let message = e.to_string();
-        let wanted = message
-            .split_once("wants scope `")
-            .and_then(|(_, rest)| rest.split_once('`'))
-            .map(|(scope, _)| scope.to_owned());
-        match (wanted, conn.auth.as_mut()) {
-            (Some(scope), Some(auth)) if code_flow && attempts < 2 => {
-                auth.scopes = scope.split_whitespace().map(str::to_owned).collect();
+        match conn.auth.as_mut() {
+            Some(auth) if code_flow && attempt < 3 && message.contains("wf-host auth login") => {
+                if let Some((_, rest)) = message.split_once("wants scope `")
+                    && let Some((scope, _)) = rest.split_once('`')
+                {
+                    auth.scopes = scope.split_whitespace().map(str::to_owned).collect();
+                }
+                sign_in = true;
             }
             _ => return Err(failed(anyhow!(e))),
         }
     }
+    Ok(())
 }
 
 /// Arguments for a tool from its input schema: 1 for numbers, `"test"` for

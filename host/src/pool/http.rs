@@ -167,7 +167,10 @@ pub(crate) fn explain_tls(error: &(dyn StdError + 'static)) -> Option<String> {
             return Some(describe_rustls(tls));
         }
         // `io::Error::source` skips the error it wraps: step into it instead.
-        next = match e.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+        next = match e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
             Some(inner) => Some(inner as &(dyn StdError + 'static)),
             None => e.source(),
         };
@@ -310,9 +313,11 @@ impl HostClient {
         };
         let result = async {
             let token = oauth.token().await?;
-            match resend(Some(token.clone())).await {
-                Err(StreamableHttpError::AuthRequired(_)) => {
-                    let token = oauth.renew(&token).await?;
+            match resend(token.clone()).await {
+                Err(StreamableHttpError::AuthRequired(challenge)) => {
+                    let token = oauth
+                        .renew(token.as_deref(), &challenge.www_authenticate_header)
+                        .await?;
                     resend(Some(token)).await
                 }
                 Err(StreamableHttpError::InsufficientScope(e)) => {

@@ -80,6 +80,9 @@ pub(crate) struct OAuth {
     connection: Arc<str>,
     settings: AuthSettings,
     resource: String,
+    /// `authorization-code`: whether tokens were stored. Without them,
+    /// requests go out unauthenticated and a 401 says to sign in.
+    signed_in: bool,
     // Held across a token request, so concurrent requests wait for one
     // refresh instead of each starting their own.
     manager: tokio::sync::Mutex<AuthorizationManager>,
@@ -90,7 +93,7 @@ pub(crate) struct OAuth {
 
 impl OAuth {
     /// Discovers the authorization server of `url` and readies tokens: for
-    /// `authorization-code`, the stored ones must be there.
+    /// `authorization-code`, the stored ones, if any.
     ///
     /// # Errors
     /// A message for the connect error (never holding a secret).
@@ -107,6 +110,7 @@ impl OAuth {
         }
         let (mut manager, key) = discover(url, http, settings).await?;
         manager.set_credential_store(FileStore::new(&settings.tokens, key));
+        let mut signed_in = true;
         match settings.kind {
             AuthKind::ClientCredentials => {
                 let config = cc_config(settings, url, &[]);
@@ -115,13 +119,10 @@ impl OAuth {
                     .map_err(|e| format!("OAuth: {e}"))?;
             }
             AuthKind::AuthorizationCode => {
-                let signed_in = manager
+                signed_in = manager
                     .initialize_from_store()
                     .await
                     .map_err(|e| format!("OAuth token store: {e}"))?;
-                if !signed_in {
-                    return Err(relogin(&connection, "no stored OAuth tokens"));
-                }
                 if let (Some(id), Some(secret)) = (&settings.client_id, &settings.client_secret) {
                     manager
                         .configure_client(
@@ -136,28 +137,48 @@ impl OAuth {
             connection,
             settings: settings.clone(),
             resource: url.to_owned(),
+            signed_in,
             manager: tokio::sync::Mutex::new(manager),
             extra_scopes: Mutex::default(),
         })
     }
 
     /// A usable access token: the stored one, refreshed or fetched anew when
-    /// it expired.
-    pub(crate) async fn token(&self) -> Result<String, OAuthFailure> {
+    /// it expired. `None` before anyone signed in (authorization code): the
+    /// server may not need one for everything.
+    pub(crate) async fn token(&self) -> Result<Option<String>, OAuthFailure> {
+        if !self.signed_in {
+            return Ok(None);
+        }
         let manager = self.manager.lock().await;
         match manager.get_access_token().await {
-            Ok(token) => Ok(token),
-            Err(AuthError::AuthorizationRequired) => self.fetch(&manager).await,
+            Ok(token) => Ok(Some(token)),
+            Err(AuthError::AuthorizationRequired) => self.fetch(&manager).await.map(Some),
             Err(e) => Err(self.failure(&e)),
         }
     }
 
-    /// A new token after the server rejected `rejected` (401).
-    pub(crate) async fn renew(&self, rejected: &str) -> Result<String, OAuthFailure> {
+    /// A new token after the server answered 401 with `challenge` to a
+    /// request that carried `rejected`.
+    pub(crate) async fn renew(
+        &self,
+        rejected: Option<&str>,
+        challenge: &str,
+    ) -> Result<String, OAuthFailure> {
+        let wants = |why: &str| match challenge_scope(challenge) {
+            Some(scope) => format!("{why}; the server wants scope `{scope}`"),
+            None => why.to_owned(),
+        };
+        if !self.signed_in && self.settings.kind == AuthKind::AuthorizationCode {
+            return Err(OAuthFailure(relogin(
+                &self.connection,
+                &wants("the server wants OAuth and no one signed in"),
+            )));
+        }
         let manager = self.manager.lock().await;
         // Another request may have renewed it while we waited.
         if let Ok(token) = manager.get_access_token().await
-            && token != rejected
+            && Some(token.as_str()) != rejected
         {
             return Ok(token);
         }
@@ -168,7 +189,7 @@ impl OAuth {
                 Err(AuthError::AuthorizationRequired | AuthError::TokenRefreshRejected(_)) => {
                     Err(OAuthFailure(relogin(
                         &self.connection,
-                        "the access token was rejected and cannot be refreshed",
+                        &wants("the access token was rejected and cannot be refreshed"),
                     )))
                 }
                 Err(e) => Err(self.failure(&e)),
@@ -230,6 +251,20 @@ impl OAuth {
     fn failure(&self, e: &AuthError) -> OAuthFailure {
         OAuthFailure(format!("OAuth: {e}"))
     }
+}
+
+/// The `scope` parameter of a `WWW-Authenticate: Bearer …` challenge.
+fn challenge_scope(challenge: &str) -> Option<&str> {
+    let mut rest = challenge;
+    while let Some(at) = rest.find("scope=\"") {
+        let before = rest[..at].chars().next_back();
+        let value = &rest[at + "scope=\"".len()..];
+        if before.is_none_or(|c| c == ' ' || c == ',') {
+            return value.split_once('"').map(|(scope, _)| scope);
+        }
+        rest = value;
+    }
+    None
 }
 
 fn relogin(connection: &str, why: &str) -> String {
