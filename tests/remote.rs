@@ -349,6 +349,8 @@ async fn an_expired_client_credentials_token_is_fetched_again() {
 /// Runs `wf-host auth login remote`, follows the printed URL like a browser
 /// would, and returns the exit status and stderr.
 async fn login(config: &Path, extra_env: &[(&str, &str)]) -> (std::process::ExitStatus, String) {
+    // The browser's HTTP client needs a TLS provider even for http URLs.
+    let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
     let mut child = Command::new(wf_host_bin())
         .args(["auth", "login", "remote", "--config"])
         .arg(config)
@@ -444,33 +446,42 @@ async fn an_expired_access_token_is_refreshed_unattended() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn when_refresh_is_impossible_the_call_says_to_run_auth_login() {
+    let relogin = "run `wf-host auth login remote`";
     let server = AuthServer::start().await;
     server.state.ttl_secs.store(2, Ordering::SeqCst);
     let dir = ConfigDir::new();
     let config = code_config(&dir, &server);
     let (status, stderr) = login(&config, &[]).await;
     assert!(status.success(), "stderr: {stderr}");
+    // Mid-session: the token expires and the server refuses the refresh.
+    let pool = pool_from(&config);
+    echo(&pool, "fresh").await.unwrap();
     server.state.refresh_works.store(false, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(2100)).await;
-    let pool = pool_from(&config);
     let err = echo(&pool, "x").await.unwrap_err();
-    assert!(
-        err.to_string().contains("run `wf-host auth login remote`"),
-        "{err}"
-    );
+    assert!(err.to_string().contains(relogin), "{err}");
     assert_eq!(
         wf_host::pool::to_capability_error(err).code(),
         "unavailable"
     );
+    // The next session cannot get in either, and says the same.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let err = echo(&pool, "x").await.unwrap_err();
+    assert!(err.to_string().contains(relogin), "{err}");
+    assert!(
+        pool.connection_stats("remote")
+            .unwrap()
+            .last_error
+            .unwrap_or_default()
+            .contains(relogin),
+        "host.status says what to do"
+    );
 
-    // Before any login there is nothing to refresh either.
+    // Before any login, the server's 401 gets the same advice.
     let fresh = ConfigDir::new();
     let pool = pool_from(&code_config(&fresh, &server));
     let err = echo(&pool, "x").await.unwrap_err();
-    assert!(
-        err.to_string().contains("run `wf-host auth login remote`"),
-        "{err}"
-    );
+    assert!(err.to_string().contains(relogin), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -521,4 +532,78 @@ async fn secrets_appear_in_no_log_line() {
             }
         }
     }
+}
+
+/// A TCP proxy to `upstream` that, when `drop_next` is set, closes the next
+/// connection that sends a second request's bytes, without forwarding them:
+/// what a server that closed an idle keep-alive connection looks like.
+async fn dropping_proxy(
+    upstream: std::net::SocketAddr,
+    drop_next: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    dropped: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let (drop_next, dropped) = (drop_next.clone(), dropped.clone());
+            tokio::spawn(async move {
+                let server = tokio::net::TcpStream::connect(upstream).await.unwrap();
+                let (mut client_read, mut client_write) = client.into_split();
+                let (mut server_read, mut server_write) = server.into_split();
+                let back = tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+                });
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut forwarded = false;
+                loop {
+                    let n = match client_read.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    if forwarded && drop_next.swap(false, Ordering::SeqCst) {
+                        dropped.fetch_add(1, Ordering::SeqCst);
+                        break;
+                    }
+                    forwarded = true;
+                    if server_write.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+                // Closing both halves: the client sees EOF with no answer.
+                back.abort();
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_a_reused_connection_drops_unanswered_is_sent_again() {
+    let stop = CancellationToken::new();
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = tcp.local_addr().unwrap();
+    let router = fixture_router(&stop);
+    tokio::spawn(async move { axum::serve(tcp, router).await });
+    let drop_next = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let dropped = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let port = dropping_proxy(upstream, drop_next.clone(), dropped.clone()).await;
+
+    let dir = ConfigDir::new();
+    let pool = pool_from(&dir.config(&format!(
+        "[connections.remote]\nurl = \"http://127.0.0.1:{port}/mcp\"\n"
+    )));
+    echo(&pool, "warm").await.unwrap();
+    drop_next.store(true, Ordering::SeqCst);
+    let out = echo(&pool, "again").await.unwrap();
+    assert_eq!(out["content"][0]["text"], "again");
+    assert_eq!(
+        dropped.load(Ordering::SeqCst),
+        1,
+        "the proxy dropped a request"
+    );
+    let stats = pool.connection_stats("remote").unwrap();
+    assert_eq!(stats.sessions_opened, 1, "the same session carried on");
+    assert_eq!(stats.failures, 0);
 }

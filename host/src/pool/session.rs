@@ -736,11 +736,33 @@ fn classify(connection: &str, e: ServiceError) -> (Result<Value, PoolError>, End
         e => (
             Err(PoolError::SessionClosed {
                 connection,
-                reason: e.to_string(),
+                reason: transport_reason(&e),
             }),
             Ended::TransportError,
         ),
     }
+}
+
+/// What to tell an operator about a transport failure: the OAuth or TLS
+/// problem under it when there is one (rmcp's own message names only its
+/// types), else the error itself.
+fn transport_reason(err: &ServiceError) -> String {
+    if let ServiceError::TransportSend(e) = err {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e.error.as_ref());
+        while let Some(s) = source {
+            match s.downcast_ref::<StreamableHttpError<reqwest::Error>>() {
+                Some(StreamableHttpError::Auth(auth)) => return auth.to_string(),
+                Some(StreamableHttpError::Client(client)) => {
+                    if let Some(tls) = super::http::explain_tls(client) {
+                        return tls;
+                    }
+                }
+                _ => {}
+            }
+            source = s.source();
+        }
+    }
+    err.to_string()
 }
 
 /// An HTTP 404 for our session id: the server restarted or dropped us.
