@@ -349,8 +349,6 @@ async fn an_expired_client_credentials_token_is_fetched_again() {
 /// Runs `wf-host auth login remote`, follows the printed URL like a browser
 /// would, and returns the exit status and stderr.
 async fn login(config: &Path, extra_env: &[(&str, &str)]) -> (std::process::ExitStatus, String) {
-    // The browser's HTTP client needs a TLS provider even for http URLs.
-    let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
     let mut child = Command::new(wf_host_bin())
         .args(["auth", "login", "remote", "--config"])
         .arg(config)
@@ -377,7 +375,7 @@ async fn login(config: &Path, extra_env: &[(&str, &str)]) -> (std::process::Exit
     );
     assert!(url.contains("code_challenge_method=S256"), "{url}");
     // The browser: the authorization server redirects to the loopback listener.
-    let answer = reqwest::get(url).await.unwrap();
+    let answer = common::http_client().get(url).send().await.unwrap();
     assert!(answer.status().is_success(), "{:?}", answer.status());
     let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
         .await

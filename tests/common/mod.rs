@@ -74,6 +74,15 @@ pub fn expect_ok(report: &wf_host::runtime::RunReport) -> &str {
 
 pub mod fixture;
 
+/// An HTTP client for tests. The host's reqwest has TLS with rustls but no
+/// built-in crypto provider (ring is installed process-wide instead of
+/// building aws-lc-rs), so a test process installs ring before its first
+/// client.
+pub fn http_client() -> reqwest::Client {
+    let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::new()
+}
+
 /// Sends `tracing` output to the test's captured output; `RUST_LOG` selects it.
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()

@@ -414,6 +414,9 @@ struct PoolInner {
 impl Pool {
     /// A pool for `config.connections`. Nothing connects until first use.
     pub fn new(config: PoolConfig) -> Pool {
+        // reqwest has rustls without a built-in provider: ring is installed
+        // for the whole process (see `http`).
+        http::install_crypto_provider();
         let slots = config
             .connections
             .iter()
