@@ -92,17 +92,9 @@ async fn https_fixture(
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_trusted_through_ca_file_serves_a_wasm_node() {
-    let ca = TestCa::new("wf-host test CA");
-    let (server, _stop) = https_fixture(&ca, &["localhost"], false).await;
-    let dir = ConfigDir::new();
-    dir.file("ca.pem", &ca.cert_pem);
-    let config = dir.config(&format!(
-        "[connections.remote]\nurl = \"https://localhost:{}/mcp\"\nca_file = \"ca.pem\"\n",
-        server.port
-    ));
-    let out = tokio::task::spawn_blocking(move || {
+/// `wf-host run plugins/call.wasm` calling `remote.echo` with `config`.
+async fn run_call_node(config: PathBuf) -> std::process::Output {
+    tokio::task::spawn_blocking(move || {
         Command::new(wf_host_bin())
             .arg("run")
             .arg(plugin("call"))
@@ -114,11 +106,31 @@ async fn a_server_trusted_through_ca_file_serves_a_wasm_node() {
             .unwrap()
     })
     .await
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_trusted_through_ca_file_serves_a_wasm_node() {
+    let ca = TestCa::new("wf-host test CA");
+    let (server, _stop) = https_fixture(&ca, &["localhost"], false).await;
+    let dir = ConfigDir::new();
+    dir.file("ca.pem", &ca.cert_pem);
+    let url = format!("url = \"https://localhost:{}/mcp\"", server.port);
+    let out = run_call_node(dir.config(&format!(
+        "[connections.remote]\n{url}\nca_file = \"ca.pem\"\n"
+    )))
+    .await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "stderr: {stderr}");
     let output: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(output["content"][0]["text"], "over tls", "{output}");
+
+    // Without `ca_file` the node gets `unavailable`; the operator's log says why.
+    let out = run_call_node(dir.config(&format!("[connections.remote]\n{url}\n"))).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert!(stderr.contains("unavailable"), "{stderr}");
+    assert!(stderr.contains("unknown issuer"), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

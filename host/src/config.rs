@@ -245,7 +245,7 @@ pub struct AuthConfig {
     pub client_secret: Option<Secret>,
     /// The host variable holding the client secret.
     pub client_secret_env: Option<String>,
-    /// Scopes to ask for; default: what the server advertises.
+    /// Scopes to ask for; none: the authorization server's default grant.
     #[serde(default)]
     pub scopes: Vec<String>,
     /// How the client authenticates at the token endpoint.
