@@ -495,6 +495,39 @@ async fn when_refresh_is_impossible_the_call_says_to_run_auth_login() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_login_refuses_what_it_cannot_sign_in_to() {
+    let server = AuthServer::start().await;
+    let dir = ConfigDir::new();
+    let config = cc_config(&dir, &server, "", false);
+    let run = |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || {
+            Command::new(wf_host_bin())
+                .args(["auth", "login"])
+                .args(args)
+                .output()
+                .unwrap()
+        })
+    };
+    let config = config.display().to_string();
+    let out = run(vec!["nope".into(), "--config".into(), config.clone()])
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("connection `nope` is not configured"),
+        "{stderr}"
+    );
+    let out = run(vec!["remote".into(), "--config".into(), config])
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("needs no login"), "{stderr}");
+    assert!(out.stdout.is_empty(), "no URL printed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_appear_in_no_log_line() {
     let server = AuthServer::start().await;
     let dir = ConfigDir::new();
