@@ -1554,6 +1554,7 @@ mod tests {
 
     #[tokio::test]
     async fn fixture_over_http() {
+        crate::pool::install_tls_provider();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");

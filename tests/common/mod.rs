@@ -79,7 +79,7 @@ pub mod fixture;
 /// building aws-lc-rs), so a test process installs ring before its first
 /// client.
 pub fn http_client() -> reqwest::Client {
-    let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
+    wf_host::pool::install_tls_provider();
     reqwest::Client::new()
 }
 

@@ -100,9 +100,12 @@ pub(crate) fn load(files: &TlsFiles) -> Result<TlsMaterial, String> {
     Ok(TlsMaterial { roots, identity })
 }
 
-/// Makes ring rustls's process-wide provider, for clients built without one
-/// (rmcp's own OAuth discovery client). Idempotent.
-pub(crate) fn install_crypto_provider() {
+/// Makes ring the process-wide rustls provider. Our reqwest has rustls
+/// without a built-in provider (aws-lc-rs is slow to build), so every
+/// `reqwest::Client` built without an explicit TLS config (rmcp's default
+/// transport client, its OAuth discovery client, a test's client) needs this
+/// first; the pool calls it. Idempotent.
+pub fn install_tls_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
@@ -124,7 +127,7 @@ fn system_roots() -> &'static [CertificateDer<'static>] {
 /// # Errors
 /// A message naming the TLS key that is wrong.
 pub(crate) fn client(files: &TlsFiles) -> Result<reqwest::Client, String> {
-    install_crypto_provider();
+    install_tls_provider();
     let material = load(files)?;
     let mut roots = rustls::RootCertStore::empty();
     let (_, ignored) = roots.add_parsable_certificates(system_roots().iter().cloned());

@@ -33,7 +33,7 @@ use tokio::sync::{oneshot, watch};
 
 pub use backend::to_capability_error;
 pub use catalog::Catalog;
-pub use http::{TlsFiles, load_tls_files};
+pub use http::{TlsFiles, install_tls_provider, load_tls_files};
 pub use oauth::login;
 pub use session::{OpFn, OpMeta};
 use session::{Operation, Session};
@@ -416,7 +416,7 @@ impl Pool {
     pub fn new(config: PoolConfig) -> Pool {
         // reqwest has rustls without a built-in provider: ring is installed
         // for the whole process (see `http`).
-        http::install_crypto_provider();
+        http::install_tls_provider();
         let slots = config
             .connections
             .iter()

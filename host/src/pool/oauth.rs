@@ -298,7 +298,7 @@ async fn discover(
     http: reqwest::Client,
     settings: &AuthSettings,
 ) -> Result<(AuthorizationManager, String), String> {
-    super::http::install_crypto_provider();
+    super::http::install_tls_provider();
     let mut manager = AuthorizationManager::new(url)
         .await
         .map_err(|e| format!("OAuth: {e}"))?;
