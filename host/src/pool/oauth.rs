@@ -219,7 +219,10 @@ impl OAuth {
             }
             AuthKind::AuthorizationCode => Err(OAuthFailure(relogin(
                 &self.connection,
-                &format!("the server wants scope `{}`", wanted.join(" ")),
+                &format!(
+                    "the server wants scope `{}` (list it in `auth.scopes`)",
+                    wanted.join(" ")
+                ),
             ))),
         }
     }
