@@ -99,7 +99,7 @@ impl Server {
     }
 
     async fn post(&self, body: impl Into<String>, token: Option<&str>) -> (StatusCode, String) {
-        let client = reqwest::Client::new();
+        let client = common::http_client();
         let mut req = client
             .post(&self.url)
             .header("Content-Type", "application/json")
@@ -418,7 +418,7 @@ fn a_public_address_without_a_token_is_refused() {
 async fn health_answers() {
     let server = Server::start(&[]);
     let url = server.url.replace("/rpc", "/healthz");
-    let resp = reqwest::get(url).await.unwrap();
+    let resp = common::http_client().get(url).send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 200);
 }
 
@@ -1475,7 +1475,7 @@ async fn sigterm_answers_open_waits_at_once_and_the_grace_is_for_runs() {
     ]);
     let url = server.url.clone();
     let pending = tokio::spawn(async move {
-        reqwest::Client::new()
+        common::http_client()
             .post(url)
             .header("Content-Type", "application/json")
             .body(batch.to_string())

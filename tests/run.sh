@@ -9,4 +9,6 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ./plugins/build.sh --install
 ./plugins/build.sh
 ./tests/interop/setup.sh
+# The MCP conformance suite (tests/conformance.rs), pinned by its lock file.
+(cd tests/conformance && npm ci --no-audit --no-fund)
 cargo test --workspace

@@ -797,7 +797,7 @@ impl Serve {
 
     async fn call(&self, method: &str, params: Value) -> Value {
         let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-        let text = reqwest::Client::new()
+        let text = common::http_client()
             .post(&self.url)
             .header("content-type", "application/json")
             .body(body.to_string())

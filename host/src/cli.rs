@@ -24,6 +24,9 @@ use wf_host::store::RunStatus;
 use wf_host::testing::{Case, CaseOptions, run_case};
 use wf_host::workflow::{self, Workflows};
 
+mod auth;
+mod conformance;
+
 const EXIT_RUN_FAILED: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 
@@ -103,6 +106,27 @@ like code, and re-run this command to accept them.")]
   wf-host fixture-server
   wf-host fixture-server --http 127.0.0.1:8931")]
     FixtureServer(FixtureArgs),
+    /// OAuth sign-in for HTTP connections with `kind = "authorization-code"`.
+    #[command(subcommand)]
+    Auth(AuthCommand),
+    /// The client the MCP conformance suite drives: the suite appends the
+    /// server URL and sets `MCP_CONFORMANCE_SCENARIO` (and, for client
+    /// credentials, `MCP_CONFORMANCE_CONTEXT`).
+    #[command(hide = true)]
+    ConformanceClient { url: String },
+}
+
+#[derive(Subcommand)]
+enum AuthCommand {
+    /// Sign in once: prints the authorization URL alone on the first line of
+    /// stdout, waits for the redirect on 127.0.0.1, stores the tokens.
+    Login {
+        /// The connection id.
+        connection: String,
+        /// Configuration file (TOML).
+        #[arg(long, value_name = "FILE", default_value = "wf.toml")]
+        config: PathBuf,
+    },
 }
 
 #[derive(Args)]
@@ -269,6 +293,10 @@ pub fn run() -> Result<(), ExitCode> {
         Command::Pin(args) => block_on(pin_tools(args)),
         Command::Mcp(args) => block_on(mcp_stdio(args)),
         Command::FixtureServer(args) => block_on(fixture_server(args)),
+        Command::Auth(AuthCommand::Login { connection, config }) => {
+            block_on(auth::login(connection, config))
+        }
+        Command::ConformanceClient { url } => block_on(conformance::run(url)),
     };
     result.map_err(|failure| {
         eprintln!("error: {}", failure.error);
@@ -322,6 +350,7 @@ fn pool_config(config: &Config) -> Result<PoolConfig, Failure> {
         connections: config.connections.clone(),
         base_dir: config.base_dir.clone(),
         pins,
+        tokens: Some(config.tokens_path()),
         ..PoolConfig::default()
     })
 }

@@ -16,6 +16,14 @@
 //! [connections.notes]      # an MCP server over streamable HTTP
 //! url = "http://127.0.0.1:8080/mcp"
 //! headers = { Authorization = "Bearer …" }
+//! ca_file = "certs/ca.pem"  # extra trusted roots for `https://` (PEM); relative to this file
+//! client_cert = "certs/client.pem"  # mTLS, with `client_key`
+//! client_key = "certs/client.key"
+//!
+//! [connections.notes.auth]  # OAuth 2.1 (see `wf-host auth login`)
+//! kind = "client-credentials"
+//! client_id = "wf-host"
+//! client_secret_env = "NOTES_SECRET"
 //!
 //! [workflows.call]          # a named component with its grants and limits
 //! component = "plugins/call.wasm"
@@ -102,6 +110,8 @@ pub struct RuntimeSection {
     /// Linear memory kept resident per pool slot when `pagemap_scan` is on
     /// (default 16 MiB).
     pub keep_resident: Option<ByteSize>,
+    /// The OAuth token store (default `.wf-host/tokens.json` beside the file).
+    pub tokens: Option<PathBuf>,
 }
 
 /// `[rpc]`: the grants of JSON-RPC clients.
@@ -213,6 +223,14 @@ pub struct ConnectionConfig {
     pub url: Option<String>,
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// HTTPS: extra trusted root certificates (PEM), besides the system's.
+    pub ca_file: Option<PathBuf>,
+    /// HTTPS: our certificate chain (PEM) for servers that require mTLS.
+    pub client_cert: Option<PathBuf>,
+    /// HTTPS: the private key (PEM) of `client_cert`.
+    pub client_key: Option<PathBuf>,
+    /// OAuth 2.1 for an HTTP connection.
+    pub auth: Option<AuthConfig>,
     /// Per-operation timeout (default 30s).
     #[serde(default, with = "humantime_serde")]
     pub call_timeout: Option<Duration>,
@@ -227,6 +245,86 @@ pub struct ConnectionConfig {
     /// 5m): it catches changes a server announces where we cannot hear them.
     #[serde(default, with = "humantime_serde")]
     pub catalog_refresh: Option<Duration>,
+}
+
+/// `[connections.<id>.auth]`: how the host gets OAuth access tokens.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    pub kind: AuthKind,
+    /// A pre-registered client; without one, `wf-host auth login` registers
+    /// dynamically (authorization code only).
+    pub client_id: Option<String>,
+    /// The client secret, inline. Prefer `client_secret_env`.
+    pub client_secret: Option<Secret>,
+    /// The host variable holding the client secret.
+    pub client_secret_env: Option<String>,
+    /// Scopes to ask for; none: the authorization server's default grant.
+    #[serde(default)]
+    pub scopes: Vec<String>,
+    /// How the client authenticates at the token endpoint.
+    #[serde(default)]
+    pub token_endpoint_auth: TokenEndpointAuth,
+}
+
+/// The OAuth grant a connection uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AuthKind {
+    /// Unattended: the client's own credentials.
+    ClientCredentials,
+    /// A user signs in once with `wf-host auth login`; runs refresh.
+    AuthorizationCode,
+}
+
+/// Client authentication at the token endpoint.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenEndpointAuth {
+    /// HTTP Basic (the default).
+    #[default]
+    ClientSecretBasic,
+    /// In the request body.
+    ClientSecretPost,
+}
+
+impl TokenEndpointAuth {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenEndpointAuth::ClientSecretBasic => "client_secret_basic",
+            TokenEndpointAuth::ClientSecretPost => "client_secret_post",
+        }
+    }
+}
+
+/// A secret from the file: never shown by `Debug`; serialised (for the pool
+/// fingerprint) as a hash.
+#[derive(Clone, PartialEq, Eq, Hash, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(secret: impl Into<String>) -> Secret {
+        Secret(secret.into())
+    }
+
+    /// The secret itself, for the one request that needs it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret([redacted])")
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use sha2::Digest;
+        s.serialize_str(&hex::encode(sha2::Sha256::digest(self.0.as_bytes())))
+    }
 }
 
 impl Config {
@@ -281,6 +379,7 @@ impl Config {
                 }
                 _ => {}
             }
+            check_remote(id, conn, &config.base_dir).map_err(invalid)?;
             for (key, duration) in [
                 ("call_timeout", conn.call_timeout),
                 ("idle_timeout", conn.idle_timeout),
@@ -375,6 +474,17 @@ impl Config {
             .collect()
     }
 
+    /// Where OAuth tokens are kept: `[runtime] tokens`, by default
+    /// `.wf-host/tokens.json` beside the file.
+    pub fn tokens_path(&self) -> PathBuf {
+        self.resolve(
+            self.runtime
+                .tokens
+                .as_deref()
+                .unwrap_or(Path::new(DEFAULT_TOKENS)),
+        )
+    }
+
     /// Resolves a path from the file against the file's directory.
     pub fn resolve(&self, path: &Path) -> PathBuf {
         if path.is_absolute() {
@@ -383,4 +493,48 @@ impl Config {
             self.base_dir.join(path)
         }
     }
+}
+
+/// The token store, relative to the config file.
+pub const DEFAULT_TOKENS: &str = ".wf-host/tokens.json";
+
+/// Checks the TLS and OAuth keys of one connection, reading the TLS files now so
+/// that a missing or unparsable one fails at load, naming the connection and key.
+fn check_remote(id: &str, conn: &ConnectionConfig, base_dir: &Path) -> Result<(), String> {
+    let tls_keys = [
+        ("ca_file", &conn.ca_file),
+        ("client_cert", &conn.client_cert),
+        ("client_key", &conn.client_key),
+    ];
+    if conn.url.is_none() {
+        if let Some((key, _)) = tls_keys.iter().find(|(_, v)| v.is_some()) {
+            return Err(format!(
+                "connection `{id}`: `{key}` is only for HTTP connections (`url`)"
+            ));
+        }
+        if conn.auth.is_some() {
+            return Err(format!(
+                "connection `{id}`: `auth` is only for HTTP connections (`url`)"
+            ));
+        }
+        return Ok(());
+    }
+    let files = crate::pool::TlsFiles::resolve(conn, base_dir);
+    crate::pool::load_tls_files(&files).map_err(|e| format!("connection `{id}`: {e}"))?;
+    if let Some(auth) = &conn.auth {
+        if auth.client_secret.is_some() && auth.client_secret_env.is_some() {
+            return Err(format!(
+                "connection `{id}`: `auth` sets both `client_secret` and `client_secret_env`; pick one"
+            ));
+        }
+        if auth.kind == AuthKind::ClientCredentials
+            && (auth.client_id.is_none()
+                || (auth.client_secret.is_none() && auth.client_secret_env.is_none()))
+        {
+            return Err(format!(
+                "connection `{id}`: `auth` kind `client-credentials` needs `client_id` and `client_secret_env` (or `client_secret`)"
+            ));
+        }
+    }
+    Ok(())
 }

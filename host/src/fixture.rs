@@ -250,61 +250,11 @@ pub async fn serve_http(
     opts: FixtureOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let shared = Shared::new(&opts)?;
     let local_addr = listener
         .local_addr()
         .context("listener has no local address")?;
-
-    // rmcp only accepts loopback `Host` headers by default (DNS-rebinding guard);
-    // also accept the address we are actually bound to.
-    let mut allowed_hosts = vec![
-        "localhost".to_owned(),
-        "127.0.0.1".to_owned(),
-        "::1".to_owned(),
-    ];
-    let ip = local_addr.ip();
-    if !ip.is_loopback() && !ip.is_unspecified() {
-        allowed_hosts.push(ip.to_string());
-    }
-
     let ct = CancellationToken::new();
-    // Legacy session mode (the default) gives each `initialize` its own session
-    // and so its own handler from the factory below. The factory is also called
-    // for other purposes (header validation, stateless requests), which is why
-    // session numbers are assigned on `initialize`, not here.
-    let config = StreamableHttpServerConfig::default()
-        .with_legacy_session_mode(true)
-        // rmcp clients wait max(this hint, their own retry policy) before resuming
-        // a broken SSE stream; keep the hint from stretching their policy.
-        .with_sse_retry(Some(SSE_RETRY_HINT))
-        .with_allowed_hosts(allowed_hosts)
-        .with_cancellation_token(ct.child_token());
-    let forgetful = shared.clone();
-    let service: StreamableHttpService<FixtureServer, LocalSessionManager> =
-        StreamableHttpService::new(
-            move || Ok(FixtureServer::new(shared.clone())),
-            Arc::default(),
-            config,
-        );
-    let router =
-        axum::Router::new()
-            .nest_service("/mcp", service)
-            .layer(axum::middleware::from_fn(
-                move |request: axum::extract::Request, next: axum::middleware::Next| {
-                    let shared = forgetful.clone();
-                    async move {
-                        // A session `forget_session` dropped: what a restarted server says.
-                        if shared.is_forgotten(request.headers()) {
-                            return axum::http::StatusCode::NOT_FOUND.into_response();
-                        }
-                        if shared.no_event_stream && request.method() == axum::http::Method::GET {
-                            return axum::http::StatusCode::METHOD_NOT_ALLOWED.into_response();
-                        }
-                        next.run(request).await
-                    }
-                },
-            ));
-
+    let router = http_router(opts, local_addr.ip(), ct.child_token())?;
     tracing::info!(%local_addr, "fixture MCP server on http://{local_addr}/mcp");
     let signal = {
         let ct = ct.clone();
@@ -329,6 +279,67 @@ pub async fn serve_http(
         }
     }
     Ok(())
+}
+
+/// The fixture's streamable HTTP MCP service at `/mcp`, for a server bound to
+/// `ip` (also accepted as `Host`); `ct` closes its sessions. [`serve_http`]
+/// serves it; tests may serve it behind TLS or an authorization check.
+///
+/// # Errors
+/// When the options cannot be used (a canned file that does not parse).
+pub fn http_router(
+    opts: FixtureOptions,
+    ip: std::net::IpAddr,
+    ct: CancellationToken,
+) -> anyhow::Result<axum::Router> {
+    let shared = Shared::new(&opts)?;
+
+    // rmcp only accepts loopback `Host` headers by default (DNS-rebinding guard);
+    // also accept the address we are actually bound to.
+    let mut allowed_hosts = vec![
+        "localhost".to_owned(),
+        "127.0.0.1".to_owned(),
+        "::1".to_owned(),
+    ];
+    if !ip.is_loopback() && !ip.is_unspecified() {
+        allowed_hosts.push(ip.to_string());
+    }
+
+    // Legacy session mode (the default) gives each `initialize` its own session
+    // and so its own handler from the factory below. The factory is also called
+    // for other purposes (header validation, stateless requests), which is why
+    // session numbers are assigned on `initialize`, not here.
+    let config = StreamableHttpServerConfig::default()
+        .with_legacy_session_mode(true)
+        // rmcp clients wait max(this hint, their own retry policy) before resuming
+        // a broken SSE stream; keep the hint from stretching their policy.
+        .with_sse_retry(Some(SSE_RETRY_HINT))
+        .with_allowed_hosts(allowed_hosts)
+        .with_cancellation_token(ct);
+    let forgetful = shared.clone();
+    let service: StreamableHttpService<FixtureServer, LocalSessionManager> =
+        StreamableHttpService::new(
+            move || Ok(FixtureServer::new(shared.clone())),
+            Arc::default(),
+            config,
+        );
+    Ok(axum::Router::new()
+        .nest_service("/mcp", service)
+        .layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                let shared = forgetful.clone();
+                async move {
+                    // A session `forget_session` dropped: what a restarted server says.
+                    if shared.is_forgotten(request.headers()) {
+                        return axum::http::StatusCode::NOT_FOUND.into_response();
+                    }
+                    if shared.no_event_stream && request.method() == axum::http::Method::GET {
+                        return axum::http::StatusCode::METHOD_NOT_ALLOWED.into_response();
+                    }
+                    next.run(request).await
+                }
+            },
+        )))
 }
 
 // ---------------------------------------------------------------------------
@@ -1705,6 +1716,7 @@ mod tests {
 
     #[tokio::test]
     async fn fixture_over_http() {
+        crate::pool::install_tls_provider();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");

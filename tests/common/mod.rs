@@ -76,6 +76,15 @@ pub mod fixture;
 pub mod interop;
 pub mod serve;
 
+/// An HTTP client for tests. The host's reqwest has TLS with rustls but no
+/// built-in crypto provider (ring is installed process-wide instead of
+/// building aws-lc-rs), so a test process installs ring before its first
+/// client.
+pub fn http_client() -> reqwest::Client {
+    wf_host::pool::install_tls_provider();
+    reqwest::Client::new()
+}
+
 /// Sends `tracing` output to the test's captured output; `RUST_LOG` selects it.
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
@@ -83,3 +92,4 @@ pub fn init_tracing() {
         .with_test_writer()
         .try_init();
 }
+pub mod remote;

@@ -20,6 +20,8 @@ impl Serve {
     /// Writes the config with `config(dir)` (it returns the file) in a fresh
     /// temp dir and serves it with `extra` arguments.
     pub fn start(config: impl FnOnce(&Path) -> PathBuf, extra: &[&str]) -> Serve {
+        // The test's own HTTP clients (reqwest, rmcp) need it.
+        wf_host::pool::install_tls_provider();
         let dir = tempfile::tempdir().unwrap();
         let config = config(dir.path());
         let mut child = Command::new(wf_host_bin())

@@ -12,6 +12,8 @@
 
 mod backend;
 mod catalog;
+mod http;
+mod oauth;
 pub mod pin;
 mod session;
 mod stream_watch;
@@ -34,6 +36,8 @@ use tokio::sync::{oneshot, watch};
 
 pub use backend::to_capability_error;
 pub use catalog::Catalog;
+pub use http::{TlsFiles, install_tls_provider, load_tls_files};
+pub use oauth::login;
 pub use session::{OpFn, OpMeta};
 use session::{Operation, Session};
 
@@ -122,6 +126,8 @@ pub struct PoolConfig {
     pub catalog_cap: Option<usize>,
     /// The pinned tool definitions (`wf.lock`); `None` pins nothing.
     pub pins: Option<Arc<Pins>>,
+    /// The OAuth token store; defaults to `.wf-host/tokens.json` in `base_dir`.
+    pub tokens: Option<PathBuf>,
 }
 
 /// A connection's settings, normalised; what the fingerprint hashes.
@@ -149,6 +155,8 @@ pub(crate) enum Transport {
     Http {
         url: String,
         headers: BTreeMap<String, String>,
+        tls: TlsFiles,
+        auth: Option<oauth::AuthSettings>,
     },
 }
 
@@ -172,6 +180,14 @@ impl Settings {
             (None, url) => Transport::Http {
                 url: url.clone().unwrap_or_default(),
                 headers: c.headers.clone(),
+                tls: TlsFiles::resolve(c, &pool.base_dir),
+                auth: oauth::AuthSettings::from_config(
+                    c,
+                    &pool
+                        .tokens
+                        .clone()
+                        .unwrap_or_else(|| pool.base_dir.join(crate::config::DEFAULT_TOKENS)),
+                ),
             },
         };
         let is_http = matches!(transport, Transport::Http { .. });
@@ -586,6 +602,9 @@ struct PoolInner {
 impl Pool {
     /// A pool for `config.connections`. Nothing connects until first use.
     pub fn new(config: PoolConfig) -> Pool {
+        // reqwest has rustls without a built-in provider: ring is installed
+        // for the whole process (see `http`).
+        http::install_tls_provider();
         let slots = config
             .connections
             .iter()

@@ -444,7 +444,12 @@ async fn open(
                 .map_err(|e| Failed::Handshake(e.to_string()))?;
             (running, pid, None)
         }
-        Transport::Http { url, headers } => {
+        Transport::Http {
+            url,
+            headers,
+            tls,
+            auth,
+        } => {
             let mut custom = std::collections::HashMap::new();
             for (name, value) in headers {
                 let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
@@ -467,21 +472,29 @@ async fn open(
                 // We re-initialise ourselves, so the pool's stats count it.
                 .reinit_on_expired_session(false);
             config.retry_config = Arc::new(backoff);
-            let client = reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(5))
-                // No idle keep-alive reuse: after a server restart a stale pooled
-                // connection fails the next POST with a transport error instead
-                // of the 404 that lets us re-initialise transparently.
-                .pool_max_idle_per_host(0)
-                .build()
-                .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+            // Keep-alive is on: a request a stale pooled connection swallows
+            // (the server restarted) is sent again on a fresh one, so a
+            // restart still shows up as the 404 that re-initialises us.
+            let http = super::http::client(tls)?;
+            let oauth = match auth {
+                Some(auth) => Some(Arc::new(
+                    super::oauth::OAuth::start(settings.id.clone(), url, auth, http.clone())
+                        .await?,
+                )),
+                None => None,
+            };
+            let client = super::http::HostClient::new(http, oauth);
             let streams = Arc::new(AtomicUsize::new(0));
-            let client = super::stream_watch::Watched::new(client, streams.clone());
-            let transport = StreamableHttpClientTransport::with_client(client, config);
+            let watched = super::stream_watch::Watched::new(client.clone(), streams.clone());
+            let transport = StreamableHttpClientTransport::with_client(watched, config);
             let running = handler
                 .serve_with_lifecycle(transport, lifecycle)
                 .await
-                .map_err(|e| Failed::Handshake(e.to_string()))?;
+                .map_err(|e| match client.last_failure() {
+                    // TLS or authorization: asking again the old way cannot help.
+                    Some(why) => Failed::Other(why),
+                    None => Failed::Handshake(e.to_string()),
+                })?;
             (running, None, Some(streams))
         }
     };
@@ -1008,11 +1021,33 @@ fn classify(connection: &str, e: ServiceError) -> (Result<Value, PoolError>, End
         e => (
             Err(PoolError::SessionClosed {
                 connection,
-                reason: e.to_string(),
+                reason: transport_reason(&e),
             }),
             Ended::TransportError,
         ),
     }
+}
+
+/// What to tell an operator about a transport failure: the OAuth or TLS
+/// problem under it when there is one (rmcp's own message names only its
+/// types), else the error itself.
+fn transport_reason(err: &ServiceError) -> String {
+    if let ServiceError::TransportSend(e) = err {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e.error.as_ref());
+        while let Some(s) = source {
+            match s.downcast_ref::<StreamableHttpError<reqwest::Error>>() {
+                Some(StreamableHttpError::Auth(auth)) => return auth.to_string(),
+                Some(StreamableHttpError::Client(client)) => {
+                    if let Some(tls) = super::http::explain_tls(client) {
+                        return tls;
+                    }
+                }
+                _ => {}
+            }
+            source = s.source();
+        }
+    }
+    err.to_string()
 }
 
 /// An HTTP 404 for our session id: the server restarted or dropped us.

@@ -1,0 +1,471 @@
+//! The HTTP client of streamable-HTTP connections: TLS (rustls with ring, the
+//! system's roots plus a connection's `ca_file`, mTLS), keep-alive with one
+//! retry of a request a stale pooled connection swallowed, and OAuth bearer
+//! tokens (see [`super::oauth`]) with one renewal on 401 and a step-up on 403.
+
+use std::collections::HashMap;
+use std::error::Error as StdError;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use futures::stream::BoxStream;
+use reqwest::header::{HeaderName, HeaderValue};
+use rmcp::model::ClientJsonRpcMessage;
+use rmcp::transport::auth::AuthError;
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
+    StreamableHttpResponseLimits,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use sse_stream::{Error as SseError, Sse};
+
+use super::oauth::OAuth;
+use crate::config::ConnectionConfig;
+
+/// How long an idle pooled connection is kept for reuse.
+const POOL_IDLE: Duration = Duration::from_secs(60);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A connection's TLS files, resolved against the config file's directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct TlsFiles {
+    pub ca_file: Option<PathBuf>,
+    pub client_cert: Option<PathBuf>,
+    pub client_key: Option<PathBuf>,
+}
+
+impl TlsFiles {
+    /// The connection's files, relative ones resolved against `base_dir`.
+    pub fn resolve(conn: &ConnectionConfig, base_dir: &std::path::Path) -> TlsFiles {
+        let resolve = |p: &Option<PathBuf>| p.as_ref().map(|p| base_dir.join(p));
+        TlsFiles {
+            ca_file: resolve(&conn.ca_file),
+            client_cert: resolve(&conn.client_cert),
+            client_key: resolve(&conn.client_key),
+        }
+    }
+}
+
+/// What the TLS files hold.
+pub(crate) struct TlsMaterial {
+    roots: Vec<CertificateDer<'static>>,
+    identity: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+}
+
+/// Reads and parses the TLS files.
+///
+/// # Errors
+/// A message naming the key and the file: missing, unreadable, or no PEM of
+/// the expected kind in it.
+pub fn load_tls_files(files: &TlsFiles) -> Result<(), String> {
+    load(files).map(drop)
+}
+
+pub(crate) fn load(files: &TlsFiles) -> Result<TlsMaterial, String> {
+    let read = |key: &str, path: &PathBuf| {
+        std::fs::read(path).map_err(|e| format!("`{key}` `{}`: {e}", path.display()))
+    };
+    let certs = |key: &str, path: &PathBuf| -> Result<Vec<CertificateDer<'static>>, String> {
+        let pem = read(key, path)?;
+        let certs = CertificateDer::pem_slice_iter(&pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("`{key}` `{}`: not PEM: {e}", path.display()))?;
+        if certs.is_empty() {
+            return Err(format!(
+                "`{key}` `{}`: no PEM certificate in it",
+                path.display()
+            ));
+        }
+        Ok(certs)
+    };
+    let roots = match &files.ca_file {
+        Some(path) => certs("ca_file", path)?,
+        None => Vec::new(),
+    };
+    let identity = match (&files.client_cert, &files.client_key) {
+        (Some(cert), Some(key)) => {
+            let chain = certs("client_cert", cert)?;
+            let pem = read("client_key", key)?;
+            let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
+                format!("`client_key` `{}`: no PEM private key: {e}", key.display())
+            })?;
+            Some((chain, key))
+        }
+        (Some(_), None) => return Err("`client_cert` needs `client_key`".into()),
+        (None, Some(_)) => return Err("`client_key` needs `client_cert`".into()),
+        (None, None) => None,
+    };
+    Ok(TlsMaterial { roots, identity })
+}
+
+/// Makes ring the process-wide rustls provider. Our reqwest has rustls
+/// without a built-in provider (aws-lc-rs is slow to build), so every
+/// `reqwest::Client` built without an explicit TLS config (rmcp's default
+/// transport client, its OAuth discovery client, a test's client) needs this
+/// first; the pool calls it. Idempotent.
+pub fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// The system's trusted roots, read once.
+fn system_roots() -> &'static [CertificateDer<'static>] {
+    static ROOTS: OnceLock<Vec<CertificateDer<'static>>> = OnceLock::new();
+    ROOTS.get_or_init(|| {
+        let found = rustls_native_certs::load_native_certs();
+        for e in &found.errors {
+            tracing::warn!("reading the system's trusted certificates: {e}");
+        }
+        found.certs
+    })
+}
+
+/// An HTTP client trusting the system's roots and `files.ca_file`, presenting
+/// `files.client_cert` when set.
+///
+/// # Errors
+/// A message naming the TLS key that is wrong.
+pub(crate) fn client(files: &TlsFiles) -> Result<reqwest::Client, String> {
+    install_tls_provider();
+    let material = load(files)?;
+    let mut roots = rustls::RootCertStore::empty();
+    let (_, ignored) = roots.add_parsable_certificates(system_roots().iter().cloned());
+    if ignored > 0 {
+        tracing::debug!(ignored, "unusable system root certificates skipped");
+    }
+    for cert in material.roots {
+        roots
+            .add(cert)
+            .map_err(|e| format!("`ca_file`: unusable certificate: {e}"))?;
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| format!("TLS setup: {e}"))?
+    .with_root_certificates(roots);
+    let mut tls = match material.identity {
+        Some((chain, key)) => builder
+            .with_client_auth_cert(chain, key)
+            .map_err(|e| format!("`client_cert`/`client_key`: {e}"))?,
+        None => builder.with_no_client_auth(),
+    };
+    // Our reqwest speaks HTTP/1.1 only.
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(tls)
+        .connect_timeout(CONNECT_TIMEOUT)
+        .pool_idle_timeout(POOL_IDLE)
+        .build()
+        .map_err(|e| format!("cannot build the HTTP client: {e}"))
+}
+
+/// What went wrong with TLS in `error`'s source chain, said for an operator:
+/// unknown issuer, name mismatch, expired, or a refused client certificate.
+pub(crate) fn explain_tls(error: &(dyn StdError + 'static)) -> Option<String> {
+    let mut next: Option<&(dyn StdError + 'static)> = Some(error);
+    while let Some(e) = next {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return Some(describe_rustls(tls));
+        }
+        // `io::Error::source` skips the error it wraps: step into it instead.
+        next = match e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(inner) => Some(inner as &(dyn StdError + 'static)),
+            None => e.source(),
+        };
+    }
+    None
+}
+
+fn describe_rustls(e: &rustls::Error) -> String {
+    use rustls::CertificateError as C;
+    match e {
+        rustls::Error::InvalidCertificate(cert) => {
+            let what = match cert {
+                C::UnknownIssuer => {
+                    "unknown issuer: no trusted root signed it (set `ca_file` to trust its CA)"
+                        .to_owned()
+                }
+                C::NotValidForName | C::NotValidForNameContext { .. } => {
+                    "name mismatch: it is not valid for the host name of `url`".to_owned()
+                }
+                C::Expired | C::ExpiredContext { .. } => "expired".to_owned(),
+                C::NotValidYet | C::NotValidYetContext { .. } => "not valid yet".to_owned(),
+                C::Revoked => "revoked".to_owned(),
+                other => format!("{other:?}"),
+            };
+            format!("TLS: the server's certificate was rejected: {what}")
+        }
+        rustls::Error::AlertReceived(alert) => format!(
+            "TLS: the server refused the handshake ({alert:?}); if it requires a client certificate, set `client_cert` and `client_key`"
+        ),
+        other => format!("TLS: {other}"),
+    }
+}
+
+/// Whether `error` is a request that a pooled keep-alive connection dropped
+/// before any response came back (the server closed it: restart, idle
+/// timeout). Such a request can be sent again on a fresh connection.
+fn is_stale_connection(error: &reqwest::Error) -> bool {
+    if error.is_connect() || error.is_timeout() {
+        return false;
+    }
+    let mut next: Option<&(dyn StdError + 'static)> = error.source();
+    while let Some(e) = next {
+        if let Some(h) = e.downcast_ref::<hyper::Error>()
+            && (h.is_incomplete_message() || h.is_canceled())
+        {
+            return true;
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::ConnectionAborted
+            )
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
+type HttpError = StreamableHttpError<reqwest::Error>;
+
+/// The transport's HTTP client: reqwest plus TLS error explanation, the stale
+/// connection retry and OAuth.
+#[derive(Clone)]
+pub(crate) struct HostClient {
+    http: reqwest::Client,
+    oauth: Option<Arc<OAuth>>,
+    /// The last failure worth telling an operator (TLS, OAuth), for the
+    /// connect error: rmcp's own error says only "transport error".
+    last_failure: Arc<Mutex<Option<String>>>,
+}
+
+impl HostClient {
+    pub(crate) fn new(http: reqwest::Client, oauth: Option<Arc<OAuth>>) -> HostClient {
+        HostClient {
+            http,
+            oauth,
+            last_failure: Arc::default(),
+        }
+    }
+
+    pub(crate) fn last_failure(&self) -> Option<String> {
+        self.last_failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn note(&self, what: String) {
+        *self.last_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(what);
+    }
+
+    fn note_error<T>(&self, result: &Result<T, HttpError>) {
+        if let Err(e) = result {
+            let explained = match e {
+                StreamableHttpError::Client(e) => explain_tls(e),
+                StreamableHttpError::Auth(e) => Some(e.to_string()),
+                _ => None,
+            };
+            if let Some(explained) = explained {
+                self.note(explained);
+            }
+        }
+    }
+
+    /// Runs `call` with a bearer token when the connection has OAuth: renews
+    /// the token once on 401, steps up the scopes once on 403
+    /// `insufficient_scope`, and resends once when a stale pooled connection
+    /// swallowed the request.
+    async fn authorized<T, F, Fut>(
+        &self,
+        auth_header: Option<String>,
+        call: F,
+    ) -> Result<T, HttpError>
+    where
+        F: Fn(Option<String>) -> Fut,
+        Fut: Future<Output = Result<T, HttpError>>,
+    {
+        let resend = |token: Option<String>| {
+            let call = &call;
+            async move {
+                match call(token.clone()).await {
+                    Err(StreamableHttpError::Client(e)) if is_stale_connection(&e) => {
+                        tracing::debug!(
+                            "a pooled connection was closed under the request; sending it again: {e}"
+                        );
+                        call(token).await
+                    }
+                    other => other,
+                }
+            }
+        };
+        let Some(oauth) = &self.oauth else {
+            let result = resend(auth_header).await;
+            self.note_error(&result);
+            return result;
+        };
+        let result = async {
+            let token = oauth.token().await?;
+            match resend(token.clone()).await {
+                Err(StreamableHttpError::AuthRequired(challenge)) => {
+                    let token = oauth
+                        .renew(token.as_deref(), &challenge.www_authenticate_header)
+                        .await?;
+                    resend(Some(token)).await
+                }
+                Err(StreamableHttpError::InsufficientScope(e)) => {
+                    let token = oauth.step_up(e.required_scope.as_deref()).await?;
+                    resend(Some(token)).await
+                }
+                other => other,
+            }
+        }
+        .await;
+        self.note_error(&result);
+        result
+    }
+}
+
+impl From<super::oauth::OAuthFailure> for HttpError {
+    fn from(e: super::oauth::OAuthFailure) -> Self {
+        StreamableHttpError::Auth(AuthError::AuthorizationFailed(e.0))
+    }
+}
+
+impl StreamableHttpClient for HostClient {
+    type Error = reqwest::Error;
+
+    async fn post_message(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<StreamableHttpPostResponse, HttpError> {
+        self.authorized(auth_header, |token| {
+            self.http.post_message(
+                uri.clone(),
+                message.clone(),
+                session_id.clone(),
+                token,
+                custom_headers.clone(),
+            )
+        })
+        .await
+    }
+
+    async fn post_message_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<StreamableHttpPostResponse, HttpError> {
+        self.authorized(auth_header, |token| {
+            self.http.post_message_with_max_sse_event_size(
+                uri.clone(),
+                message.clone(),
+                session_id.clone(),
+                token,
+                custom_headers.clone(),
+                max_sse_event_size,
+            )
+        })
+        .await
+    }
+
+    async fn post_message_with_response_limits(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        limits: StreamableHttpResponseLimits,
+    ) -> Result<StreamableHttpPostResponse, HttpError> {
+        self.authorized(auth_header, |token| {
+            self.http.post_message_with_response_limits(
+                uri.clone(),
+                message.clone(),
+                session_id.clone(),
+                token,
+                custom_headers.clone(),
+                limits,
+            )
+        })
+        .await
+    }
+
+    async fn delete_session(
+        &self,
+        uri: Arc<str>,
+        session_id: Arc<str>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<(), HttpError> {
+        self.authorized(auth_header, |token| {
+            self.http.delete_session(
+                uri.clone(),
+                session_id.clone(),
+                token,
+                custom_headers.clone(),
+            )
+        })
+        .await
+    }
+
+    async fn get_stream(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<BoxStream<'static, Result<Sse, SseError>>, HttpError> {
+        self.authorized(auth_header, |token| {
+            self.http.get_stream(
+                uri.clone(),
+                session_id.clone(),
+                last_event_id.clone(),
+                token,
+                custom_headers.clone(),
+            )
+        })
+        .await
+    }
+
+    async fn get_stream_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<BoxStream<'static, Result<Sse, SseError>>, HttpError> {
+        self.authorized(auth_header, |token| {
+            self.http.get_stream_with_max_sse_event_size(
+                uri.clone(),
+                session_id.clone(),
+                last_event_id.clone(),
+                token,
+                custom_headers.clone(),
+                max_sse_event_size,
+            )
+        })
+        .await
+    }
+}

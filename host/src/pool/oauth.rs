@@ -1,0 +1,560 @@
+//! OAuth 2.1 access tokens for HTTP connections, on rmcp's `AuthorizationManager`
+//! (discovery of protected-resource and authorization-server metadata, PKCE
+//! S256, the `resource` parameter, refresh).
+//!
+//! - `client-credentials`: unattended; a token is fetched, and fetched again
+//!   when it expires or the server rejects it.
+//! - `authorization-code`: a user signs in once with `wf-host auth login`
+//!   ([`login`]); sessions then refresh unattended, and when refresh is
+//!   impossible a call fails naming the command to run.
+//!
+//! Tokens live in one JSON file (mode 0600), keyed by issuer and resource.
+//! Secrets never reach logs, errors or `Debug` output.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use oauth2::TokenResponse;
+use rmcp::transport::auth::{
+    AuthError, AuthorizationCallback, AuthorizationManager, AuthorizationMetadata,
+    ClientCredentialsConfig, CredentialStore, OAuthClientConfig, StoredCredentials,
+};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::config::{AuthKind, ConnectionConfig, Secret, TokenEndpointAuth};
+
+/// How long `wf-host auth login` waits for the browser's redirect.
+const LOGIN_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// A connection's OAuth settings, normalised (part of the pool fingerprint:
+/// the secret only as a hash).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize)]
+pub(crate) struct AuthSettings {
+    pub kind: AuthKind,
+    pub client_id: Option<String>,
+    /// Resolved from `client_secret` or `client_secret_env`.
+    pub client_secret: Option<Secret>,
+    /// Set when `client_secret_env` names a variable the host does not have.
+    pub missing_env: Option<String>,
+    pub scopes: Vec<String>,
+    pub token_endpoint_auth: TokenEndpointAuth,
+    pub tokens: PathBuf,
+}
+
+impl AuthSettings {
+    pub(crate) fn from_config(conn: &ConnectionConfig, tokens: &Path) -> Option<AuthSettings> {
+        let auth = conn.auth.as_ref()?;
+        let from_env = auth.client_secret_env.as_ref().map(|name| {
+            std::env::var(name)
+                .ok()
+                .map(Secret::new)
+                .ok_or(name.clone())
+        });
+        let (client_secret, missing_env) = match from_env {
+            Some(Ok(secret)) => (Some(secret), None),
+            Some(Err(name)) => (None, Some(name)),
+            None => (auth.client_secret.clone(), None),
+        };
+        Some(AuthSettings {
+            kind: auth.kind,
+            client_id: auth.client_id.clone(),
+            client_secret,
+            missing_env,
+            scopes: auth.scopes.clone(),
+            token_endpoint_auth: auth.token_endpoint_auth,
+            tokens: tokens.to_owned(),
+        })
+    }
+}
+
+/// Why no token could be had; the message is safe to show anywhere.
+#[derive(Debug)]
+pub(crate) struct OAuthFailure(pub String);
+
+/// One session's token source.
+pub(crate) struct OAuth {
+    connection: Arc<str>,
+    settings: AuthSettings,
+    resource: String,
+    /// `authorization-code`: whether tokens were stored. Without them,
+    /// requests go out unauthenticated and a 401 says to sign in.
+    signed_in: bool,
+    // Held across a token request, so concurrent requests wait for one
+    // refresh instead of each starting their own.
+    manager: tokio::sync::Mutex<AuthorizationManager>,
+    /// Scopes that 403 `insufficient_scope` answers asked for, on top of
+    /// the configured ones.
+    extra_scopes: Mutex<Vec<String>>,
+}
+
+impl OAuth {
+    /// Discovers the authorization server of `url` and readies tokens: for
+    /// `authorization-code`, the stored ones, if any.
+    ///
+    /// # Errors
+    /// A message for the connect error (never holding a secret).
+    pub(crate) async fn start(
+        connection: Arc<str>,
+        url: &str,
+        settings: &AuthSettings,
+        http: reqwest::Client,
+    ) -> Result<OAuth, String> {
+        if let Some(name) = &settings.missing_env {
+            return Err(format!(
+                "`auth.client_secret_env`: the host has no variable `{name}`"
+            ));
+        }
+        let (mut manager, key) = discover(url, http, settings).await?;
+        manager.set_credential_store(FileStore::new(&settings.tokens, key));
+        let mut signed_in = true;
+        match settings.kind {
+            AuthKind::ClientCredentials => {
+                let config = cc_config(settings, url, &[]);
+                manager
+                    .configure_client_credentials(&config)
+                    .map_err(|e| format!("OAuth: {e}"))?;
+            }
+            AuthKind::AuthorizationCode => {
+                signed_in = manager
+                    .initialize_from_store()
+                    .await
+                    .map_err(|e| format!("OAuth token store: {e}"))?;
+                if let (Some(id), Some(secret)) = (&settings.client_id, &settings.client_secret) {
+                    manager
+                        .configure_client(
+                            OAuthClientConfig::new(id.clone(), url.to_owned())
+                                .with_client_secret(secret.expose().to_owned()),
+                        )
+                        .map_err(|e| format!("OAuth: {e}"))?;
+                }
+            }
+        }
+        Ok(OAuth {
+            connection,
+            settings: settings.clone(),
+            resource: url.to_owned(),
+            signed_in,
+            manager: tokio::sync::Mutex::new(manager),
+            extra_scopes: Mutex::default(),
+        })
+    }
+
+    /// A usable access token: the stored one, refreshed or fetched anew when
+    /// it expired. `None` before anyone signed in (authorization code): the
+    /// server may not need one for everything.
+    pub(crate) async fn token(&self) -> Result<Option<String>, OAuthFailure> {
+        if !self.signed_in {
+            return Ok(None);
+        }
+        let manager = self.manager.lock().await;
+        match manager.get_access_token().await {
+            Ok(token) => Ok(Some(token)),
+            Err(AuthError::AuthorizationRequired) => self.fetch(&manager).await.map(Some),
+            Err(e) => Err(self.failure(&e)),
+        }
+    }
+
+    /// A new token after the server answered 401 with `challenge` to a
+    /// request that carried `rejected`.
+    pub(crate) async fn renew(
+        &self,
+        rejected: Option<&str>,
+        challenge: &str,
+    ) -> Result<String, OAuthFailure> {
+        let wants = |why: &str| match challenge_scope(challenge) {
+            Some(scope) => format!("{why}; the server wants scope `{scope}`"),
+            None => why.to_owned(),
+        };
+        if !self.signed_in && self.settings.kind == AuthKind::AuthorizationCode {
+            return Err(OAuthFailure(relogin(
+                &self.connection,
+                &wants("the server wants OAuth and no one signed in"),
+            )));
+        }
+        let manager = self.manager.lock().await;
+        // Another request may have renewed it while we waited.
+        if let Ok(token) = manager.get_access_token().await
+            && Some(token.as_str()) != rejected
+        {
+            return Ok(token);
+        }
+        match self.settings.kind {
+            AuthKind::ClientCredentials => self.fetch(&manager).await,
+            AuthKind::AuthorizationCode => match manager.refresh_token().await {
+                Ok(token) => Ok(token.access_token().secret().to_owned()),
+                Err(AuthError::AuthorizationRequired | AuthError::TokenRefreshRejected(_)) => {
+                    Err(OAuthFailure(relogin(
+                        &self.connection,
+                        &wants("the access token was rejected and cannot be refreshed"),
+                    )))
+                }
+                Err(e) => Err(self.failure(&e)),
+            },
+        }
+    }
+
+    /// A token with `scope` added, after a 403 `insufficient_scope`.
+    pub(crate) async fn step_up(&self, scope: Option<&str>) -> Result<String, OAuthFailure> {
+        let wanted: Vec<String> = scope
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect();
+        match self.settings.kind {
+            AuthKind::ClientCredentials => {
+                {
+                    let mut extra = self.extra_scopes.lock().unwrap_or_else(|p| p.into_inner());
+                    for s in &wanted {
+                        if !extra.contains(s) {
+                            extra.push(s.clone());
+                        }
+                    }
+                }
+                let manager = self.manager.lock().await;
+                self.fetch(&manager).await
+            }
+            AuthKind::AuthorizationCode => Err(OAuthFailure(relogin(
+                &self.connection,
+                &format!(
+                    "the server wants scope `{}` (list it in `auth.scopes`)",
+                    wanted.join(" ")
+                ),
+            ))),
+        }
+    }
+
+    /// Fetches a token with the client's credentials, or says to sign in.
+    async fn fetch(&self, manager: &AuthorizationManager) -> Result<String, OAuthFailure> {
+        match self.settings.kind {
+            AuthKind::ClientCredentials => {
+                let extra = self
+                    .extra_scopes
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone();
+                let config = cc_config(&self.settings, &self.resource, &extra);
+                let token = manager
+                    .exchange_client_credentials(&config)
+                    .await
+                    .map_err(|e| self.failure(&e))?;
+                tracing::debug!(connection = %self.connection, "fetched an OAuth access token (client credentials)");
+                Ok(token.access_token().secret().to_owned())
+            }
+            AuthKind::AuthorizationCode => Err(OAuthFailure(relogin(
+                &self.connection,
+                "the OAuth tokens expired and cannot be refreshed",
+            ))),
+        }
+    }
+
+    fn failure(&self, e: &AuthError) -> OAuthFailure {
+        OAuthFailure(format!("OAuth: {e}"))
+    }
+}
+
+/// The `scope` parameter of a `WWW-Authenticate: Bearer …` challenge.
+fn challenge_scope(challenge: &str) -> Option<&str> {
+    let mut rest = challenge;
+    while let Some(at) = rest.find("scope=\"") {
+        let before = rest[..at].chars().next_back();
+        let value = &rest[at + "scope=\"".len()..];
+        if before.is_none_or(|c| c == ' ' || c == ',') {
+            return value.split_once('"').map(|(scope, _)| scope);
+        }
+        rest = value;
+    }
+    None
+}
+
+fn relogin(connection: &str, why: &str) -> String {
+    format!("{why}; run `wf-host auth login {connection}`")
+}
+
+fn cc_config(settings: &AuthSettings, resource: &str, extra: &[String]) -> ClientCredentialsConfig {
+    let mut scopes = settings.scopes.clone();
+    scopes.extend(
+        extra
+            .iter()
+            .filter(|s| !settings.scopes.contains(s))
+            .cloned(),
+    );
+    ClientCredentialsConfig::ClientSecret {
+        client_id: settings.client_id.clone().unwrap_or_default(),
+        client_secret: settings
+            .client_secret
+            .as_ref()
+            .map(|s| s.expose().to_owned())
+            .unwrap_or_default(),
+        scopes,
+        resource: Some(resource.to_owned()),
+    }
+}
+
+/// A manager for `url` with its discovered metadata, and the token store key
+/// (issuer and resource).
+async fn discover(
+    url: &str,
+    http: reqwest::Client,
+    settings: &AuthSettings,
+) -> Result<(AuthorizationManager, String), String> {
+    super::http::install_tls_provider();
+    let mut manager = AuthorizationManager::new(url)
+        .await
+        .map_err(|e| format!("OAuth: {e}"))?;
+    manager
+        .with_client(http)
+        .map_err(|e| format!("OAuth: {e}"))?;
+    let resolution = manager
+        .resolve_metadata()
+        .await
+        .map_err(|e| format!("OAuth discovery failed: {e}"))?;
+    let mut metadata: AuthorizationMetadata = resolution.metadata;
+    if settings.client_secret.is_some() {
+        // rmcp picks Basic or the request body from what the server
+        // advertises; we use the configured method, so advertise just that.
+        metadata.additional_fields.insert(
+            "token_endpoint_auth_methods_supported".into(),
+            json!([settings.token_endpoint_auth.as_str()]),
+        );
+    }
+    let issuer = metadata
+        .issuer
+        .clone()
+        .unwrap_or_else(|| metadata.token_endpoint.clone());
+    manager.set_metadata(metadata);
+    Ok((manager, format!("{issuer} {url}")))
+}
+
+/// The token file: `{ "<issuer> <resource>": credentials }`, mode 0600.
+struct FileStore {
+    path: PathBuf,
+    key: String,
+}
+
+/// Serialises read-modify-write of token files within this process.
+static FILE_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+type TokenFile = BTreeMap<String, StoredCredentials>;
+
+impl FileStore {
+    fn new(path: &Path, key: String) -> FileStore {
+        FileStore {
+            path: path.to_owned(),
+            key,
+        }
+    }
+
+    fn read(&self) -> Result<TokenFile, AuthError> {
+        match std::fs::read(&self.path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+                AuthError::CredentialStoreError(format!(
+                    "token store `{}` is damaged: {e}",
+                    self.path.display()
+                ))
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(TokenFile::new()),
+            Err(e) => Err(AuthError::CredentialStoreError(format!(
+                "cannot read token store `{}`: {e}",
+                self.path.display()
+            ))),
+        }
+    }
+
+    fn write(&self, file: &TokenFile) -> Result<(), AuthError> {
+        let failed = |e: &dyn std::fmt::Display| {
+            AuthError::CredentialStoreError(format!(
+                "cannot write token store `{}`: {e}",
+                self.path.display()
+            ))
+        };
+        let bytes = serde_json::to_vec_pretty(file).map_err(|e| failed(&e))?;
+        write_private(&self.path, &bytes).map_err(|e| failed(&e))
+    }
+
+    fn update(&self, change: impl FnOnce(&mut TokenFile)) -> Result<(), AuthError> {
+        let mut file = self.read()?;
+        change(&mut file);
+        self.write(&file)
+    }
+}
+
+#[async_trait]
+impl CredentialStore for FileStore {
+    async fn load(&self) -> Result<Option<StoredCredentials>, AuthError> {
+        let _guard = FILE_LOCK.lock().await;
+        Ok(self.read()?.remove(&self.key))
+    }
+
+    async fn save(&self, credentials: StoredCredentials) -> Result<(), AuthError> {
+        let _guard = FILE_LOCK.lock().await;
+        self.update(|file| {
+            file.insert(self.key.clone(), credentials);
+        })
+    }
+
+    async fn clear(&self) -> Result<(), AuthError> {
+        let _guard = FILE_LOCK.lock().await;
+        self.update(|file| {
+            file.remove(&self.key);
+        })
+    }
+}
+
+/// Writes `bytes` to `path` atomically, readable by the owner only.
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    // A temp file is created with mode 0600.
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    }
+    Ok(())
+}
+
+/// `wf-host auth login`: the authorization-code flow for `connection`, once.
+/// Calls `show_url` with the authorization URL, waits for the redirect on a
+/// loopback listener, exchanges the code and stores the tokens in `tokens`.
+///
+/// # Errors
+/// A message naming what failed (never a secret).
+pub async fn login(
+    connection: &str,
+    conn: &ConnectionConfig,
+    base_dir: &Path,
+    tokens: &Path,
+    show_url: impl FnOnce(&str),
+) -> Result<(), String> {
+    let Some(url) = &conn.url else {
+        return Err(format!(
+            "connection `{connection}` is not an HTTP connection (`url`)"
+        ));
+    };
+    let settings = AuthSettings::from_config(conn, tokens).ok_or_else(|| {
+        format!("connection `{connection}` has no `[connections.{connection}.auth]`")
+    })?;
+    if settings.kind != AuthKind::AuthorizationCode {
+        return Err(format!(
+            "connection `{connection}` uses `kind = \"client-credentials\"`, which needs no login"
+        ));
+    }
+    if let Some(name) = &settings.missing_env {
+        return Err(format!(
+            "connection `{connection}`: `auth.client_secret_env`: the host has no variable `{name}`"
+        ));
+    }
+    let http = super::http::client(&super::TlsFiles::resolve(conn, base_dir))
+        .map_err(|e| format!("connection `{connection}`: {e}"))?;
+    let (mut manager, key) = discover(url, http, &settings)
+        .await
+        .map_err(|e| format!("connection `{connection}`: {e}"))?;
+    manager.set_credential_store(FileStore::new(tokens, key));
+
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .map_err(|e| format!("cannot listen for the redirect on 127.0.0.1: {e}"))?;
+    let port = listener
+        .local_addr()
+        .map_err(|e| format!("cannot listen for the redirect: {e}"))?
+        .port();
+    let redirect = format!("http://127.0.0.1:{port}/callback");
+    let scopes: Vec<&str> = settings.scopes.iter().map(String::as_str).collect();
+    let oauth_error = |e: AuthError| format!("connection `{connection}`: OAuth: {e}");
+    match &settings.client_id {
+        Some(id) => {
+            let mut client = OAuthClientConfig::new(id.clone(), redirect.clone())
+                .with_scopes(settings.scopes.clone());
+            if let Some(secret) = &settings.client_secret {
+                client = client.with_client_secret(secret.expose().to_owned());
+            }
+            manager.configure_client(client).map_err(oauth_error)?;
+        }
+        None => {
+            manager
+                .register_client("wf-host", &redirect, &scopes)
+                .await
+                .map_err(oauth_error)?;
+        }
+    }
+    let authorize = manager
+        .get_authorization_url(&scopes)
+        .await
+        .map_err(oauth_error)?;
+    show_url(&authorize);
+
+    let callback = tokio::time::timeout(LOGIN_TIMEOUT, accept_redirect(&listener, port))
+        .await
+        .map_err(|_| format!("no redirect came back within {}s", LOGIN_TIMEOUT.as_secs()))??;
+    manager
+        .exchange_code_for_token_with_issuer(
+            &callback.code,
+            &callback.csrf_token,
+            callback.issuer.as_deref(),
+        )
+        .await
+        .map_err(oauth_error)?;
+    Ok(())
+}
+
+/// Answers the one redirect to `/callback` and returns its parameters.
+async fn accept_redirect(
+    listener: &tokio::net::TcpListener,
+    port: u16,
+) -> Result<AuthorizationCallback, String> {
+    loop {
+        let (mut stream, _) = listener
+            .accept()
+            .await
+            .map_err(|e| format!("accepting the redirect: {e}"))?;
+        let mut request = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 64 * 1024 {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => request.extend_from_slice(&buf[..n]),
+            }
+        }
+        let text = String::from_utf8_lossy(&request);
+        let target = text
+            .lines()
+            .next()
+            .and_then(|line| line.strip_prefix("GET "))
+            .and_then(|rest| rest.split(' ').next())
+            .unwrap_or_default()
+            .to_owned();
+        if !target.starts_with("/callback") {
+            let _ = stream
+                .write_all(
+                    b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                )
+                .await;
+            continue;
+        }
+        let parsed =
+            AuthorizationCallback::from_redirect_url(&format!("http://127.0.0.1:{port}{target}"));
+        let (status, body) = match &parsed {
+            Ok(_) => ("200 OK", "Signed in. You can close this window."),
+            Err(_) => ("400 Bad Request", "The sign-in did not complete."),
+        };
+        let response = format!(
+            "HTTP/1.1 {status}\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let _ = stream.write_all(response.as_bytes()).await;
+        let _ = stream.shutdown().await;
+        return parsed.map_err(|e| format!("the redirect carried no authorization code: {e}"));
+    }
+}
