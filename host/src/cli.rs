@@ -23,6 +23,8 @@ use wf_host::store::RunStatus;
 use wf_host::testing::{Case, CaseOptions, run_case};
 use wf_host::workflow::{self, Workflows};
 
+mod scaffold;
+
 const EXIT_RUN_FAILED: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 
@@ -84,6 +86,13 @@ case file or load errors.")]
   wf-host fixture-server
   wf-host fixture-server --http 127.0.0.1:8931")]
     FixtureServer(FixtureArgs),
+    /// Start a node project: rust, python, js or c.
+    #[command(after_help = "Example:\n  wf-host new python my-node && cd my-node && wf-host build")]
+    New(scaffold::NewArgs),
+    /// Build the node project in DIR by its language.
+    Build(scaffold::BuildArgs),
+    /// Write the WIT package that nodes are built against.
+    Wit(scaffold::WitArgs),
 }
 
 #[derive(Args)]
@@ -231,6 +240,9 @@ pub fn run() -> Result<(), ExitCode> {
         Command::Test(args) => block_on(test_component(args)),
         Command::Serve(args) => block_on(serve(args)),
         Command::FixtureServer(args) => block_on(fixture_server(args)),
+        Command::New(args) => scaffold::new(args),
+        Command::Build(args) => scaffold::build(args),
+        Command::Wit(args) => scaffold::wit(args),
     };
     result.map_err(|failure| {
         eprintln!("error: {}", failure.error);

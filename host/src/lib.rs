@@ -12,6 +12,8 @@
 //!   resumes them.
 //! - [`rpc`] is the JSON-RPC 2.0 server over HTTP.
 //! - [`fixture`] is an MCP server for tests.
+//! - [`scaffold`] starts node projects (`wf-host new`) and builds them
+//!   (`wf-host build`).
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
@@ -34,6 +36,7 @@ pub mod grants;
 pub mod pool;
 pub mod rpc;
 pub mod runtime;
+pub mod scaffold;
 pub mod store;
 pub mod testing;
 pub mod workflow;
