@@ -89,7 +89,7 @@ fn new_build_run_test(language: &str) {
         "{language}: {stdout}"
     );
 
-    // Denied without the grant: the node passes the capability error on.
+    // Without wf.toml nothing is granted: the node passes the `denied` on.
     let out = wf_host(
         &["run", "my-node.wasm", "--input", r#"{"text": "hi"}"#],
         &project,

@@ -87,9 +87,8 @@ case file or load errors.")]
   wf-host fixture-server --http 127.0.0.1:8931")]
     FixtureServer(FixtureArgs),
     /// Start a node project: rust, python, js or c.
-    #[command(after_help = "Example:\n  wf-host new python my-node && cd my-node && wf-host build")]
     New(scaffold::NewArgs),
-    /// Build the node project in DIR by its language.
+    /// Build the node project in DIR by its language into DIR/<folder name>.wasm.
     Build(scaffold::BuildArgs),
     /// Write the WIT package that nodes are built against.
     Wit(scaffold::WitArgs),

@@ -9,6 +9,11 @@ use wf_host::scaffold::{self, BuildError, Language};
 use super::{EXIT_RUN_FAILED, Failure, usage};
 
 #[derive(Args)]
+#[command(after_help = "Example:
+  wf-host new python my-node && cd my-node && wf-host build
+
+The project holds the node, the WIT package (wit/), a wf.toml that runs it
+against the fixture MCP server, a test case (cases/), a .gitignore and a README.")]
 pub(super) struct NewArgs {
     /// The language: rust, python, js or c.
     language: Language,
@@ -24,6 +29,12 @@ pub(super) struct NewArgs {
 }
 
 #[derive(Args)]
+#[command(after_help = "Rust: cargo build --release --target wasm32-wasip2
+Python: componentize-py componentize app
+JavaScript: npm ci (once), then jco componentize app.js --backend qjs
+C: wit-bindgen c, clang --target=wasm32-wasi, wasm-tools component new
+
+A missing toolchain is named with the command that installs it.")]
 pub(super) struct BuildArgs {
     /// The node project's folder.
     #[arg(default_value = ".")]
