@@ -1,7 +1,8 @@
 //! `wf-host new`, `wf-host build` and `wf-host wit`: for every language, a new
 //! project in an empty folder builds, runs against the fixture and passes its
-//! own test case, with the toolchains that `tests/run.sh` installs. A missing
-//! toolchain fails the test with the command that installs it.
+//! own test case, by the commands its README gives, with the toolchains that
+//! `tests/run.sh` installs. A missing toolchain fails the test with the command
+//! that installs it.
 
 mod common;
 
@@ -43,51 +44,85 @@ fn assert_success(what: &str, out: &Output) {
     );
 }
 
-/// new, build, run, test: each must succeed; prints how long each took.
+/// The commands of the generated README's `sh` block, each with what it is
+/// said to print (a trailing `# prints X`).
+fn readme_commands(readme: &str) -> Vec<(String, Option<Value>)> {
+    let block = readme
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the README has a sh block");
+    block
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| match line.split_once("   # prints ") {
+            Some((command, prints)) => (
+                command.trim().to_owned(),
+                Some(serde_json::from_str(prints.trim()).expect("prints JSON")),
+            ),
+            None => (line.trim().to_owned(), None),
+        })
+        .collect()
+}
+
+/// `wf-host new`, then the three commands of the project's README (build, run
+/// against the fixture, test) as written: each must succeed and print what the
+/// README says. Prints how long each took.
 fn new_build_run_test(language: &str) {
     let work = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let mut timings = Vec::new();
-    let mut step = |what: &str, args: &[&str], cwd: &Path| {
-        let started = Instant::now();
-        let out = wf_host(args, cwd, cache.path());
-        timings.push(format!("{what} {:.1}s", started.elapsed().as_secs_f64()));
-        assert_success(&format!("{language}: wf-host {}", args.join(" ")), &out);
-        out
-    };
-    step("new", &["new", language, "my-node"], work.path());
+    let out = wf_host(&["new", language, "my-node"], work.path(), cache.path());
+    assert_success(&format!("wf-host new {language} my-node"), &out);
     let project = work.path().join("my-node");
-    let built = step("build", &["build"], &project);
+    let readme = std::fs::read_to_string(project.join("README.md")).unwrap();
+    let commands = readme_commands(&readme);
+    let verbs: Vec<&str> = commands
+        .iter()
+        .map(|(c, _)| c.split_whitespace().nth(1).unwrap_or(""))
+        .collect();
+    assert_eq!(
+        verbs,
+        ["build", "run", "test"],
+        "{language}: README commands"
+    );
+
+    let path = format!(
+        "{}:{}",
+        wf_host_bin().parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut timings = Vec::new();
+    for (command, prints) in &commands {
+        let started = Instant::now();
+        let out = Command::new("bash")
+            .args(["-euo", "pipefail", "-c", command])
+            .current_dir(&project)
+            .env("PATH", &path)
+            .env("WF_HOST_CACHE_DIR", cache.path())
+            .env("CARGO_TARGET_DIR", cargo_target_dir())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        timings.push(format!(
+            "{} {:.1}s",
+            command.split_whitespace().nth(1).unwrap_or(command),
+            started.elapsed().as_secs_f64()
+        ));
+        assert_success(&format!("{language}: {command}"), &out);
+        if let Some(expected) = prints {
+            let printed: Value = serde_json::from_slice(&out.stdout).expect("prints JSON");
+            assert_eq!(&printed, expected, "{language}: {command}");
+        }
+        if command.starts_with("wf-host test") {
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                stdout.contains("1 passed, 0 failed"),
+                "{language}: {stdout}"
+            );
+        }
+    }
     let component = project.join("my-node.wasm");
-    assert!(component.is_file(), "{language}: no my-node.wasm");
-    let stderr = String::from_utf8_lossy(&built.stderr);
-    assert!(stderr.contains("built "), "{language}: {stderr}");
-
-    let out = step(
-        "run",
-        &[
-            "run",
-            "my-node.wasm",
-            "--config",
-            "wf.toml",
-            "--input",
-            r#"{"text": "hi"}"#,
-        ],
-        &project,
-    );
-    let output: Value = serde_json::from_slice(&out.stdout).expect("the node prints JSON");
-    assert_eq!(output, json!({"echoed": "hi"}), "{language}");
-
-    let out = step(
-        "test",
-        &["test", "my-node.wasm", "--case", "cases/echo.toml"],
-        &project,
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        stdout.contains("1 passed, 0 failed"),
-        "{language}: {stdout}"
-    );
+    assert_eq!(commands[1].1, Some(json!({"echoed": "hi"})), "{language}");
 
     // Without wf.toml nothing is granted: the node passes the `denied` on.
     let out = wf_host(
@@ -102,7 +137,7 @@ fn new_build_run_test(language: &str) {
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("not-found") || stderr.contains("denied"),
+        stderr.contains("node returned error `denied`: `fixture.echo` is not granted"),
         "{language}: {stderr}"
     );
 
