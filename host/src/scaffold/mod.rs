@@ -281,6 +281,32 @@ mod tests {
         );
     }
 
+    /// The Rust template pins the crates the example nodes are built and
+    /// tested with (`plugins/Cargo.lock`), so a new node builds with them and
+    /// reuses their compiled artifacts in a shared target directory.
+    #[test]
+    fn the_rust_template_locks_the_versions_the_plugins_use() {
+        let versions = |lock: &str| -> std::collections::BTreeMap<String, String> {
+            let lock: toml::Table = lock.parse().unwrap();
+            lock["package"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|p| p.get("source").is_some())
+                .map(|p| {
+                    let field = |k: &str| p[k].as_str().unwrap().to_owned();
+                    (field("name"), field("version"))
+                })
+                .collect()
+        };
+        let template = versions(include_str!("../../templates/rust/Cargo.lock.tmpl"));
+        let plugins = versions(include_str!("../../../plugins/Cargo.lock"));
+        assert_eq!(
+            template, plugins,
+            "regenerate host/templates/rust/Cargo.lock.tmpl from plugins/Cargo.lock"
+        );
+    }
+
     #[test]
     fn sdk_option_makes_a_path_dependency() {
         let tmp = tempfile::tempdir().unwrap();
