@@ -7,4 +7,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ./plugins/build.sh --install
 ./plugins/build.sh
+# The official Python MCP SDK, for the interop tests (tests/mcp/).
+pip=(python3 -m pip install --quiet --disable-pip-version-check -r tests/mcp/requirements.txt)
+"${pip[@]}" || "${pip[@]}" --break-system-packages
 cargo test --workspace

@@ -1385,3 +1385,34 @@ input = '{capability: "fixture.echo", arguments: {text: "three-\(.input)"}}'
     );
     assert_eq!(check, "ok\n");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_step_shows_the_latest_progress_of_its_call() {
+    let host = Host::new(
+        r#"[[workflows.w.steps]]
+id = "long"
+component = "{call}"
+allow = ["fixture.progress"]
+input = '{capability: "fixture.progress", arguments: {steps: 30, interval_ms: 100}}'
+"#,
+    )
+    .await;
+    let started = host.workflows.start("w", json!(null), None).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let progress = loop {
+        let run = host.workflows.get(&started.run_id, false).await.unwrap();
+        if let Some(p) = &step(&run, "long").progress {
+            break serde_json::to_value(p).unwrap();
+        }
+        assert!(Instant::now() < deadline, "no progress shown: {run:#?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(progress["total"], 30.0, "{progress}");
+    let n = progress["progress"].as_f64().unwrap();
+    assert!((1.0..30.0).contains(&n), "{progress}");
+    assert_eq!(progress["message"], format!("step {n} of 30"));
+    let run = host.finish(&started.run_id).await;
+    assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
+    assert_eq!(step(&run, "long").progress, None);
+    host.close().await;
+}

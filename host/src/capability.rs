@@ -133,17 +133,41 @@ pub trait CapabilityBackend: Send + Sync + 'static {
         Ok(entries)
     }
     /// [`CapabilityBackend::call_tool`] with request `_meta` (e.g. an
-    /// idempotency key). Backends that cannot send it ignore it.
-    async fn call_tool_with_meta(
+    /// idempotency key) and a sink for the server's progress reports.
+    /// Backends that cannot send or report them ignore them.
+    async fn call_tool_with(
         &self,
         connection: &str,
         tool: &str,
         arguments: Map<String, Value>,
-        meta: Map<String, Value>,
+        extras: CallExtras,
     ) -> Result<Value, CapabilityError> {
-        let _ = meta;
+        let _ = extras;
         self.call_tool(connection, tool, arguments).await
     }
+}
+
+/// What a tool call carries besides its arguments.
+#[derive(Clone, Default)]
+pub struct CallExtras {
+    /// Request `_meta` entries (sent when not empty).
+    pub meta: Map<String, Value>,
+    /// Gets each `notifications/progress` of the call. It runs on the
+    /// session's task, so it must return at once.
+    pub progress: Option<ProgressSink>,
+}
+
+/// Where a call's progress reports go.
+pub type ProgressSink = Arc<dyn Fn(Progress) + Send + Sync>;
+
+/// One `notifications/progress` of a running call.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Progress {
+    pub progress: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// The `_meta` key of the idempotency key sent with every `tools/call` of a
@@ -173,6 +197,10 @@ pub trait CallJournal: Send + Sync {
     fn key_prefix(&self) -> &str;
     /// Records a finished call. Called before the node sees the result.
     async fn record(&self, entry: JournalEntry);
+    /// The latest progress a running call reported. Must return at once.
+    fn progress(&self, progress: Progress) {
+        let _ = progress;
+    }
 }
 
 /// The backend used when no MCP connection is configured: every call is
@@ -412,15 +440,19 @@ impl CapabilityCtx {
             let (connection, tool) = split_qualified(name)?;
             self.check(name)?;
             let arguments = parse_arguments(arguments)?;
-            let outcome = match key {
-                Some(key) => {
-                    let mut meta = Map::new();
-                    meta.insert(IDEMPOTENCY_META_KEY.into(), Value::String(key));
+            let outcome = match (key, &self.journal) {
+                (Some(key), Some(journal)) => {
+                    let mut extras = CallExtras::default();
+                    extras
+                        .meta
+                        .insert(IDEMPOTENCY_META_KEY.into(), Value::String(key));
+                    let journal = journal.clone();
+                    extras.progress = Some(Arc::new(move |p| journal.progress(p)));
                     self.backend
-                        .call_tool_with_meta(connection, tool, arguments, meta)
+                        .call_tool_with(connection, tool, arguments, extras)
                         .await
                 }
-                None => self.backend.call_tool(connection, tool, arguments).await,
+                _ => self.backend.call_tool(connection, tool, arguments).await,
             };
             with_tool_hint(&*self.backend, &self.grants, connection, outcome)
                 .await

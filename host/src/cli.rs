@@ -16,6 +16,7 @@ use clap::{Args, Parser, Subcommand};
 use wf_host::capability::{CapabilityBackend, NoBackend};
 use wf_host::config::Config;
 use wf_host::grants::Grants;
+use wf_host::pool::pin::{self, Pins};
 use wf_host::pool::{Pool, PoolConfig};
 use wf_host::rpc::{Access, RpcState};
 use wf_host::runtime::{Limits, RunOptions, Runtime, RuntimeConfig, default_cache_dir};
@@ -81,6 +82,24 @@ tool results (`[canned.<tool>]`) and what to expect (`[expect]`: `output`,
 Exit codes: 0 every case passed; 1 a case failed (a diff is printed); 2 usage,
 case file or load errors.")]
     Test(TestArgs),
+    /// Serve the config's exposed workflows as MCP tools over stdio.
+    #[command(after_help = "Example (an MCP client's server entry):
+  {\"command\": \"wf-host\", \"args\": [\"mcp\", \"--config\", \"/path/to/wf.toml\"]}
+
+Only workflows with `expose = true` are listed. Each tool call runs the
+workflow to the end and returns its output. Logs go to stderr; stdout carries
+the protocol. `wf-host serve` offers the same server over HTTP at `/mcp`.")]
+    Mcp(McpArgs),
+    /// Pin every tool definition of the config's connections in `wf.lock`.
+    #[command(after_help = "Example:
+  wf-host pin --config examples/fixture.toml
+
+Connects to every connection of the config and writes `wf.lock` beside it: a
+digest of each tool's name, title, description, schemas and annotations. While
+the lock exists, a tool whose definition differs from it, or that is not in it,
+is refused (`denied`) before anything is sent. Review the changes to the lock
+like code, and re-run this command to accept them.")]
+    Pin(PinArgs),
     /// Serve the fixture MCP server (for tests): stdio by default.
     #[command(after_help = "Examples:
   wf-host fixture-server
@@ -194,6 +213,23 @@ struct TestArgs {
 }
 
 #[derive(Args)]
+struct McpArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Where runs are kept: a SQLite file, or `:memory:`
+    /// [default: `[runtime] state`, else `.wf-host/state.db` beside the config].
+    #[arg(long, value_name = "PATH")]
+    state: Option<String>,
+}
+
+#[derive(Args)]
+struct PinArgs {
+    /// Configuration file (TOML).
+    #[arg(long, value_name = "FILE", default_value = "wf.toml")]
+    config: PathBuf,
+}
+
+#[derive(Args)]
 struct FixtureArgs {
     /// Serve streamable HTTP at ADDR (path `/mcp`) instead of stdio.
     #[arg(long, value_name = "ADDR")]
@@ -238,6 +274,8 @@ pub fn run() -> Result<(), ExitCode> {
         Command::Compile(args) => compile(args),
         Command::Test(args) => block_on(test_component(args)),
         Command::Serve(args) => block_on(serve(args)),
+        Command::Pin(args) => block_on(pin_tools(args)),
+        Command::Mcp(args) => block_on(mcp_stdio(args)),
         Command::FixtureServer(args) => block_on(fixture_server(args)),
         Command::New(args) => scaffold::new(args),
         Command::Build(args) => scaffold::build(args),
@@ -282,12 +320,21 @@ fn load_config(path: Option<&Path>) -> Result<Config, Failure> {
     }
 }
 
-fn pool_config(config: &Config) -> PoolConfig {
-    PoolConfig {
+/// The pool of `config`, with the tool pins of its `wf.lock` when it has one.
+fn pool_config(config: &Config) -> Result<PoolConfig, Failure> {
+    let pins = if config.connections.is_empty() {
+        None
+    } else {
+        Pins::load(&pin::lock_path(&config.base_dir))
+            .map_err(usage)?
+            .map(Arc::new)
+    };
+    Ok(PoolConfig {
         connections: config.connections.clone(),
         base_dir: config.base_dir.clone(),
+        pins,
         ..PoolConfig::default()
-    }
+    })
 }
 
 fn runtime_config(config: &Config, common: &CommonArgs, limits: Limits) -> RuntimeConfig {
@@ -354,7 +401,10 @@ async fn run_node(args: RunArgs) -> Result<(), Failure> {
     let mut patterns = config.grants_for_component(&component);
     patterns.extend(args.allow.iter().cloned());
     let grants = Arc::new(Grants::new(&patterns).map_err(usage)?);
-    let pool = (!config.connections.is_empty()).then(|| Pool::new(pool_config(&config)));
+    let pool = match config.connections.is_empty() {
+        true => None,
+        false => Some(Pool::new(pool_config(&config)?)),
+    };
     let backend: Arc<dyn CapabilityBackend> = match &pool {
         Some(pool) => Arc::new(pool.clone()),
         None => Arc::new(NoBackend),
@@ -384,13 +434,101 @@ async fn run_node(args: RunArgs) -> Result<(), Failure> {
     }
 }
 
+/// `wf-host mcp`: the exposed workflows as an MCP server on stdio, until the
+/// client closes stdin or a signal arrives.
+async fn mcp_stdio(args: McpArgs) -> Result<(), Failure> {
+    use rmcp::ServiceExt;
+    let config = load_config(args.common.config.as_deref())?;
+    if !config.workflows.values().any(|w| w.expose) {
+        eprintln!("warning: no workflow has `expose = true`; the MCP server lists no tools");
+    }
+    let mut rc = runtime_config(&config, &args.common, config_limits(&config));
+    rc.memory_ceiling = memory_ceiling(&config);
+    let pool = Pool::new(pool_config(&config)?);
+    let runtime = Arc::new(Runtime::new(rc, Arc::new(pool.clone())).map_err(usage)?);
+    let mut options = workflow_options(&config);
+    if let Some(state) = &args.state {
+        options.state = state.clone();
+    }
+    let workflows = Workflows::open(&config, runtime, options)
+        .await
+        .map_err(usage)?;
+    workflows.resume().await.map_err(usage)?;
+    let server = wf_host::mcp::WorkflowServer::new(workflows.clone());
+    let result = match server.serve(rmcp::transport::stdio()).await {
+        Ok(running) => {
+            tokio::select! {
+                ended = running.waiting() => ended.map(|_| ()).map_err(|e| anyhow!(e)),
+                () = shutdown_signal() => Ok(()),
+            }
+        }
+        Err(e) => Err(anyhow!(e).context("MCP initialize failed")),
+    };
+    workflows.shutdown(Duration::from_secs(10)).await;
+    pool.shutdown().await;
+    result.map_err(|error| Failure {
+        code: EXIT_RUN_FAILED,
+        error,
+    })
+}
+
+/// `wf-host pin`: lists every connection's tools, with no lock in force,
+/// and writes their digests to `wf.lock`. Nothing is written unless every
+/// connection answered.
+async fn pin_tools(args: PinArgs) -> Result<(), Failure> {
+    let config = Config::load(&args.config).map_err(usage)?;
+    if config.connections.is_empty() {
+        return Err(usage(anyhow!(
+            "`{}` has no connections to pin",
+            args.config.display()
+        )));
+    }
+    let pool = Pool::new(PoolConfig {
+        pins: None,
+        ..pool_config(&config)?
+    });
+    let mut pins = Pins::new();
+    let mut failed = None;
+    let mut summary = Vec::new();
+    for connection in pool.connections() {
+        match pool.list_tools(&connection).await {
+            Ok(tools) => {
+                summary.push(format!("{connection}: {} tools", tools.len()));
+                pins.pin(&connection, &tools);
+            }
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    pool.shutdown().await;
+    if let Some(e) = failed {
+        return Err(Failure {
+            code: EXIT_RUN_FAILED,
+            error: anyhow!(e).context("nothing was pinned"),
+        });
+    }
+    let path = pin::lock_path(&config.base_dir);
+    let previous = Pins::load(&path).ok().flatten();
+    pins.save(&path).map_err(usage)?;
+    let changed = previous.as_ref() != Some(&pins);
+    println!(
+        "{} {} ({})",
+        if changed { "wrote" } else { "unchanged:" },
+        path.display(),
+        summary.join(", ")
+    );
+    Ok(())
+}
+
 /// `wf-host run --workflow NAME`: runs a whole workflow in this process and
 /// prints its output.
 async fn run_workflow(args: RunArgs, name: &str) -> Result<(), Failure> {
     let config = load_config(args.common.config.as_deref())?;
     let input: serde_json::Value =
         serde_json::from_str(&read_input(&args)?).expect("read_input checked the JSON");
-    let pool = Pool::new(pool_config(&config));
+    let pool = Pool::new(pool_config(&config)?);
     let limits = config_limits(&config);
     let mut rc = runtime_config(&config, &args.common, limits);
     rc.memory_ceiling = memory_ceiling(&config);
@@ -582,7 +720,7 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
     let mut rc = runtime_config(&config, &args.common, config_limits(&config));
     rc.memory_ceiling = memory_ceiling(&config);
     let rpc_grants = Arc::new(Grants::new(config.rpc_allow()).map_err(usage)?);
-    let pool = Pool::new(pool_config(&config));
+    let pool = Pool::new(pool_config(&config)?);
     let runtime = Arc::new(Runtime::new(rc, Arc::new(pool.clone())).map_err(usage)?);
     let mut options = workflow_options(&config);
     if args.common.config.is_none() {
@@ -624,6 +762,10 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
     // The server stops accepting when `stopping` fires; open requests finish
     // meanwhile, and waits end at once because the workflows shut down too.
     let stopping = tokio_util::sync::CancellationToken::new();
+    if let Some(path) = args.common.config.clone() {
+        let reloader = reload_on_sighup(path, workflows.clone(), pool.clone(), stopping.clone());
+        tokio::spawn(reloader);
+    }
     let served = wf_host::rpc::serve(listener, app, stopping.clone().cancelled_owned());
     tokio::pin!(served);
     let served = tokio::select! {
@@ -709,6 +851,55 @@ async fn fixture_server(args: FixtureArgs) -> Result<(), Failure> {
         code: EXIT_RUN_FAILED,
         error: e.context("fixture server failed"),
     })
+}
+
+/// `serve`: on SIGHUP, re-reads the config and swaps in its workflows and
+/// connections, all or nothing: a config that does not load changes nothing
+/// and says why. Ends with `stopping`.
+async fn reload_on_sighup(
+    path: PathBuf,
+    workflows: Arc<Workflows>,
+    pool: Pool,
+    stopping: tokio_util::sync::CancellationToken,
+) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = hup.recv() => {}
+                () = stopping.cancelled() => return,
+            }
+            let reloaded = Config::load(&path)
+                .map_err(anyhow::Error::from)
+                .and_then(|config| {
+                    let report = workflows.reload(&config)?;
+                    pool.update(config.connections.clone());
+                    Ok(report)
+                });
+            match reloaded {
+                Ok(r) => eprintln!(
+                    "wf-host reloaded {}: workflows added {:?}, removed {:?}, changed {:?}",
+                    path.display(),
+                    r.added,
+                    r.removed,
+                    r.changed
+                ),
+                Err(e) => eprintln!(
+                    "wf-host kept its configuration: reloading {} failed: {e:#}",
+                    path.display()
+                ),
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (path, workflows, pool);
+        stopping.cancelled().await;
+    }
 }
 
 /// Resolves on ctrl-c or SIGTERM.

@@ -137,6 +137,16 @@ pub struct WorkflowConfig {
     pub output: Option<String>,
     #[serde(default)]
     pub steps: Vec<StepConfig>,
+    /// Offer this workflow as a tool of wf-host's own MCP server (`/mcp`,
+    /// `wf-host mcp`). Default false: nothing is published by accident.
+    #[serde(default)]
+    pub expose: bool,
+    /// The tool's display name when exposed.
+    pub title: Option<String>,
+    /// The tool's description when exposed.
+    pub description: Option<String>,
+    /// JSON Schema of the run's output; an exposed workflow's `outputSchema`.
+    pub output_schema: Option<Value>,
 }
 
 /// `[[workflows.<name>.steps]]`: one node in the graph.
@@ -213,6 +223,10 @@ pub struct ConnectionConfig {
     /// unless set).
     #[serde(default, with = "humantime_serde")]
     pub ping_interval: Option<Duration>,
+    /// Re-list the catalog this often even without `list_changed` (default
+    /// 5m): it catches changes a server announces where we cannot hear them.
+    #[serde(default, with = "humantime_serde")]
+    pub catalog_refresh: Option<Duration>,
 }
 
 impl Config {
@@ -271,6 +285,7 @@ impl Config {
                 ("call_timeout", conn.call_timeout),
                 ("idle_timeout", conn.idle_timeout),
                 ("ping_interval", conn.ping_interval),
+                ("catalog_refresh", conn.catalog_refresh),
             ] {
                 if duration.is_some_and(|d| d.is_zero()) {
                     return Err(invalid(format!(

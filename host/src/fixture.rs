@@ -49,9 +49,10 @@ use rmcp::{
         CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
         GetPromptRequestParams, GetPromptResponse, GetPromptResult, Implementation,
         InitializeRequestParams, InitializeResult, JsonObject, ListPromptsResult,
-        ListResourcesResult, ListToolsResult, PaginatedRequestParams, Prompt, PromptArgument,
-        PromptMessage, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
-        Resource, ResourceContents, Role, ServerCapabilities, ServerConfig, Tool,
+        ListResourcesResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+        Prompt, PromptArgument, PromptMessage, ReadResourceRequestParams, ReadResourceResponse,
+        ReadResourceResult, Resource, ResourceContents, Role, ServerCapabilities, ServerConfig,
+        Tool,
     },
     service::{RequestContext, ServerInitializeError},
     transport::{
@@ -84,6 +85,9 @@ pub const ENDLESS_PAGES_ENV: &str = "WF_FIXTURE_ENDLESS_PAGES";
 /// Environment variable that, set to `1`, makes every `tools/list` of a session
 /// after its first one fail (see [`FixtureOptions::fail_relist`]).
 pub const FAIL_RELIST_ENV: &str = "WF_FIXTURE_FAIL_RELIST";
+/// `1`: over HTTP, refuse the standalone event stream (`GET` gets 405), so
+/// the server can push nothing outside a request.
+pub const NO_EVENT_STREAM_ENV: &str = "WF_FIXTURE_NO_EVENT_STREAM";
 
 /// Exit status of the process when the `crash` tool is called.
 pub const CRASH_EXIT_CODE: i32 = 3;
@@ -123,6 +127,8 @@ pub struct FixtureOptions {
     /// Each session's first `tools/list` works; every later one fails with an
     /// internal error (a server whose catalog refresh keeps failing).
     pub fail_relist: bool,
+    /// HTTP: `GET /mcp` gets 405, so there is no standalone event stream.
+    pub no_event_stream: bool,
 }
 
 impl FixtureOptions {
@@ -175,6 +181,9 @@ impl FixtureOptions {
         }
         if std::env::var_os(FAIL_RELIST_ENV).is_some_and(|v| v == "1") {
             self.fail_relist = true;
+        }
+        if std::env::var_os(NO_EVENT_STREAM_ENV).is_some_and(|v| v == "1") {
+            self.no_event_stream = true;
         }
         if self.page_size.is_none()
             && let Some(raw) = std::env::var_os(PAGE_SIZE_ENV)
@@ -288,6 +297,9 @@ pub async fn serve_http(
                         if shared.is_forgotten(request.headers()) {
                             return axum::http::StatusCode::NOT_FOUND.into_response();
                         }
+                        if shared.no_event_stream && request.method() == axum::http::Method::GET {
+                            return axum::http::StatusCode::METHOD_NOT_ALLOWED.into_response();
+                        }
                         next.run(request).await
                     }
                 },
@@ -352,6 +364,10 @@ struct Shared {
     ping_delay: Option<Duration>,
     endless_pages: bool,
     fail_relist: bool,
+    no_event_stream: bool,
+    /// Descriptions `set_description` gave tools, by tool name: every
+    /// session of this process lists them.
+    descriptions: Mutex<BTreeMap<String, String>>,
     pings_started: AtomicU64,
     pings_answered: AtomicU64,
     tools_list_requests: AtomicU64,
@@ -371,6 +387,8 @@ impl Shared {
             ping_delay: opts.ping_delay,
             endless_pages: opts.endless_pages,
             fail_relist: opts.fail_relist,
+            no_event_stream: opts.no_event_stream,
+            descriptions: Mutex::default(),
             pings_started: AtomicU64::new(0),
             pings_answered: AtomicU64::new(0),
             tools_list_requests: AtomicU64::new(0),
@@ -492,6 +510,34 @@ struct FailArgs {
     message: Option<String>,
 }
 
+/// Arguments of `progress`.
+#[derive(Debug, Deserialize, JsonSchema)]
+struct ProgressArgs {
+    /// How many progress reports to send.
+    steps: u32,
+    /// Milliseconds between reports.
+    interval_ms: u64,
+}
+
+/// Arguments of `set_description`.
+#[derive(Debug, Deserialize, JsonSchema)]
+struct SetDescriptionArgs {
+    /// The tool whose description changes.
+    tool: String,
+    description: String,
+    /// Send notifications/tools/list_changed (default true).
+    #[serde(default)]
+    notify: Option<bool>,
+}
+
+/// Arguments of `shaped`.
+#[derive(Debug, Deserialize, JsonSchema)]
+struct ShapedArgs {
+    /// Returned as structuredContent {"count": count}; the output schema wants
+    /// an integer.
+    count: Value,
+}
+
 /// Arguments of `extra`.
 #[derive(Debug, Deserialize, JsonSchema)]
 struct ExtraArgs {
@@ -560,6 +606,28 @@ fn builtin_tools() -> &'static [Tool] {
                 schema_for_empty_input(),
             ),
             Tool::new(
+                "progress",
+                "Sends `steps` notifications/progress (to the request's progressToken), \
+                 `interval_ms` apart, then returns \"done after <steps> steps\".",
+                schema_for_empty_input(),
+            )
+            .with_input_schema::<ProgressArgs>(),
+            Tool::new(
+                "set_description",
+                "Gives `tool` a new description in every session of this server process, \
+                 and sends notifications/tools/list_changed unless `notify` is false.",
+                schema_for_empty_input(),
+            )
+            .with_input_schema::<SetDescriptionArgs>(),
+            Tool::new(
+                "shaped",
+                "Returns structuredContent {\"count\": count}; declares an output schema \
+                 with an integer `count`, so a non-integer breaks it.",
+                schema_for_empty_input(),
+            )
+            .with_input_schema::<ShapedArgs>()
+            .with_raw_output_schema(shaped_output_schema()),
+            Tool::new(
                 "call_log",
                 "Returns every tool call this server process received before this one (all \
                  sessions, call_log excluded), the cancelled calls and the number of sessions.",
@@ -567,6 +635,18 @@ fn builtin_tools() -> &'static [Tool] {
             ),
         ]
     })
+}
+
+/// The output schema of `shaped`.
+fn shaped_output_schema() -> Arc<JsonObject> {
+    let Value::Object(schema) = json!({
+        "type": "object",
+        "properties": {"count": {"type": "integer"}},
+        "required": ["count"],
+    }) else {
+        unreachable!("an object literal")
+    };
+    Arc::new(schema)
 }
 
 /// The tool `register_extra` adds.
@@ -685,6 +765,17 @@ impl FixtureServer {
         let mut tools: Vec<Tool> = builtin_tools().to_vec();
         if extra {
             tools.push(extra_tool().clone());
+        }
+        let descriptions = self
+            .shared
+            .descriptions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        for tool in &mut tools {
+            if let Some(description) = descriptions.get(tool.name.as_ref()) {
+                tool.description = Some(Cow::Owned(description.clone()));
+            }
         }
         for name in self.shared.canned.keys() {
             if tools.iter().any(|tool| tool.name == name.as_str()) {
@@ -811,6 +902,62 @@ impl FixtureServer {
                     "forgotten",
                 )]))
             }
+            "progress" => {
+                let ProgressArgs { steps, interval_ms } = match parse_args(name, args) {
+                    Ok(args) => args,
+                    Err(invalid) => return Ok(invalid),
+                };
+                let token = context.meta.get_progress_token();
+                for step in 1..=steps {
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_millis(interval_ms)) => {}
+                        () = context.ct.cancelled() => {
+                            self.shared.record_cancel(session, name);
+                            return Ok(CallToolResult::error(vec![ContentBlock::text("progress cancelled")]));
+                        }
+                    }
+                    if let Some(token) = &token {
+                        let mut note =
+                            ProgressNotificationParam::new(token.clone(), f64::from(step))
+                                .with_total(f64::from(steps));
+                        note.message = Some(format!("step {step} of {steps}"));
+                        if let Err(error) = context.peer.notify_progress(note).await {
+                            tracing::warn!(session, %error, "could not send progress");
+                        }
+                    }
+                }
+                Ok(text_result(
+                    format!("done after {steps} steps"),
+                    json!({"steps": steps}),
+                ))
+            }
+            "set_description" => {
+                let SetDescriptionArgs {
+                    tool,
+                    description,
+                    notify,
+                } = match parse_args(name, args) {
+                    Ok(args) => args,
+                    Err(invalid) => return Ok(invalid),
+                };
+                self.shared
+                    .descriptions
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(tool, description);
+                if notify.unwrap_or(true)
+                    && let Err(error) = context.peer.notify_tool_list_changed().await
+                {
+                    tracing::warn!(session, %error, "could not send tools/list_changed");
+                }
+                Ok(CallToolResult::success(vec![ContentBlock::text(
+                    "described",
+                )]))
+            }
+            "shaped" => Ok(match parse_args::<ShapedArgs>(name, args) {
+                Ok(ShapedArgs { count }) => text_result(count.to_string(), json!({"count": count})),
+                Err(invalid) => invalid,
+            }),
             "call_log" => {
                 let log = self.shared.call_log_json();
                 Ok(text_result(log.to_string(), log))
@@ -1171,6 +1318,9 @@ mod tests {
                 "register_extra",
                 "env",
                 "forget_session",
+                "progress",
+                "set_description",
+                "shaped",
                 "call_log"
             ]
         );

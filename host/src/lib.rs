@@ -10,7 +10,8 @@
 //! - [`workflow`] runs graphs of nodes (jq between steps, retries, deadlines),
 //!   and [`store`] keeps their runs durable (SQLite), so a restarted host
 //!   resumes them.
-//! - [`rpc`] is the JSON-RPC 2.0 server over HTTP.
+//! - [`rpc`] is the JSON-RPC 2.0 server over HTTP; [`mcp`] offers exposed
+//!   workflows as tools of an MCP server.
 //! - [`fixture`] is an MCP server for tests.
 //! - [`scaffold`] starts node projects (`wf-host new`) and builds them
 //!   (`wf-host build`).
@@ -33,6 +34,8 @@ pub mod capability;
 pub mod config;
 pub mod fixture;
 pub mod grants;
+pub mod mcp;
+pub mod metrics;
 pub mod pool;
 pub mod rpc;
 pub mod runtime;

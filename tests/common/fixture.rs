@@ -27,9 +27,15 @@ pub struct HttpFixture {
 impl HttpFixture {
     /// Starts `wf-host fixture-server --http` on `addr` (port 0 picks one).
     pub fn start(addr: &str) -> HttpFixture {
+        HttpFixture::start_with_env(addr, &[])
+    }
+
+    /// [`HttpFixture::start`] with extra environment (`WF_FIXTURE_*` options).
+    pub fn start_with_env(addr: &str, env: &[(&str, &str)]) -> HttpFixture {
         let mut child = Command::new(wf_host_bin())
             .args(["fixture-server", "--http", addr])
             .env_remove("WF_FIXTURE_PAGE_SIZE")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -73,6 +73,7 @@ pub fn expect_ok(report: &wf_host::runtime::RunReport) -> &str {
 }
 
 pub mod fixture;
+pub mod serve;
 
 /// Sends `tracing` output to the test's captured output; `RUST_LOG` selects it.
 pub fn init_tracing() {

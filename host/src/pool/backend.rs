@@ -5,7 +5,9 @@ use async_trait::async_trait;
 use serde_json::{Map, Value, json};
 
 use super::{Pool, PoolError};
-use crate::capability::{CapabilityBackend, CapabilityEntry, CapabilityError, CapabilityKind};
+use crate::capability::{
+    CallExtras, CapabilityBackend, CapabilityEntry, CapabilityError, CapabilityKind,
+};
 
 /// MCP's JSON-RPC codes that mean "no such thing" and "bad arguments".
 const METHOD_NOT_FOUND: i32 = -32601;
@@ -37,6 +39,12 @@ pub fn to_capability_error(e: PoolError) -> CapabilityError {
             ))
         }
         PoolError::ShutDown => CapabilityError::Unavailable("the host is shutting down".into()),
+        // The message names no other tools: the caller may not be granted them.
+        // The node dispatch adds the ones the node may call.
+        e @ PoolError::NoSuchTool { .. } => CapabilityError::NotFound(e.to_string()),
+        e @ PoolError::InvalidArguments { .. } => CapabilityError::InvalidArguments(e.to_string()),
+        e @ PoolError::NotPinned { .. } => CapabilityError::Denied(e.to_string()),
+        e @ PoolError::InvalidOutput { .. } => CapabilityError::ToolError(e.to_string()),
         PoolError::Timeout {
             connection, after, ..
         } => CapabilityError::Timeout(format!(
@@ -66,39 +74,26 @@ impl CapabilityBackend for Pool {
         tool: &str,
         arguments: Map<String, Value>,
     ) -> Result<Value, CapabilityError> {
-        CapabilityBackend::call_tool_with_meta(self, connection, tool, arguments, Map::new()).await
+        Pool::call_tool_with(
+            self,
+            connection,
+            tool,
+            arguments,
+            CallExtras::default(),
+            None,
+        )
+        .await
+        .map_err(to_capability_error)
     }
 
-    async fn call_tool_with_meta(
+    async fn call_tool_with(
         &self,
         connection: &str,
         tool: &str,
         arguments: Map<String, Value>,
-        meta: Map<String, Value>,
+        extras: CallExtras,
     ) -> Result<Value, CapabilityError> {
-        // Checked against the live catalog first: an unknown tool or arguments
-        // that fail its input schema never reach the upstream.
-        let catalog = self
-            .catalog(connection)
-            .await
-            .map_err(to_capability_error)?;
-        // The message names no other tools: the caller may not be granted them.
-        // The node dispatch adds the ones the node may call.
-        let Some(definition) = catalog.tool(tool) else {
-            return Err(CapabilityError::NotFound(format!(
-                "connection `{connection}` has no tool `{tool}`"
-            )));
-        };
-        let arguments = Value::Object(arguments);
-        if let Some(problem) = self.check_arguments(connection, definition, &arguments) {
-            return Err(CapabilityError::InvalidArguments(format!(
-                "arguments for `{connection}.{tool}` do not match its input schema: {problem}"
-            )));
-        }
-        let Value::Object(arguments) = arguments else {
-            unreachable!("built as an object above")
-        };
-        Pool::call_tool_with_meta(self, connection, tool, arguments, meta, None)
+        Pool::call_tool_with(self, connection, tool, arguments, extras, None)
             .await
             .map_err(to_capability_error)
     }

@@ -1,7 +1,7 @@
 //! The live catalog of one connection: its tools, resources and prompts, listed
 //! after `initialize` and refreshed on `list_changed` on the same session.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -19,13 +19,27 @@ pub struct Catalog {
     pub tools: Vec<Tool>,
     pub resources: Vec<Resource>,
     pub prompts: Vec<Prompt>,
-    /// Bumped on every refresh, so waiters can tell a new list from an old one.
+    /// Bumped on every refresh that changed something, so waiters can tell
+    /// a new list from an old one.
     pub version: u64,
+    /// The pinning digest of each tool (see [`super::pin::digest`]).
+    digests: HashMap<String, String>,
 }
 
 impl Catalog {
     pub fn tool(&self, name: &str) -> Option<&Tool> {
         self.tools.iter().find(|t| t.name == name)
+    }
+
+    /// The pinning digest of the tool `name`, as listed.
+    pub fn digest(&self, name: &str) -> Option<&str> {
+        self.digests.get(name).map(String::as_str)
+    }
+
+    fn same_lists(&self, other: &Catalog) -> bool {
+        self.tools == other.tools
+            && self.resources == other.resources
+            && self.prompts == other.prompts
     }
 }
 
@@ -102,9 +116,21 @@ pub(crate) async fn refresh(
         })
         .await?;
     }
-    cell.send_modify(|current| {
+    if kinds & TOOLS != 0 {
+        next.digests = next
+            .tools
+            .iter()
+            .map(|t| (t.name.to_string(), super::pin::digest(t)))
+            .collect();
+    }
+    // A periodic re-list that found nothing new publishes nothing.
+    cell.send_if_modified(|current| {
+        if current.version > 0 && current.same_lists(&next) {
+            return false;
+        }
         next.version = current.version + 1;
         *current = Arc::new(next);
+        true
     });
     Ok(())
 }

@@ -12,7 +12,9 @@
 
 mod backend;
 mod catalog;
+pub mod pin;
 mod session;
+mod stream_watch;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -22,8 +24,9 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use rmcp::model::{
-    CallToolRequestParams, GetPromptRequestParams, JsonObject, Prompt, ReadResourceRequestParams,
-    Resource, Tool,
+    CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientRequest,
+    GetPromptRequestParams, JsonObject, ProgressToken, Prompt, ReadResourceRequestParams, Resource,
+    ServerResult, Tool,
 };
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
@@ -34,12 +37,16 @@ pub use catalog::Catalog;
 pub use session::{OpFn, OpMeta};
 use session::{Operation, Session};
 
+use crate::capability::{CallExtras, Progress, ProgressSink};
 use crate::config::ConnectionConfig;
+use pin::{PinCheck, Pins};
 
 /// Default per-operation timeout.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default cap on catalog entries per kind.
 pub const DEFAULT_CATALOG_CAP: usize = 1000;
+/// Default interval of the catalog re-list that runs without `list_changed`.
+pub const DEFAULT_CATALOG_REFRESH: Duration = Duration::from_secs(300);
 pub use catalog::MAX_CATALOG_PAGES;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
 const BACKOFF_BASE: Duration = Duration::from_millis(250);
@@ -80,6 +87,27 @@ pub enum PoolError {
     },
     #[error("the pool is shut down")]
     ShutDown,
+    #[error("connection `{connection}` has no tool `{tool}`")]
+    NoSuchTool { connection: String, tool: String },
+    #[error("arguments for `{connection}.{tool}` do not match its input schema: {problem}")]
+    InvalidArguments {
+        connection: String,
+        tool: String,
+        problem: String,
+    },
+    /// A `wf.lock` exists and this tool's definition is not the pinned one.
+    #[error("{}", pin::refusal(connection, tool, *check))]
+    NotPinned {
+        connection: String,
+        tool: String,
+        check: PinCheck,
+    },
+    #[error("the result of `{connection}.{tool}` does not match its output schema: {problem}")]
+    InvalidOutput {
+        connection: String,
+        tool: String,
+        problem: String,
+    },
 }
 
 /// How the pool is built.
@@ -92,6 +120,8 @@ pub struct PoolConfig {
     pub base_dir: PathBuf,
     /// Catalog entries per kind; defaults to [`DEFAULT_CATALOG_CAP`].
     pub catalog_cap: Option<usize>,
+    /// The pinned tool definitions (`wf.lock`); `None` pins nothing.
+    pub pins: Option<Arc<Pins>>,
 }
 
 /// A connection's settings, normalised; what the fingerprint hashes.
@@ -103,6 +133,7 @@ pub(crate) struct Settings {
     pub idle_timeout: Option<Duration>,
     pub ping_interval: Option<Duration>,
     pub catalog_cap: usize,
+    pub catalog_refresh: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize)]
@@ -154,6 +185,7 @@ impl Settings {
             // stdio death is seen at once through the pipe; HTTP needs a ping.
             ping_interval: nonzero(c.ping_interval).or(is_http.then_some(Duration::from_secs(15))),
             catalog_cap: pool.catalog_cap.unwrap_or(DEFAULT_CATALOG_CAP),
+            catalog_refresh: nonzero(c.catalog_refresh).unwrap_or(DEFAULT_CATALOG_REFRESH),
         }
     }
 
@@ -223,6 +255,140 @@ pub struct ConnectionStats {
     /// The server's process id, for stdio connections with a live session.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pid: Option<u32>,
+    /// With a live session: `live` while the server can push `list_changed`
+    /// to us (stdio, or an open HTTP event stream), else `polling` (the
+    /// catalog is re-listed every `catalog_refresh`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub notifications: Option<&'static str>,
+    /// With a `wf.lock`: the live tools whose definition is not the pinned
+    /// one, and why (`changed` or `unpinned`). Calls to them are refused.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub drifted: Vec<Drift>,
+}
+
+/// A tool that does not match the lock.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Drift {
+    pub tool: String,
+    /// `changed` or `unpinned`.
+    pub reason: &'static str,
+}
+
+/// The tools of `catalog` that `pinned` does not vouch for.
+fn drift(catalog: &Catalog, pinned: &BTreeMap<String, String>) -> Vec<Drift> {
+    catalog
+        .tools
+        .iter()
+        .filter_map(|t| {
+            let reason = match pin::check(pinned, &t.name, catalog.digest(&t.name)?) {
+                PinCheck::Pinned => return None,
+                PinCheck::Changed => "changed",
+                PinCheck::Unpinned => "unpinned",
+            };
+            Some(Drift {
+                tool: t.name.to_string(),
+                reason,
+            })
+        })
+        .collect()
+}
+
+/// Routes `notifications/progress` to the call whose request carried the
+/// token (rmcp gives every request one). Per connection, across its sessions.
+#[derive(Default)]
+pub(crate) struct ProgressRoutes {
+    routes: Mutex<HashMap<ProgressToken, watch::Sender<Option<Progress>>>>,
+}
+
+impl ProgressRoutes {
+    /// Never blocks: this runs in the notification handler.
+    pub(crate) fn deliver(&self, token: &ProgressToken, progress: Progress) {
+        if let Some(route) = self
+            .routes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(token)
+        {
+            route.send_replace(Some(progress));
+        }
+    }
+
+    /// Routes `token` to `to` until the guard drops.
+    fn register(
+        self: &Arc<Self>,
+        token: ProgressToken,
+        to: watch::Sender<Option<Progress>>,
+    ) -> RouteGuard {
+        self.routes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(token.clone(), to);
+        RouteGuard {
+            routes: self.clone(),
+            token,
+        }
+    }
+}
+
+struct RouteGuard {
+    routes: Arc<ProgressRoutes>,
+    token: ProgressToken,
+}
+
+impl Drop for RouteGuard {
+    fn drop(&mut self) {
+        self.routes
+            .routes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.token);
+    }
+}
+
+/// Sends `notifications/cancelled` for a request whose caller went away
+/// before the answer (timeout, session death, caller gone).
+struct CancelOnDrop {
+    peer: Option<(rmcp::Peer<rmcp::RoleClient>, rmcp::model::RequestId)>,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let Some((peer, id)) = self.peer.take() else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let params = CancelledNotificationParam::new(
+                    Some(id),
+                    Some("the caller stopped waiting".into()),
+                );
+                let _ = peer.notify_cancelled(params).await;
+            });
+        }
+    }
+}
+
+/// `tools/call` with its progress reports routed to `to`.
+async fn call_tool_routed(
+    peer: rmcp::Peer<rmcp::RoleClient>,
+    params: CallToolRequestParams,
+    routes: Arc<ProgressRoutes>,
+    to: watch::Sender<Option<Progress>>,
+) -> Result<Value, rmcp::ServiceError> {
+    let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+    let handle = peer
+        .send_request_with_option(request, rmcp::service::PeerRequestOptions::no_options())
+        .await?;
+    let _route = routes.register(handle.progress_token.clone(), to);
+    let mut cancel = CancelOnDrop {
+        peer: Some((peer, handle.id.clone())),
+    };
+    let answer = handle.await_response().await;
+    cancel.peer = None;
+    match answer? {
+        ServerResult::CallToolResult(result) => to_json(result),
+        _ => Err(rmcp::ServiceError::UnexpectedResponse),
+    }
 }
 
 /// One configured connection and its (at most one) live session.
@@ -230,6 +396,9 @@ struct Slot {
     settings: Settings,
     fingerprint: String,
     counters: Arc<ConnCounters>,
+    /// This connection's pinned digests, when a lock exists.
+    pinned: Option<Arc<BTreeMap<String, String>>>,
+    progress: Arc<ProgressRoutes>,
     // A tokio mutex, held across connect: concurrent first callers queue here
     // and then all reuse the one session it produced.
     state: tokio::sync::Mutex<SlotState>,
@@ -244,15 +413,21 @@ struct SlotState {
 }
 
 impl Slot {
-    fn new(settings: Settings) -> Arc<Slot> {
-        Slot::with_counters(settings, Arc::default())
+    fn new(settings: Settings, pins: Option<&Pins>) -> Arc<Slot> {
+        Slot::with_counters(settings, pins, Arc::default())
     }
 
-    fn with_counters(settings: Settings, counters: Arc<ConnCounters>) -> Arc<Slot> {
+    fn with_counters(
+        settings: Settings,
+        pins: Option<&Pins>,
+        counters: Arc<ConnCounters>,
+    ) -> Arc<Slot> {
         Arc::new(Slot {
             fingerprint: settings.fingerprint(),
+            pinned: pins.map(|p| Arc::new(p.connection(&settings.id))),
             settings,
             counters,
+            progress: Arc::default(),
             state: tokio::sync::Mutex::new(SlotState::default()),
         })
     }
@@ -279,7 +454,12 @@ impl Slot {
                 });
             }
         }
-        let connect = session::connect(&self.settings, self.counters.clone());
+        let connect = session::connect(
+            &self.settings,
+            self.counters.clone(),
+            self.progress.clone(),
+            self.pinned.clone(),
+        );
         let outcome = match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
             Ok(outcome) => outcome,
             Err(_) => Err(format!(
@@ -311,10 +491,12 @@ impl Slot {
     fn stats(&self) -> ConnectionStats {
         let c = &self.counters;
         let mut catalog = None;
+        let mut notifications = None;
         let (state, pid) = match self.state.try_lock() {
             Ok(s) => match &s.session {
                 Some(session) if session.is_alive() => {
-                    catalog = Some(session.catalog().borrow().clone());
+                    catalog = Some(session.current_catalog());
+                    notifications = Some(session.notifications());
                     ("ready", session.pid())
                 }
                 _ if s.retry_at.is_some_and(|t| Instant::now() < t) => ("circuit-open", None),
@@ -349,6 +531,11 @@ impl Slot {
                 .as_ref()
                 .map_or(c.prompts.load(Ordering::Relaxed), |c| c.prompts.len()),
             pid,
+            notifications,
+            drifted: match (&catalog, &self.pinned) {
+                (Some(catalog), Some(pinned)) => drift(catalog, pinned),
+                _ => Vec::new(),
+            },
         }
     }
 
@@ -374,7 +561,7 @@ fn backoff(failures: u32) -> Duration {
     half + half.mul_f64(rand::random::<f64>())
 }
 
-/// A tool's input schema and the validator compiled from it.
+/// A tool's schema and the validator compiled from it.
 type CompiledSchema = (Arc<JsonObject>, Arc<jsonschema::Validator>);
 
 /// The shared pool. Cheap to clone; all clones share the sessions.
@@ -390,9 +577,10 @@ struct PoolInner {
     /// reap them too.
     retired: Mutex<Vec<Session>>,
     shut_down: std::sync::atomic::AtomicBool,
-    /// Compiled input schemas by (connection, tool), with the schema they were
-    /// compiled from: a refreshed catalog brings a new `Arc` and a recompile.
-    validators: Mutex<HashMap<(String, String), CompiledSchema>>,
+    /// Compiled schemas by (connection, tool, `input`/`output`), with the
+    /// schema they were compiled from: a refreshed catalog brings a new `Arc`
+    /// and a recompile.
+    validators: Mutex<HashMap<(String, String, &'static str), CompiledSchema>>,
 }
 
 impl Pool {
@@ -401,7 +589,10 @@ impl Pool {
         let slots = config
             .connections
             .iter()
-            .map(|(id, c)| (id.clone(), Slot::new(Settings::from_config(id, c, &config))))
+            .map(|(id, c)| {
+                let settings = Settings::from_config(id, c, &config);
+                (id.clone(), Slot::new(settings, config.pins.as_deref()))
+            })
             .collect();
         Pool {
             inner: Arc::new(PoolInner {
@@ -452,10 +643,12 @@ impl Pool {
                     // Same connection, new settings: counters carry over.
                     let counters = old.counters.clone();
                     self.retire(old);
-                    next.insert(id.clone(), Slot::with_counters(settings, counters));
+                    let pins = self.inner.config.pins.as_deref();
+                    next.insert(id.clone(), Slot::with_counters(settings, pins, counters));
                 }
                 None => {
-                    next.insert(id.clone(), Slot::new(settings));
+                    let pins = self.inner.config.pins.as_deref();
+                    next.insert(id.clone(), Slot::new(settings, pins));
                 }
             }
         }
@@ -492,10 +685,28 @@ impl Pool {
         run: OpFn,
     ) -> Result<Value, PoolError> {
         let slot = self.slot(connection)?;
+        self.execute_on(&slot, operation, timeout, run, None, |_| Ok(()))
+            .await
+    }
+
+    /// [`Pool::execute`] on `slot`, after `check` accepted the catalog of the
+    /// session that will carry the operation: a refused operation sends
+    /// nothing. `progress` restarts the timeout on every report.
+    async fn execute_on(
+        &self,
+        slot: &Slot,
+        operation: &'static str,
+        timeout: Option<Duration>,
+        run: OpFn,
+        progress: Option<(watch::Receiver<Option<Progress>>, Option<ProgressSink>)>,
+        mut check: impl FnMut(&Catalog) -> Result<(), PoolError>,
+    ) -> Result<Value, PoolError> {
+        let connection = &*slot.settings.id;
         let timeout = timeout.unwrap_or(slot.settings.call_timeout);
         let mut replayed = false;
         loop {
             let session = slot.session().await?;
+            check(&session.current_catalog())?;
             let (reply, answer) = oneshot::channel();
             let op = Operation {
                 meta: OpMeta {
@@ -506,6 +717,7 @@ impl Pool {
                 },
                 run: run.clone(),
                 timeout,
+                progress: progress.clone(),
                 reply,
             };
             let result = match session.submit(op) {
@@ -517,13 +729,13 @@ impl Pool {
                 }),
                 // The session died between lookup and submit: the operation never
                 // left the host, so a fresh session may take it.
-                Err((_, reason)) if !replayed => {
+                Err(reason) if !replayed => {
                     replayed = true;
                     tracing::debug!(connection, reason, "session gone before submit; retrying");
                     slot.evict(&session).await;
                     continue;
                 }
-                Err((_, reason)) => Err(PoolError::SessionClosed {
+                Err(reason) => Err(PoolError::SessionClosed {
                     connection: connection.to_owned(),
                     reason,
                 }),
@@ -555,36 +767,125 @@ impl Pool {
         arguments: Map<String, Value>,
         timeout: Option<Duration>,
     ) -> Result<Value, PoolError> {
-        self.call_tool_with_meta(connection, tool, arguments, Map::new(), timeout)
+        self.call_tool_with(connection, tool, arguments, CallExtras::default(), timeout)
             .await
     }
 
-    /// [`Pool::call_tool`] with request `_meta` (sent when not empty).
+    /// [`Pool::call_tool`] with request `_meta` (sent when not empty) and a
+    /// progress sink. Before anything is sent, the tool is looked up in the
+    /// live catalog of the session that will carry the call, checked against
+    /// the lock (`wf.lock`) and its input schema; a `structuredContent` is
+    /// checked against its output schema. The call carries a
+    /// `progressToken`, and every progress report restarts its timeout.
     ///
     /// # Errors
     /// A [`PoolError`]. A tool answering `isError` is `Ok`.
-    pub async fn call_tool_with_meta(
+    pub async fn call_tool_with(
         &self,
         connection: &str,
         tool: &str,
         arguments: Map<String, Value>,
-        meta: Map<String, Value>,
+        extras: CallExtras,
         timeout: Option<Duration>,
     ) -> Result<Value, PoolError> {
-        let tool: Arc<str> = tool.into();
-        let arguments = Arc::new(arguments);
-        let meta = (!meta.is_empty()).then(|| Arc::new(meta));
-        let run: OpFn = Arc::new(move |peer| {
-            let mut params =
-                CallToolRequestParams::new(tool.to_string()).with_arguments((*arguments).clone());
-            if let Some(meta) = &meta {
-                params.meta = Some(rmcp::model::RequestMetaObject(rmcp::model::MetaObject(
-                    (**meta).clone(),
-                )));
+        let started = Instant::now();
+        let result = self
+            .call_tool_checked(connection, tool, arguments, extras, timeout)
+            .await;
+        let outcome = match &result {
+            Ok(v) if v.get("isError").and_then(Value::as_bool) == Some(true) => "tool_error",
+            Ok(_) => "ok",
+            Err(PoolError::Timeout { .. }) => "timeout",
+            Err(PoolError::Server { .. } | PoolError::InvalidOutput { .. }) => "server_error",
+            Err(
+                PoolError::NoSuchTool { .. }
+                | PoolError::InvalidArguments { .. }
+                | PoolError::NotPinned { .. }
+                | PoolError::UnknownConnection { .. },
+            ) => "refused",
+            Err(_) => "unavailable",
+        };
+        crate::metrics::metrics().call_finished(connection, outcome, started.elapsed());
+        result
+    }
+
+    async fn call_tool_checked(
+        &self,
+        connection: &str,
+        tool: &str,
+        arguments: Map<String, Value>,
+        extras: CallExtras,
+        timeout: Option<Duration>,
+    ) -> Result<Value, PoolError> {
+        let slot = self.slot(connection)?;
+        let arguments = Value::Object(arguments);
+        // The definition the call was checked against, for its output schema.
+        let mut definition: Option<Tool> = None;
+        let check = |catalog: &Catalog| {
+            let Some(found) = catalog.tool(tool) else {
+                return Err(PoolError::NoSuchTool {
+                    connection: connection.to_owned(),
+                    tool: tool.to_owned(),
+                });
+            };
+            if let (Some(pinned), Some(live)) = (&slot.pinned, catalog.digest(tool)) {
+                let check = pin::check(pinned, tool, live);
+                if check != PinCheck::Pinned {
+                    return Err(PoolError::NotPinned {
+                        connection: connection.to_owned(),
+                        tool: tool.to_owned(),
+                        check,
+                    });
+                }
             }
-            async move { to_json(peer.call_tool(params).await?) }.boxed()
+            if let Some(problem) = self.check_arguments(connection, found, &arguments) {
+                return Err(PoolError::InvalidArguments {
+                    connection: connection.to_owned(),
+                    tool: tool.to_owned(),
+                    problem,
+                });
+            }
+            definition = Some(found.clone());
+            Ok(())
+        };
+        let Value::Object(arguments) = &arguments else {
+            unreachable!("built as an object above")
+        };
+        let mut params =
+            CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments.clone());
+        if !extras.meta.is_empty() {
+            params.meta = Some(rmcp::model::RequestMetaObject(rmcp::model::MetaObject(
+                extras.meta,
+            )));
+        }
+        let params = Arc::new(params);
+        // rmcp gives the request its `progressToken`; reports for it come here.
+        let (reports, progress) = watch::channel(None);
+        let routes = slot.progress.clone();
+        let run: OpFn = Arc::new(move |peer| {
+            call_tool_routed(peer, (*params).clone(), routes.clone(), reports.clone()).boxed()
         });
-        self.execute(connection, "call_tool", timeout, run).await
+        let result = self
+            .execute_on(
+                &slot,
+                "call_tool",
+                timeout,
+                run,
+                Some((progress, extras.progress)),
+                check,
+            )
+            .await?;
+        if let Some(problem) = definition
+            .as_ref()
+            .and_then(|d| self.check_output(connection, d, &result))
+        {
+            return Err(PoolError::InvalidOutput {
+                connection: connection.to_owned(),
+                tool: tool.to_owned(),
+                problem,
+            });
+        }
+        Ok(result)
     }
 
     /// Reads `uri`; the `ReadResourceResult` as JSON.
@@ -676,37 +977,58 @@ impl Pool {
         tool: &Tool,
         arguments: &Value,
     ) -> Option<String> {
-        let key = (connection.to_owned(), tool.name.to_string());
+        self.validate(connection, tool, "input", &tool.input_schema, arguments)
+    }
+
+    /// Checks the `structuredContent` of a successful `result` against `tool`'s
+    /// output schema, as [`Pool::check_arguments`] does for input.
+    pub fn check_output(&self, connection: &str, tool: &Tool, result: &Value) -> Option<String> {
+        let schema = tool.output_schema.as_ref()?;
+        if result.get("isError").and_then(Value::as_bool) == Some(true) {
+            return None;
+        }
+        match result.get("structuredContent") {
+            Some(structured) => self.validate(connection, tool, "output", schema, structured),
+            None => Some("the tool declares an output schema but sent no structuredContent".into()),
+        }
+    }
+
+    fn validate(
+        &self,
+        connection: &str,
+        tool: &Tool,
+        kind: &'static str,
+        schema: &Arc<JsonObject>,
+        value: &Value,
+    ) -> Option<String> {
+        let key = (connection.to_owned(), tool.name.to_string(), kind);
         let cached = self
             .inner
             .validators
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&key)
-            .filter(|(schema, _)| Arc::ptr_eq(schema, &tool.input_schema))
+            .filter(|(compiled_from, _)| Arc::ptr_eq(compiled_from, schema))
             .map(|(_, v)| v.clone());
         let validator = match cached {
             Some(v) => v,
-            None => {
-                let schema = Value::Object((*tool.input_schema).clone());
-                match jsonschema::validator_for(&schema) {
-                    Ok(v) => {
-                        let v = Arc::new(v);
-                        self.inner
-                            .validators
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .insert(key, (tool.input_schema.clone(), v.clone()));
-                        v
-                    }
-                    Err(e) => {
-                        tracing::warn!(connection, tool = %tool.name, "unusable input schema, not validating: {e}");
-                        return None;
-                    }
+            None => match jsonschema::validator_for(&Value::Object((**schema).clone())) {
+                Ok(v) => {
+                    let v = Arc::new(v);
+                    self.inner
+                        .validators
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(key, (schema.clone(), v.clone()));
+                    v
                 }
-            }
+                Err(e) => {
+                    tracing::warn!(connection, tool = %tool.name, "unusable {kind} schema, not validating: {e}");
+                    return None;
+                }
+            },
         };
-        let error = validator.iter_errors(arguments).next()?;
+        let error = validator.iter_errors(value).next()?;
         let path = error.instance_path().to_string();
         Some(if path.is_empty() {
             format!("{error}")

@@ -7,14 +7,16 @@
 //! tracks each one so that when the transport dies it can fail all of them at
 //! once with the reason.
 
+use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use rmcp::model::{
-    ClientCapabilities, ClientConfig, ClientRequest, Implementation, PingRequest, ProtocolVersion,
+    ClientCapabilities, ClientConfig, ClientRequest, Implementation, PingRequest,
+    ProgressNotificationParam, ProtocolVersion,
 };
 use rmcp::service::{NotificationContext, RunningService};
 use rmcp::transport::streamable_http_client::{
@@ -29,7 +31,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::catalog::{self, Advertised, Catalog, Dirty};
-use super::{ConnCounters, PoolError, Settings, Transport};
+use super::{ConnCounters, PoolError, ProgressRoutes, Settings, Transport};
+use crate::capability::{Progress, ProgressSink};
 
 /// What an operation does: a closure over the session's client peer. It is `Fn`
 /// so the pool can replay it once on a fresh session after an HTTP 404.
@@ -49,6 +52,9 @@ pub(crate) struct Operation {
     pub meta: OpMeta,
     pub run: OpFn,
     pub timeout: Duration,
+    /// The call's progress reports, and who else wants them. A report
+    /// restarts the timeout.
+    pub progress: Option<(watch::Receiver<Option<Progress>>, Option<ProgressSink>)>,
     pub reply: oneshot::Sender<Result<Value, PoolError>>,
 }
 
@@ -70,6 +76,9 @@ struct SessionInner {
     drain: CancellationToken,
     owner: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     pub pid: Option<u32>,
+    /// HTTP: the event streams open now (`None` for stdio, where the server
+    /// can always notify).
+    streams: Option<Arc<AtomicUsize>>,
 }
 
 impl Drop for SessionInner {
@@ -95,15 +104,27 @@ impl Session {
         self.inner.catalog.clone()
     }
 
+    pub(crate) fn current_catalog(&self) -> Arc<Catalog> {
+        self.inner.catalog.borrow().clone()
+    }
+
+    /// `live` while the server can push notifications to us, else `polling`.
+    pub(crate) fn notifications(&self) -> &'static str {
+        match &self.inner.streams {
+            Some(open) if open.load(Ordering::Relaxed) == 0 => "polling",
+            _ => "live",
+        }
+    }
+
     /// Queues `op`. Fails with the death reason if the session is gone.
-    pub(crate) fn submit(&self, op: Operation) -> Result<(), (Operation, String)> {
+    pub(crate) fn submit(&self, op: Operation) -> Result<(), String> {
         if let Some(reason) = self.inner.death.borrow().clone() {
-            return Err((op, reason));
+            return Err(reason);
         }
         self.inner
             .ops
             .send(op)
-            .map_err(|e| (e.0, "session closed".to_owned()))
+            .map_err(|_| "session closed".to_owned())
     }
 
     /// Lets in-flight operations finish, then closes (settings changed).
@@ -131,6 +152,7 @@ impl Session {
 /// routed by the receive loop it would be blocking.
 struct PoolClient {
     dirty: Arc<Dirty>,
+    progress: Arc<ProgressRoutes>,
 }
 
 impl ClientHandler for PoolClient {
@@ -153,7 +175,28 @@ impl ClientHandler for PoolClient {
     async fn on_prompt_list_changed(&self, _: NotificationContext<RoleClient>) {
         self.dirty.mark(catalog::PROMPTS);
     }
+
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _: NotificationContext<RoleClient>,
+    ) {
+        let message = params
+            .message
+            .map(|m| crate::capability::truncate_utf8(m, MAX_PROGRESS_MESSAGE));
+        self.progress.deliver(
+            &params.progress_token,
+            Progress {
+                progress: params.progress,
+                total: params.total,
+                message,
+            },
+        );
+    }
 }
+
+/// The longest progress message kept, in bytes.
+const MAX_PROGRESS_MESSAGE: usize = 1024;
 
 /// The death reason when the HTTP server no longer knows the session. Only the
 /// request that got the 404 itself is known to be unprocessed; the session's
@@ -209,13 +252,16 @@ fn child_env(
 pub(crate) async fn connect(
     settings: &Settings,
     counters: Arc<ConnCounters>,
+    progress: Arc<ProgressRoutes>,
+    pinned: Option<Arc<BTreeMap<String, String>>>,
 ) -> Result<Session, String> {
     let dirty = Arc::new(Dirty::default());
     let handler = PoolClient {
         dirty: dirty.clone(),
+        progress,
     };
     let mut aux = JoinSet::new();
-    let (running, pid) = match &settings.transport {
+    let (running, pid, streams) = match &settings.transport {
         Transport::Stdio {
             program,
             args,
@@ -245,7 +291,7 @@ pub(crate) async fn connect(
                 .serve(transport)
                 .await
                 .map_err(|e| format!("initialize failed: {e}"))?;
-            (running, pid)
+            (running, pid, None)
         }
         Transport::Http { url, headers } => {
             let mut custom = std::collections::HashMap::new();
@@ -278,15 +324,18 @@ pub(crate) async fn connect(
                 .pool_max_idle_per_host(0)
                 .build()
                 .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+            let streams = Arc::new(AtomicUsize::new(0));
+            let client = super::stream_watch::Watched::new(client, streams.clone());
             let transport = StreamableHttpClientTransport::with_client(client, config);
             let running = handler
                 .serve(transport)
                 .await
                 .map_err(|e| format!("initialize failed: {e}"))?;
-            (running, None)
+            (running, None, Some(streams))
         }
     };
     counters.sessions_opened.fetch_add(1, Ordering::Relaxed);
+    crate::metrics::metrics().session_opened(&settings.id);
 
     let peer = running.peer().clone();
     // rmcp's response cache would answer list calls from stale data after the
@@ -317,6 +366,9 @@ pub(crate) async fn connect(
     .await
     .map_err(|e| format!("listing the catalog failed: {e}"))?;
     counters.set_catalog(&catalog_rx.borrow());
+    if let Some(pinned) = &pinned {
+        warn_drift(&catalog_rx.borrow(), pinned);
+    }
 
     let (ops_tx, ops_rx) = mpsc::unbounded_channel();
     let (death_tx, death_rx) = watch::channel(None);
@@ -325,6 +377,7 @@ pub(crate) async fn connect(
     let owner = Owner {
         settings: settings.clone(),
         counters,
+        pinned,
         peer,
         advertised,
         dirty,
@@ -345,6 +398,7 @@ pub(crate) async fn connect(
             drain,
             owner: std::sync::Mutex::new(Some(handle)),
             pid,
+            streams,
         }),
     })
 }
@@ -352,6 +406,7 @@ pub(crate) async fn connect(
 struct Owner {
     settings: Settings,
     counters: Arc<ConnCounters>,
+    pinned: Option<Arc<BTreeMap<String, String>>>,
     peer: Peer<RoleClient>,
     advertised: Advertised,
     dirty: Arc<Dirty>,
@@ -390,6 +445,12 @@ impl Owner {
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             interval
         });
+        // Re-lists even without `list_changed`: a server may announce changes
+        // where this session cannot hear them (a dead event stream, a newer
+        // protocol's subscriptions).
+        let every = self.settings.catalog_refresh;
+        let mut relist = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        relist.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_activity = tokio::time::Instant::now();
         let mut accepting = true;
 
@@ -429,6 +490,7 @@ impl Owner {
                         Err(_) => {}
                     }
                 }
+                _ = relist.tick() => self.dirty.mark(catalog::ALL),
                 _ = async { ping.as_mut().expect("guarded").tick().await }, if ping.is_some() => {
                     self.check_health(&mut health);
                 }
@@ -502,6 +564,7 @@ impl Owner {
             meta,
             run,
             timeout,
+            progress,
             mut reply,
         } = op;
         let span = tracing::info_span!(
@@ -518,14 +581,14 @@ impl Owner {
         inflight.spawn(
             async move {
                 counters.calls.fetch_add(1, Ordering::Relaxed);
-                let call = tokio::time::timeout(timeout, run(peer));
+                let call = with_progress(timeout, run(peer), progress);
                 // Dropping `call` (caller gone, session died) drops the rmcp
                 // request future, which sends `notifications/cancelled`.
                 let (result, ended) = tokio::select! {
                     r = call => match r {
-                        Ok(Ok(value)) => (Ok(value), Ended::Done),
-                        Ok(Err(e)) => classify(&connection, e),
-                        Err(_) => (Err(PoolError::Timeout { connection, operation: meta.operation, after: timeout }), Ended::Done),
+                        Some(Ok(value)) => (Ok(value), Ended::Done),
+                        Some(Err(e)) => classify(&connection, e),
+                        None => (Err(PoolError::Timeout { connection, operation: meta.operation, after: timeout }), Ended::Done),
                     },
                     _ = reply.closed() => {
                         tracing::debug!("caller went away; request cancelled");
@@ -571,6 +634,7 @@ impl Owner {
         let advertised = self.advertised;
         let id = self.settings.id.clone();
         let cap = self.settings.catalog_cap;
+        let pinned = self.pinned.clone();
         tokio::spawn(
             async move {
                 loop {
@@ -588,11 +652,64 @@ impl Owner {
                     }
                     failures = 0;
                     counters.set_catalog(&catalog.borrow());
+                    if let Some(pinned) = &pinned {
+                        warn_drift(&catalog.borrow(), pinned);
+                    }
                     tracing::debug!(kinds, "catalog refreshed");
                 }
             }
             .in_current_span(),
         )
+    }
+}
+
+/// Logs the tools that no longer match the lock; calls to them are refused.
+fn warn_drift(catalog: &Catalog, pinned: &BTreeMap<String, String>) {
+    let drifted = super::drift(catalog, pinned);
+    if !drifted.is_empty() {
+        let tools: Vec<String> = drifted
+            .iter()
+            .map(|d| format!("{} ({})", d.tool, d.reason))
+            .collect();
+        tracing::warn!(
+            tools = %tools.join(", "),
+            "tools differ from {}; calls to them are refused until reviewed and re-pinned with `wf-host pin`",
+            super::pin::LOCK_FILE
+        );
+    }
+}
+
+/// Runs `call` until it answers (`Some`) or `timeout` passes without an answer
+/// or a progress report (`None`). Each report goes to the sink and restarts
+/// the timeout.
+async fn with_progress<T>(
+    timeout: Duration,
+    call: impl Future<Output = T>,
+    progress: Option<(watch::Receiver<Option<Progress>>, Option<ProgressSink>)>,
+) -> Option<T> {
+    let Some((mut reports, sink)) = progress else {
+        return tokio::time::timeout(timeout, call).await.ok();
+    };
+    tokio::pin!(call);
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    let mut listening = true;
+    loop {
+        tokio::select! {
+            answer = &mut call => return Some(answer),
+            () = &mut deadline => return None,
+            changed = reports.changed(), if listening => {
+                if changed.is_err() {
+                    listening = false;
+                    continue;
+                }
+                deadline.as_mut().reset(tokio::time::Instant::now() + timeout);
+                let latest = reports.borrow_and_update().clone();
+                if let (Some(sink), Some(latest)) = (&sink, latest) {
+                    sink(latest);
+                }
+            }
+        }
     }
 }
 

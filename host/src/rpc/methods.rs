@@ -153,6 +153,7 @@ pub async fn call(state: &RpcState, method: &str, params: Value) -> Result<Value
             Ok(json!({
                 "connections": state.pool.stats(),
                 "workflows": state.workflows.names(),
+                "exposed": state.workflows.exposed().iter().map(|w| w.name.clone()).collect::<Vec<_>>(),
                 "state": store,
             }))
         }

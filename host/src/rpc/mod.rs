@@ -144,11 +144,20 @@ pub fn router(state: RpcState, access: Access) -> Result<Router, ServeError> {
         state,
         access: Arc::new(access),
     };
+    let mcp = Router::new()
+        .nest_service(
+            "/mcp",
+            crate::mcp::http_service(app.state.workflows.clone()),
+        )
+        .route("/metrics", get(metrics))
+        .with_state(app.clone())
+        .layer(middleware::from_fn_with_state(app.clone(), bearer_token));
     Ok(Router::new()
         .route("/rpc", post(rpc))
         .route("/healthz", get(|| async { "ok\n" }))
-        .layer(middleware::from_fn_with_state(app.clone(), same_origin))
-        .with_state(app))
+        .with_state(app.clone())
+        .merge(mcp)
+        .layer(middleware::from_fn_with_state(app, same_origin)))
 }
 /// Serves `router` on `listener` until `shutdown` resolves, then stops
 /// accepting and lets open requests finish.
@@ -255,16 +264,54 @@ fn refuse(status: StatusCode, message: String) -> Response {
     )
 }
 
+fn unauthorized() -> Response {
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        "missing or wrong bearer token\n",
+    )
+        .into_response()
+}
+
+/// `GET /metrics`: Prometheus text.
+async fn metrics(State(app): State<App>) -> Response {
+    let connections: Vec<(String, bool)> = app
+        .state
+        .pool
+        .stats()
+        .into_iter()
+        .map(|c| (c.id, c.state == "ready"))
+        .collect();
+    let text = crate::metrics::metrics().render(&connections, app.state.workflows.running());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// The token rule of `/rpc`, for `/mcp` and `/metrics`.
+async fn bearer_token(
+    State(app): State<App>,
+    request: axum::extract::Request,
+    next: Next,
+) -> Response {
+    if let Some(token) = &app.access.token
+        && !authorized(request.headers(), token)
+    {
+        return unauthorized();
+    }
+    next.run(request).await
+}
+
 async fn rpc(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
     if let Some(token) = &app.access.token
         && !authorized(&headers, token)
     {
-        return (
-            StatusCode::UNAUTHORIZED,
-            [(header::WWW_AUTHENTICATE, "Bearer")],
-            "missing or wrong bearer token\n",
-        )
-            .into_response();
+        return unauthorized();
     }
     match headers.get(header::CONTENT_TYPE) {
         Some(ct) if ct.to_str().is_ok_and(is_json) => {}

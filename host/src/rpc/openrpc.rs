@@ -37,6 +37,16 @@ fn step_record() -> Value {
             "finished_at": { "type": "string", "format": "date-time" },
             "output": {},
             "error": failure(),
+            "progress": {
+                "type": "object",
+                "description": "While the step runs: the latest `notifications/progress` of its tool call.",
+                "required": ["progress"],
+                "properties": {
+                    "progress": { "type": "number" },
+                    "total": { "type": "number" },
+                    "message": { "type": "string" }
+                }
+            },
             "calls": {
                 "type": "array",
                 "description": "With `calls: true`: every capability call of the step, by attempt, item and sequence.",

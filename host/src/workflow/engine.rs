@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::definition::{Definition, Step};
-use crate::capability::{CallJournal, JournalEntry, truncate_utf8};
+use crate::capability::{CallJournal, JournalEntry, Progress, truncate_utf8};
 use crate::runtime::{Node, RunError, RunOptions, Runtime};
 use crate::store::{CallRow, Failure, RunStatus, StepRow, StepStatus, Store, StoreError, now_text};
 
@@ -31,12 +31,23 @@ struct StepJournal {
     item: u32,
     attempt: u32,
     prefix: String,
+    progress: StepProgress,
 }
+
+/// The latest progress a running step's calls reported, by step id.
+pub(crate) type StepProgress = Arc<std::sync::Mutex<HashMap<String, Progress>>>;
 
 #[async_trait::async_trait]
 impl CallJournal for StepJournal {
     fn key_prefix(&self) -> &str {
         &self.prefix
+    }
+
+    fn progress(&self, progress: Progress) {
+        self.progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(self.step_id.clone(), progress);
     }
 
     async fn record(&self, entry: JournalEntry) {
@@ -142,6 +153,8 @@ pub(crate) struct RunCtx {
     /// How long the run has already had (its deadline counts from its start,
     /// across restarts).
     pub elapsed: Duration,
+    /// What `workflow.get` shows of the running steps' progress.
+    pub progress: StepProgress,
 }
 
 /// How driving a run ended.
@@ -341,7 +354,9 @@ async fn launch_ready(
         let stop = stop_token.clone();
         let id = id.clone();
         running.spawn(async move {
+            let started = Instant::now();
             let outcome = run_step(&ctx, &step, data, first_attempt, &stop).await;
+            crate::metrics::metrics().step_finished(&ctx.def.name, &id, started.elapsed());
             (id, outcome)
         });
     }
@@ -683,6 +698,7 @@ async fn run_item(
                 item,
                 attempt,
                 prefix: format!("{}/{}/{item}", ctx.run_id, step.spec.id),
+                progress: ctx.progress.clone(),
             };
             let opts = RunOptions {
                 run_id,

@@ -10,12 +10,12 @@ pub mod definition;
 mod engine;
 pub mod expr;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -62,6 +62,129 @@ impl Default for Options {
     }
 }
 
+/// The workflows of one config: definitions and what is exposed.
+struct Loaded {
+    definitions: BTreeMap<String, Definition>,
+    exposed: BTreeMap<String, Arc<Exposed>>,
+}
+
+impl Loaded {
+    fn from_config(
+        config: &crate::config::Config,
+        runtime: &Runtime,
+    ) -> Result<Loaded, WorkflowError> {
+        Ok(Loaded {
+            definitions: definition::load_all(config, runtime.limits())?,
+            exposed: exposed_workflows(config)?,
+        })
+    }
+}
+
+/// What a reload changed, by workflow name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Reloaded {
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    pub changed: Vec<String>,
+}
+
+fn same_exposed(a: &BTreeMap<String, Arc<Exposed>>, b: &BTreeMap<String, Arc<Exposed>>) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|((na, ea), (nb, eb))| {
+            na == nb
+                && ea.title == eb.title
+                && ea.description == eb.description
+                && ea.input_schema == eb.input_schema
+                && ea.output_schema == eb.output_schema
+        })
+}
+
+/// A workflow offered as an MCP tool (`expose = true`).
+#[derive(Debug)]
+pub struct Exposed {
+    pub name: String,
+    pub title: Option<String>,
+    pub description: Option<String>,
+    /// The input schema (an object schema), or an open object schema.
+    pub input_schema: Arc<Map<String, Value>>,
+    pub output_schema: Option<Arc<Map<String, Value>>>,
+    output_validator: Option<Arc<jsonschema::Validator>>,
+    /// How many steps a run has, for progress.
+    pub steps: usize,
+}
+
+impl Exposed {
+    /// `Some(problem)` when `output` breaks the declared output schema.
+    pub fn check_output(&self, output: &Value) -> Option<String> {
+        let error = self.output_validator.as_ref()?.iter_errors(output).next()?;
+        let path = error.instance_path().to_string();
+        Some(if path.is_empty() {
+            error.to_string()
+        } else {
+            format!("`{path}`: {error}")
+        })
+    }
+}
+
+/// The `expose = true` workflows of `config`, checked: MCP tool arguments and
+/// structured results are JSON objects, so their schemas must describe objects.
+fn exposed_workflows(
+    config: &crate::config::Config,
+) -> Result<BTreeMap<String, Arc<Exposed>>, WorkflowError> {
+    let mut exposed = BTreeMap::new();
+    for (name, w) in config.workflows.iter().filter(|(_, w)| w.expose) {
+        let invalid = |message: String| {
+            WorkflowError::Definition(DefinitionError::Workflow {
+                workflow: name.clone(),
+                message,
+            })
+        };
+        let object_schema = |key: &str, schema: &Value| match schema {
+            Value::Object(map) if map.get("type").is_none_or(|t| t == "object") => {
+                Ok(Arc::new(map.clone()))
+            }
+            _ => Err(invalid(format!(
+                "`expose = true` needs an `{key}` of `type = \"object\"`: MCP tool arguments and structured results are objects"
+            ))),
+        };
+        let input_schema = match &w.input_schema {
+            Some(schema) => object_schema("input_schema", schema)?,
+            None => Arc::new(
+                json!({"type": "object"})
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default(),
+            ),
+        };
+        let (output_schema, output_validator) = match &w.output_schema {
+            Some(schema) => {
+                let validator = jsonschema::validator_for(schema).map_err(|e| {
+                    invalid(format!("`output_schema` is not a valid JSON Schema: {e}"))
+                })?;
+                (
+                    Some(object_schema("output_schema", schema)?),
+                    Some(Arc::new(validator)),
+                )
+            }
+            None => (None, None),
+        };
+        let steps = w.steps.len().max(1);
+        exposed.insert(
+            name.clone(),
+            Arc::new(Exposed {
+                name: name.clone(),
+                title: w.title.clone(),
+                description: w.description.clone(),
+                input_schema,
+                output_schema,
+                output_validator,
+                steps,
+            }),
+        );
+    }
+    Ok(exposed)
+}
+
 /// One step as `workflow.get` shows it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StepRecord {
@@ -78,6 +201,9 @@ pub struct StepRecord {
     pub error: Option<Failure>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub calls: Option<Vec<CallRow>>,
+    /// While the step runs: the latest progress its capability calls reported.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<crate::capability::Progress>,
 }
 
 /// What `workflow.get` returns.
@@ -149,12 +275,17 @@ struct Live {
     cancel: CancellationToken,
     // Flips to true once the run's task has ended; waiters watch it.
     done: watch::Receiver<bool>,
+    progress: engine::StepProgress,
 }
 
 /// The configured workflows and every run of them.
 pub struct Workflows {
     runtime: Arc<Runtime>,
-    definitions: BTreeMap<String, Definition>,
+    /// What the config defines now; a reload swaps it. Runs keep the
+    /// definition they started with.
+    loaded: std::sync::RwLock<Arc<Loaded>>,
+    /// Bumped when a reload changes the exposed workflows.
+    exposed_changes: watch::Sender<u64>,
     store: Arc<dyn Store>,
     /// Loaded components by content hash.
     nodes: Mutex<HashMap<String, Node>>,
@@ -185,11 +316,12 @@ impl Workflows {
         runtime: Arc<Runtime>,
         options: Options,
     ) -> Result<Arc<Self>, WorkflowError> {
-        let definitions = definition::load_all(config, runtime.limits())?;
+        let loaded = Loaded::from_config(config, &runtime)?;
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&options.state).await?);
         let this = Arc::new(Workflows {
             runtime,
-            definitions,
+            loaded: std::sync::RwLock::new(Arc::new(loaded)),
+            exposed_changes: watch::channel(0).0,
             store,
             nodes: Mutex::default(),
             slots: Arc::new(Semaphore::new(options.max_concurrent_steps.max(1))),
@@ -201,9 +333,15 @@ impl Workflows {
             finished_since_prune: Default::default(),
             generations: Default::default(),
         });
-        for def in this.definitions.values() {
+        this.load_nodes(&this.loaded())?;
+        Ok(this)
+    }
+
+    /// Loads (and so checks) the component of every step of `loaded`.
+    fn load_nodes(&self, loaded: &Loaded) -> Result<(), WorkflowError> {
+        for def in loaded.definitions.values() {
             for step in &def.steps {
-                this.node_for(&step.spec).map_err(|e| match e {
+                self.node_for(&step.spec).map_err(|e| match e {
                     NodeError::Load(source) => WorkflowError::Load {
                         workflow: def.name.clone(),
                         step: step.spec.id.clone(),
@@ -220,7 +358,56 @@ impl Workflows {
                 })?;
             }
         }
-        Ok(this)
+        Ok(())
+    }
+
+    fn loaded(&self) -> Arc<Loaded> {
+        self.loaded
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Replaces the workflows with those of `config`, all or nothing: a
+    /// config that does not load changes nothing. Running runs go on with the
+    /// definition they started with. Says which workflows were added,
+    /// removed or changed.
+    ///
+    /// # Errors
+    /// As [`Workflows::open`].
+    pub fn reload(&self, config: &crate::config::Config) -> Result<Reloaded, WorkflowError> {
+        let next = Loaded::from_config(config, &self.runtime)?;
+        self.load_nodes(&next)?;
+        let mut slot = self.loaded.write().unwrap_or_else(|e| e.into_inner());
+        let before = slot.clone();
+        let names = |l: &Loaded| -> BTreeSet<String> { l.definitions.keys().cloned().collect() };
+        let report = Reloaded {
+            added: names(&next).difference(&names(&before)).cloned().collect(),
+            removed: names(&before).difference(&names(&next)).cloned().collect(),
+            changed: next
+                .definitions
+                .iter()
+                .filter(|(name, d)| {
+                    before
+                        .definitions
+                        .get(*name)
+                        .is_some_and(|b| b.hash != d.hash)
+                })
+                .map(|(name, _)| name.clone())
+                .collect(),
+        };
+        let exposed_changed = !same_exposed(&before.exposed, &next.exposed);
+        *slot = Arc::new(next);
+        drop(slot);
+        if exposed_changed {
+            self.exposed_changes.send_modify(|n| *n += 1);
+        }
+        Ok(report)
+    }
+
+    /// Changes whenever a reload changes the exposed workflows.
+    pub fn watch_exposed(&self) -> watch::Receiver<u64> {
+        self.exposed_changes.subscribe()
     }
 
     /// Starts driving every run the state holds as `running` (the last
@@ -252,14 +439,39 @@ impl Workflows {
         Ok(count)
     }
 
+    /// The workflows offered as MCP tools.
+    pub fn exposed(&self) -> Vec<Arc<Exposed>> {
+        self.loaded().exposed.values().cloned().collect()
+    }
+
+    /// The exposed workflow `name`, if it is one.
+    pub fn exposed_workflow(&self, name: &str) -> Option<Arc<Exposed>> {
+        self.loaded().exposed.get(name).cloned()
+    }
+
+    /// Whether shutdown has begun (waits return at once from then on).
+    pub fn is_closing(&self) -> bool {
+        self.closing.is_cancelled()
+    }
+
+    /// Cancelled when shutdown begins: long-lived streams end on it.
+    pub fn closing_token(&self) -> CancellationToken {
+        self.closing.clone()
+    }
+
+    /// How many runs are executing in this process now.
+    pub fn running(&self) -> usize {
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
     /// The configured workflow names.
     pub fn names(&self) -> Vec<String> {
-        self.definitions.keys().cloned().collect()
+        self.loaded().definitions.keys().cloned().collect()
     }
 
     /// The definition of `workflow`.
-    pub fn definition(&self, workflow: &str) -> Option<&Definition> {
-        self.definitions.get(workflow)
+    pub fn definition(&self, workflow: &str) -> Option<Definition> {
+        self.loaded().definitions.get(workflow).cloned()
     }
 
     /// The state's backend, location and counts, for `host.status`.
@@ -317,8 +529,7 @@ impl Workflows {
         idempotency_key: Option<String>,
     ) -> Result<RunRecord, WorkflowError> {
         let def = self
-            .definitions
-            .get(workflow)
+            .definition(workflow)
             .ok_or_else(|| WorkflowError::UnknownWorkflow(workflow.to_owned()))?;
         if self.tasks.is_closed() {
             return Err(WorkflowError::ShuttingDown);
@@ -329,7 +540,7 @@ impl Workflows {
                 message,
             })?;
         // The nodes first: a run is stored only when it can run.
-        let nodes = self.nodes_of(def).map_err(|f| {
+        let nodes = self.nodes_of(&def).map_err(|f| {
             WorkflowError::Definition(DefinitionError::Workflow {
                 workflow: workflow.to_owned(),
                 message: f.message,
@@ -358,7 +569,7 @@ impl Workflows {
             return Ok((*existing).into());
         }
         let rows = self.store.steps(&run.run_id).await?;
-        self.launch(def.clone(), nodes, run.clone(), rows, Duration::ZERO);
+        self.launch(def, nodes, run.clone(), rows, Duration::ZERO);
         Ok(run.into())
     }
 
@@ -452,12 +663,14 @@ impl Workflows {
         let cancel = CancellationToken::new();
         let (done_tx, done_rx) = watch::channel(false);
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
+        let progress = engine::StepProgress::default();
         self.live.lock().unwrap_or_else(|e| e.into_inner()).insert(
             run.run_id.clone(),
             Live {
                 generation,
                 cancel: cancel.clone(),
                 done: done_rx,
+                progress: progress.clone(),
             },
         );
         let ctx = Arc::new(RunCtx {
@@ -471,10 +684,12 @@ impl Workflows {
             cancel,
             shutdown: self.shutdown.clone(),
             elapsed,
+            progress,
         });
         let this = self.clone();
         self.tasks.spawn(async move {
             let run_id = ctx.run_id.clone();
+            let workflow = ctx.def.name.clone();
             let ending = engine::drive(ctx, rows).await;
             if let Err(e) = &ending {
                 // Nothing drives the run any more: say so in the state rather
@@ -501,6 +716,7 @@ impl Workflows {
             match ending {
                 Ok(Ending::Finished(status)) => {
                     tracing::debug!(run = %run_id, ?status, "run finished");
+                    crate::metrics::metrics().run_finished(&workflow, status.as_str());
                     // Before waiters hear of it: a client that lists runs
                     // after its wait sees at most `keep_runs` finished ones.
                     this.after_finish().await;
@@ -545,6 +761,13 @@ impl Workflows {
             .run(run_id)
             .await?
             .ok_or_else(|| WorkflowError::UnknownRun(run_id.to_owned()))?;
+        let progress: HashMap<String, crate::capability::Progress> = self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(run_id)
+            .map(|l| l.progress.lock().unwrap_or_else(|e| e.into_inner()).clone())
+            .unwrap_or_default();
         let mut steps = Vec::new();
         for row in self.store.steps(run_id).await? {
             let calls = if calls {
@@ -553,7 +776,6 @@ impl Workflows {
                 None
             };
             steps.push(StepRecord {
-                id: row.step_id,
                 status: row.status,
                 attempts: row.attempts,
                 started_at: row.started_at,
@@ -561,6 +783,10 @@ impl Workflows {
                 output: row.output,
                 error: row.error,
                 calls,
+                progress: (row.status == StepStatus::Running)
+                    .then(|| progress.get(&row.step_id).cloned())
+                    .flatten(),
+                id: row.step_id,
             });
         }
         let mut record = RunRecord::from(run);

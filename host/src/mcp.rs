@@ -1,0 +1,332 @@
+//! wf-host as an MCP server: every workflow marked `expose = true` is a tool,
+//! and its runs are resources, so agents, IDEs and other hosts (another
+//! wf-host among them) can discover and run workflows.
+//!
+//! - `tools/call` starts a run with the arguments as its input, waits for it,
+//!   and answers its output as `structuredContent` (when it is an object) plus
+//!   a text rendering; a failed or cancelled run is `isError: true` with the
+//!   error code and message. The run id is in the result's
+//!   `_meta["wf-host/run-id"]`.
+//! - With a `progressToken`, each finished step sends `notifications/progress`
+//!   (steps finished of the total, the step ids as the message).
+//! - `notifications/cancelled` for the call cancels the run.
+//! - `wf-host://runs/{run_id}` reads a run record (of an exposed workflow).
+//! - A config reload that changes the exposed workflows sends
+//!   `notifications/tools/list_changed` to every session.
+//!
+//! Served over streamable HTTP at `/mcp` by `wf-host serve` (same listener and
+//! token as `/rpc`), and over stdio by `wf-host mcp`.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
+    ProgressNotificationParam, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
+    ResourceContents, ResourceTemplate, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use serde_json::{Value, json};
+
+use crate::store::StepStatus;
+use crate::workflow::{RunRecord, Status, WorkflowError, Workflows};
+
+/// The URI template of run records.
+pub const RUN_URI_PREFIX: &str = "wf-host://runs/";
+/// The `_meta` key of a tool result that names its run.
+pub const RUN_ID_META_KEY: &str = "wf-host/run-id";
+/// How often a waiting call looks at its run, for progress.
+const POLL: Duration = Duration::from_millis(100);
+
+/// The MCP server of one host. Cheap to clone: every session shares the
+/// workflows.
+#[derive(Clone)]
+pub struct WorkflowServer {
+    workflows: Arc<Workflows>,
+}
+
+impl WorkflowServer {
+    pub fn new(workflows: Arc<Workflows>) -> WorkflowServer {
+        WorkflowServer { workflows }
+    }
+
+    fn tools(&self) -> Vec<Tool> {
+        self.workflows
+            .exposed()
+            .iter()
+            .map(|w| {
+                let mut tool = Tool::new(
+                    w.name.clone(),
+                    w.description
+                        .clone()
+                        .unwrap_or_else(|| format!("Runs the workflow `{}`.", w.name)),
+                    w.input_schema.clone(),
+                );
+                tool.title = w.title.clone();
+                tool.output_schema = w.output_schema.clone();
+                tool
+            })
+            .collect()
+    }
+
+    /// Runs `name` to the end; `Err` only for protocol errors (no such tool).
+    async fn run_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
+        let name = request.name.as_ref();
+        let Some(exposed) = self.workflows.exposed_workflow(name) else {
+            return Err(McpError::invalid_params(
+                format!("unknown tool `{name}`"),
+                Some(json!({"tool": name})),
+            ));
+        };
+        let input = Value::Object(request.arguments.unwrap_or_default());
+        let run = match self.workflows.start(name, input, None).await {
+            Ok(run) => run,
+            // Bad arguments are a tool execution error the model can read.
+            Err(e @ WorkflowError::InvalidInput { .. }) => {
+                return Ok(error_result(None, format!("invalid-input: {e}")));
+            }
+            Err(e) => return Err(McpError::internal_error(e.to_string(), None)),
+        };
+        let run_id = run.run_id;
+        let token = context.meta.get_progress_token();
+        let mut reported = BTreeSet::new();
+        let record = loop {
+            let record = tokio::select! {
+                () = context.ct.cancelled() => {
+                    tracing::info!(run = %run_id, "the MCP client cancelled the call; cancelling the run");
+                    if let Err(e) = self.workflows.cancel(&run_id).await {
+                        tracing::warn!(run = %run_id, "cannot cancel: {e}");
+                    }
+                    // rmcp sends no response to a cancelled request.
+                    return Err(McpError::internal_error("cancelled", None));
+                }
+                record = self.workflows.wait(&run_id, POLL) => record,
+            };
+            let record = record.map_err(|e| McpError::internal_error(e.to_string(), None))?;
+            if let Some(token) = &token {
+                let finished: BTreeSet<String> = record
+                    .steps
+                    .iter()
+                    .flatten()
+                    .filter(|s| is_finished(s.status))
+                    .map(|s| s.id.clone())
+                    .collect();
+                if finished.len() > reported.len() {
+                    let new: Vec<&str> =
+                        finished.difference(&reported).map(String::as_str).collect();
+                    let mut note =
+                        ProgressNotificationParam::new(token.clone(), finished.len() as f64)
+                            .with_total(exposed.steps as f64);
+                    note.message = Some(new.join(", "));
+                    if let Err(e) = context.peer.notify_progress(note).await {
+                        tracing::debug!(run = %run_id, "cannot send progress: {e}");
+                    }
+                    reported = finished;
+                }
+            }
+            if record.status.is_finished() {
+                break record;
+            }
+            if self.workflows.is_closing() {
+                return Ok(error_result(
+                    Some(&run_id),
+                    format!(
+                        "unavailable: the host is shutting down; run `{run_id}` resumes when it restarts"
+                    ),
+                ));
+            }
+        };
+        Ok(tool_result(&exposed, record))
+    }
+
+    async fn read_run(&self, uri: &str) -> Result<ReadResourceResult, McpError> {
+        let not_found = || {
+            McpError::resource_not_found(
+                format!("resource not found: {uri}"),
+                Some(json!({"uri": uri})),
+            )
+        };
+        let run_id = uri.strip_prefix(RUN_URI_PREFIX).ok_or_else(not_found)?;
+        let record = match self.workflows.get(run_id, false).await {
+            Ok(record) => record,
+            Err(WorkflowError::UnknownRun(_)) => return Err(not_found()),
+            Err(e) => return Err(McpError::internal_error(e.to_string(), None)),
+        };
+        // Runs of workflows that are not exposed are not published either.
+        if self.workflows.exposed_workflow(&record.workflow).is_none() {
+            return Err(not_found());
+        }
+        let text = serde_json::to_string(&record).unwrap_or_default();
+        Ok(ReadResourceResult::new(vec![
+            ResourceContents::text(text, uri).with_mime_type("application/json"),
+        ]))
+    }
+}
+
+/// Resolves once the session's transport is gone.
+async fn peer_closed(peer: &rmcp::Peer<RoleServer>) {
+    while !peer.is_transport_closed() {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+fn is_finished(status: StepStatus) -> bool {
+    !matches!(status, StepStatus::Pending | StepStatus::Running)
+}
+
+fn error_result(run_id: Option<&str>, text: String) -> CallToolResult {
+    let mut result = CallToolResult::error(vec![ContentBlock::text(text)]);
+    if let Some(run_id) = run_id {
+        result.meta = Some(run_meta(run_id));
+    }
+    result
+}
+
+fn run_meta(run_id: &str) -> rmcp::model::MetaObject {
+    let mut meta = rmcp::model::MetaObject::default();
+    meta.0.insert(RUN_ID_META_KEY.into(), json!(run_id));
+    meta
+}
+
+/// A finished run as a tool result.
+fn tool_result(exposed: &crate::workflow::Exposed, record: RunRecord) -> CallToolResult {
+    let run_id = record.run_id.as_str();
+    if record.status != Status::Succeeded {
+        let (code, message) = record
+            .error
+            .as_ref()
+            .map(|f| (f.code.as_str(), f.message.as_str()))
+            .unwrap_or(("failed", "the run did not succeed"));
+        return error_result(
+            Some(run_id),
+            format!(
+                "run `{run_id}` {}: {code}: {message}",
+                record.status.as_str()
+            ),
+        );
+    }
+    let output = record.output.unwrap_or(Value::Null);
+    if let Some(problem) = exposed.check_output(&output) {
+        return error_result(
+            Some(run_id),
+            format!(
+                "run `{run_id}`: the output does not match the workflow's output_schema: {problem}"
+            ),
+        );
+    }
+    let text = match &output {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
+    if output.is_object() {
+        result.structured_content = Some(output);
+    }
+    result.meta = Some(run_meta(run_id));
+    result
+}
+
+impl ServerHandler for WorkflowServer {
+    fn get_info(&self) -> ServerConfig {
+        let capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tool_list_changed()
+            .enable_resources()
+            .build();
+        let mut info = ServerConfig::new(capabilities).with_instructions(
+            "wf-host: each tool runs a workflow to the end and returns its output. \
+             Runs are resources at wf-host://runs/{run_id}.",
+        );
+        info.server_info = Implementation::new("wf-host", env!("CARGO_PKG_VERSION"));
+        info
+    }
+
+    /// Tells this client when a config reload changes the tools, until the
+    /// session or the host ends.
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        let mut changes = self.workflows.watch_exposed();
+        let closing = self.workflows.closing_token();
+        let peer = context.peer;
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    changed = changes.changed() => {
+                        if changed.is_err() || peer.notify_tool_list_changed().await.is_err() {
+                            return;
+                        }
+                    }
+                    () = closing.cancelled() => return,
+                    () = peer_closed(&peer) => return,
+                }
+            }
+        });
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(self.tools()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        self.run_tool(request, context)
+            .await
+            .map(CallToolResponse::from)
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        Ok(ListResourcesResult::default())
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, McpError> {
+        let mut template = ResourceTemplate::new(format!("{RUN_URI_PREFIX}{{run_id}}"), "run");
+        template.description =
+            Some("A run of an exposed workflow: status, input, output, error and steps.".into());
+        template.mime_type = Some("application/json".into());
+        Ok(ListResourceTemplatesResult::with_all_items(vec![template]))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        self.read_run(&request.uri).await.map(Into::into)
+    }
+}
+
+/// The streamable-HTTP service for `/mcp`. Sessions end when the workflows
+/// begin to shut down. Host and origin checks are the router's.
+pub fn http_service(
+    workflows: Arc<Workflows>,
+) -> StreamableHttpService<WorkflowServer, LocalSessionManager> {
+    let config = StreamableHttpServerConfig::default()
+        .with_legacy_session_mode(true)
+        .disable_allowed_hosts()
+        .with_cancellation_token(workflows.closing_token());
+    let server = WorkflowServer::new(workflows);
+    StreamableHttpService::new(move || Ok(server.clone()), Arc::default(), config)
+}

@@ -1,0 +1,155 @@
+//! Prometheus metrics, served by `wf-host serve` at `GET /metrics` in the
+//! Prometheus text format (version 0.0.4).
+//!
+//! | metric | labels | what |
+//! |---|---|---|
+//! | `wf_runs_total` | `workflow`, `status` | runs finished (`succeeded`, `failed`, `cancelled`) |
+//! | `wf_runs_running` | | runs executing now |
+//! | `wf_step_duration_seconds` | `workflow`, `step` | histogram of step run times, all attempts |
+//! | `wf_capability_calls_total` | `connection`, `outcome` | tool calls: `ok`, `tool_error`, `refused`, `timeout`, `unavailable`, `server_error` |
+//! | `wf_capability_call_duration_seconds` | `connection` | histogram of tool call times |
+//! | `wf_pool_sessions_opened_total` | `connection` | MCP sessions opened (`initialize` handshakes) |
+//! | `wf_pool_connection_up` | `connection` | 1 while the connection has a live session |
+//!
+//! The counters live for the process; the gauges are read at scrape time.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(&'static str, String)>;
+type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
+
+/// The process's metrics.
+pub struct Metrics {
+    registry: Registry,
+    runs: Family<Labels, Counter>,
+    runs_running: Gauge,
+    step_duration: Histograms,
+    calls: Family<Labels, Counter>,
+    call_duration: Histograms,
+    sessions_opened: Family<Labels, Counter>,
+    connection_up: Family<Labels, Gauge>,
+}
+
+/// 1 ms to about 65 s, doubling.
+fn duration_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+/// The metrics of this process.
+pub fn metrics() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(Metrics::new)
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let runs = Family::<Labels, Counter>::default();
+        registry.register("wf_runs", "Workflow runs finished, by status", runs.clone());
+        let runs_running = Gauge::default();
+        registry.register(
+            "wf_runs_running",
+            "Workflow runs executing now",
+            runs_running.clone(),
+        );
+        let step_duration: Histograms = Family::new_with_constructor(duration_histogram);
+        registry.register(
+            "wf_step_duration_seconds",
+            "How long workflow steps took, every attempt included",
+            step_duration.clone(),
+        );
+        let calls = Family::<Labels, Counter>::default();
+        registry.register(
+            "wf_capability_calls",
+            "Tool calls through the pool, by outcome",
+            calls.clone(),
+        );
+        let call_duration: Histograms = Family::new_with_constructor(duration_histogram);
+        registry.register(
+            "wf_capability_call_duration_seconds",
+            "How long tool calls through the pool took",
+            call_duration.clone(),
+        );
+        let sessions_opened = Family::<Labels, Counter>::default();
+        registry.register(
+            "wf_pool_sessions_opened",
+            "MCP sessions opened (initialize handshakes completed)",
+            sessions_opened.clone(),
+        );
+        let connection_up = Family::<Labels, Gauge>::default();
+        registry.register(
+            "wf_pool_connection_up",
+            "1 while the connection has a live MCP session, else 0",
+            connection_up.clone(),
+        );
+        Metrics {
+            registry,
+            runs,
+            runs_running,
+            step_duration,
+            calls,
+            call_duration,
+            sessions_opened,
+            connection_up,
+        }
+    }
+
+    pub fn run_finished(&self, workflow: &str, status: &str) {
+        self.runs
+            .get_or_create(&vec![
+                ("workflow", workflow.to_owned()),
+                ("status", status.to_owned()),
+            ])
+            .inc();
+    }
+
+    pub fn step_finished(&self, workflow: &str, step: &str, took: Duration) {
+        self.step_duration
+            .get_or_create(&vec![
+                ("workflow", workflow.to_owned()),
+                ("step", step.to_owned()),
+            ])
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn call_finished(&self, connection: &str, outcome: &'static str, took: Duration) {
+        self.calls
+            .get_or_create(&vec![
+                ("connection", connection.to_owned()),
+                ("outcome", outcome.to_owned()),
+            ])
+            .inc();
+        self.call_duration
+            .get_or_create(&vec![("connection", connection.to_owned())])
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn session_opened(&self, connection: &str) {
+        self.sessions_opened
+            .get_or_create(&vec![("connection", connection.to_owned())])
+            .inc();
+    }
+
+    /// The text to serve, with the gauges set from `connections` (id, up)
+    /// and `running` first.
+    pub fn render(&self, connections: &[(String, bool)], running: usize) -> String {
+        for (id, up) in connections {
+            self.connection_up
+                .get_or_create(&vec![("connection", id.clone())])
+                .set(i64::from(*up));
+        }
+        self.runs_running
+            .set(i64::try_from(running).unwrap_or(i64::MAX));
+        let mut text = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut text, &self.registry);
+        text
+    }
+}
