@@ -9,6 +9,7 @@
 //! is refused: a foreign `Origin`, a non-loopback `Host` on a loopback listener
 //! (DNS rebinding), a content type other than `application/json`.
 
+mod events;
 mod jsonrpc;
 mod methods;
 mod openrpc;
@@ -150,6 +151,8 @@ pub fn router(state: RpcState, access: Access) -> Result<Router, ServeError> {
             crate::mcp::http_service(app.state.workflows.clone()),
         )
         .route("/metrics", get(metrics))
+        .route("/runs/{run_id}/events", get(events::run_events))
+        .route("/events", get(events::all_events))
         .with_state(app.clone())
         .layer(middleware::from_fn_with_state(app.clone(), bearer_token));
     Ok(Router::new()

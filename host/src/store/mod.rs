@@ -266,9 +266,36 @@ pub trait Store: Send + Sync {
         failure: &Failure,
     ) -> Result<(), StoreError>;
     async fn counts(&self) -> Result<Counts, StoreError>;
+    /// Appends an event of `run_id` to the event log; returns it with its id.
+    async fn append_event(
+        &self,
+        run_id: &str,
+        kind: &str,
+        data: &Value,
+    ) -> Result<EventRow, StoreError>;
+    /// Up to `limit` events with an id past `after`, oldest first; of one run,
+    /// or of all runs.
+    async fn events(
+        &self,
+        run_id: Option<&str>,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<EventRow>, StoreError>;
     /// Deletes finished runs past the newest `keep_runs`, and those finished
     /// before `finished_before_ms`. Returns how many went.
     async fn prune(&self, keep_runs: u64, finished_before_ms: i64) -> Result<u64, StoreError>;
+}
+
+/// One event of a run: `run.started`, `step.started`, `step.log`,
+/// `step.finished`, `run.finished` (and `step.progress`, which is not kept).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EventRow {
+    /// Increasing across all runs; `0` for events that are not kept.
+    pub id: i64,
+    pub run_id: String,
+    pub kind: String,
+    pub data: Value,
+    pub at: String,
 }
 
 /// Milliseconds since the epoch.

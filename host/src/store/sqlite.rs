@@ -18,8 +18,8 @@ use sqlx::sqlite::{
 use sqlx::{ConnectOptions, Row};
 
 use super::{
-    CallRow, Counts, Created, Failure, ListQuery, NewRun, RunRow, RunStatus, StepRow, StepStatus,
-    Store, StoreError, now_ms, now_text,
+    CallRow, Counts, Created, EventRow, Failure, ListQuery, NewRun, RunRow, RunStatus, StepRow,
+    StepStatus, Store, StoreError, now_ms, now_text,
 };
 
 /// `PRAGMA application_id` of a wf-host state file: "wfhs".
@@ -621,6 +621,60 @@ impl Store for SqliteStore {
             runs_running: row.try_get::<i64, _>("running")? as u64,
             runs_total: row.try_get::<i64, _>("total")? as u64,
         })
+    }
+
+    async fn append_event(
+        &self,
+        run_id: &str,
+        kind: &str,
+        data: &Value,
+    ) -> Result<EventRow, StoreError> {
+        let at = now_text();
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO events (run_id, kind, data, at) VALUES (?, ?, ?, ?) RETURNING id",
+        )
+        .bind(run_id)
+        .bind(kind)
+        .bind(json_text(data))
+        .bind(&at)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(EventRow {
+            id,
+            run_id: run_id.to_owned(),
+            kind: kind.to_owned(),
+            data: data.clone(),
+            at,
+        })
+    }
+
+    async fn events(
+        &self,
+        run_id: Option<&str>,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<EventRow>, StoreError> {
+        let rows: Vec<(i64, String, String, String, String)> = sqlx::query_as(
+            "SELECT id, run_id, kind, data, at FROM events
+             WHERE id > ?1 AND (?2 IS NULL OR run_id = ?2) ORDER BY id LIMIT ?3",
+        )
+        .bind(after)
+        .bind(run_id)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|(id, run_id, kind, data, at)| {
+                Ok(EventRow {
+                    id,
+                    run_id,
+                    kind,
+                    data: serde_json::from_str(&data)
+                        .map_err(|e| StoreError::Corrupt(format!("event {id}: {e}")))?,
+                    at,
+                })
+            })
+            .collect()
     }
 
     async fn prune(&self, keep_runs: u64, finished_before_ms: i64) -> Result<u64, StoreError> {

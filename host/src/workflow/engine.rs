@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::definition::{Definition, Step};
+use super::events::Events;
 use crate::capability::{CallJournal, JournalEntry, Progress, truncate_utf8};
 use crate::runtime::{Node, RunError, RunOptions, Runtime};
 use crate::store::{CallRow, Failure, RunStatus, StepRow, StepStatus, Store, StoreError, now_text};
@@ -32,6 +33,7 @@ struct StepJournal {
     attempt: u32,
     prefix: String,
     progress: StepProgress,
+    events: Events,
 }
 
 /// The latest progress a running step's calls reported, by step id.
@@ -44,6 +46,11 @@ impl CallJournal for StepJournal {
     }
 
     fn progress(&self, progress: Progress) {
+        self.events.ephemeral(
+            &self.run_id,
+            "step.progress",
+            json!({"step": self.step_id, "item": self.item, "progress": progress}),
+        );
         self.progress
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -155,6 +162,7 @@ pub(crate) struct RunCtx {
     pub elapsed: Duration,
     /// What `workflow.get` shows of the running steps' progress.
     pub progress: StepProgress,
+    pub events: Events,
 }
 
 /// How driving a run ended.
@@ -393,6 +401,8 @@ async fn transition(
     ctx.store
         .step_finished(&ctx.run_id, id, status, output.as_ref(), error.as_ref())
         .await?;
+    let data = json!({"step": id, "status": status, "error": error});
+    ctx.events.emit(&ctx.run_id, "step.finished", data).await;
     let state = states.get_mut(id).expect("every step has a state");
     state.status = status;
     state.output = output;
@@ -494,7 +504,14 @@ async fn finish(
     ctx.store
         .run_finished(&ctx.run_id, status, output.as_ref(), error.as_ref())
         .await?;
+    let data = json!({"status": status, "error": error});
+    ctx.events.emit(&ctx.run_id, "run.finished", data).await;
     Ok(Ending::Finished(status))
+}
+
+async fn step_started(ctx: &RunCtx, id: &str, attempt: u32) {
+    let data = json!({"step": id, "attempt": attempt});
+    ctx.events.emit(&ctx.run_id, "step.started", data).await;
 }
 
 /// The `output` mapping, or the output of the one step nothing needs (an
@@ -546,6 +563,7 @@ async fn run_step(
         {
             return Outcome::Failed(store_failure(e));
         }
+        step_started(ctx, id, first_attempt).await;
         return match run_item(ctx, step, None, &input, &attempts, stop).await {
             Ok(output) => Outcome::Succeeded(output),
             Err(outcome) => outcome,
@@ -575,6 +593,7 @@ async fn run_step(
     {
         return Outcome::Failed(store_failure(e));
     }
+    step_started(ctx, id, first_attempt).await;
     let Value::Array(items) = all else {
         unreachable!("built as an array above")
     };
@@ -699,6 +718,7 @@ async fn run_item(
                 attempt,
                 prefix: format!("{}/{}/{item}", ctx.run_id, step.spec.id),
                 progress: ctx.progress.clone(),
+                events: ctx.events.clone(),
             };
             let opts = RunOptions {
                 run_id,
@@ -707,7 +727,12 @@ async fn run_item(
                 grants: step.grants.clone(),
                 journal: Some(Arc::new(journal)),
             };
-            ctx.runtime.run(node, &text, opts).await.result
+            let report = ctx.runtime.run(node, &text, opts).await;
+            if !report.logs.is_empty() {
+                let data = json!({"step": step.spec.id, "item": item, "attempt": attempt, "records": report.logs});
+                ctx.events.emit(&ctx.run_id, "step.log", data).await;
+            }
+            report.result
         };
         let failure = match result {
             Ok(output) => {
@@ -740,5 +765,7 @@ async fn run_item(
             .step_attempt(&ctx.run_id, &step.spec.id, attempt)
             .await
             .map_err(|e| Outcome::Failed(store_failure(e)))?;
+        let data = json!({"step": step.spec.id, "attempt": attempt});
+        ctx.events.emit(&ctx.run_id, "step.started", data).await;
     }
 }

@@ -8,6 +8,7 @@
 
 pub mod definition;
 mod engine;
+mod events;
 pub mod expr;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -286,6 +287,7 @@ pub struct Workflows {
     loaded: std::sync::RwLock<Arc<Loaded>>,
     /// Bumped when a reload changes the exposed workflows.
     exposed_changes: watch::Sender<u64>,
+    events: events::Events,
     store: Arc<dyn Store>,
     /// Loaded components by content hash.
     nodes: Mutex<HashMap<String, Node>>,
@@ -322,6 +324,7 @@ impl Workflows {
             runtime,
             loaded: std::sync::RwLock::new(Arc::new(loaded)),
             exposed_changes: watch::channel(0).0,
+            events: events::Events::new(store.clone()),
             store,
             nodes: Mutex::default(),
             slots: Arc::new(Semaphore::new(options.max_concurrent_steps.max(1))),
@@ -568,6 +571,8 @@ impl Workflows {
         if let Created::Existing(existing) = self.store.create_run(&new).await? {
             return Ok((*existing).into());
         }
+        let data = json!({"workflow": workflow, "input": run.input});
+        self.events.emit(&run.run_id, "run.started", data).await;
         let rows = self.store.steps(&run.run_id).await?;
         self.launch(def, nodes, run.clone(), rows, Duration::ZERO);
         Ok(run.into())
@@ -643,8 +648,7 @@ impl Workflows {
             }
             Err(failure) => {
                 tracing::warn!(run = %run.run_id, "cannot continue run: {}", failure.message);
-                self.store
-                    .abandon_run(&run.run_id, RunStatus::Failed, &failure)
+                self.abandon(&run.run_id, RunStatus::Failed, &failure)
                     .await?;
                 Ok(())
             }
@@ -685,6 +689,7 @@ impl Workflows {
             shutdown: self.shutdown.clone(),
             elapsed,
             progress,
+            events: self.events.clone(),
         });
         let this = self.clone();
         self.tasks.spawn(async move {
@@ -700,8 +705,7 @@ impl Workflows {
                     format!("the run's state could not be recorded: {e}"),
                 );
                 if let Err(e) = this
-                    .store
-                    .abandon_run(&run_id, RunStatus::Failed, &failure)
+                    .abandon(&run_id, RunStatus::Failed, &failure)
                     .await
                 {
                     tracing::error!(run = %run_id, "cannot mark the run failed either: {e}");
@@ -794,6 +798,47 @@ impl Workflows {
         Ok(record)
     }
 
+    /// Ends a run nothing drives (see [`Store::abandon_run`]), and says so on
+    /// the event log if it was still running.
+    async fn abandon(
+        &self,
+        run_id: &str,
+        status: RunStatus,
+        failure: &Failure,
+    ) -> Result<(), StoreError> {
+        let was_running = self
+            .store
+            .run(run_id)
+            .await?
+            .is_some_and(|r| r.status == RunStatus::Running);
+        self.store.abandon_run(run_id, status, failure).await?;
+        if was_running {
+            let data = json!({"status": status, "error": failure});
+            self.events.emit(run_id, "run.finished", data).await;
+        }
+        Ok(())
+    }
+
+    /// Live events of every run, as they are kept. A subscriber that falls
+    /// behind gets `Lagged` and should catch up with [`Workflows::events`].
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<crate::store::EventRow> {
+        self.events.subscribe()
+    }
+
+    /// Kept events past `after` (an event id), oldest first: of `run_id`, or
+    /// of every run.
+    ///
+    /// # Errors
+    /// [`WorkflowError::Store`].
+    pub async fn events(
+        &self,
+        run_id: Option<&str>,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<crate::store::EventRow>, WorkflowError> {
+        Ok(self.store.events(run_id, after, limit).await?)
+    }
+
     /// Waits until `run_id` has finished, `timeout` passes or shutdown
     /// begins; returns the record either way.
     ///
@@ -836,9 +881,7 @@ impl Workflows {
                 // Running in the state but driven by nobody (its task failed):
                 // record the cancel there.
                 let failure = Failure::new("cancelled", "the run was cancelled");
-                self.store
-                    .abandon_run(run_id, RunStatus::Cancelled, &failure)
-                    .await?;
+                self.abandon(run_id, RunStatus::Cancelled, &failure).await?;
                 self.get(run_id, false).await
             }
         }
@@ -870,6 +913,8 @@ impl Workflows {
             .run(run_id)
             .await?
             .ok_or_else(|| WorkflowError::UnknownRun(run_id.to_owned()))?;
+        let data = json!({"workflow": run.workflow, "retry": true});
+        self.events.emit(run_id, "run.started", data).await;
         self.launch_stored(run, false).await?;
         self.get(run_id, false).await
     }
