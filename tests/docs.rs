@@ -1,5 +1,8 @@
 //! The doc check: every command in the README runs as written, from the folder
-//! the README says, and prints what the README says it prints.
+//! the README says, and prints what the README says it prints. The guides (the
+//! README's "Writing a node" and `docs/*.md`) are followed top to bottom in an
+//! empty folder: their blocks marked ```` ```sh run ```` run in one shell
+//! session, and a block marked ```` ```<lang> file=PATH ```` is written to PATH.
 //!
 //! `cargo run --release -- ARGS` is run as `wf-host ARGS` with the binary built
 //! for these tests (the same program, without a second release build). A
@@ -16,10 +19,16 @@ use serde_json::Value;
 use common::*;
 
 /// Commands that are not run here, and why.
-const NOT_RUN: &[(&str, &str)] = &[(
-    "tests/run.sh",
-    "the test command itself: this check runs inside it",
-)];
+const NOT_RUN: &[(&str, &str)] = &[
+    (
+        "tests/run.sh",
+        "the test command itself: this check runs inside it",
+    ),
+    (
+        "cargo install --locked --path host",
+        "the install: these checks run the `wf-host` built for the tests",
+    ),
+];
 
 struct Block {
     /// 1-based line of the opening fence.
@@ -92,6 +101,9 @@ fn commands(block: &str) -> Vec<(String, Option<String>)> {
     out
 }
 
+/// Runs `script` in bash with the tests' `wf-host` first on PATH. Rust nodes
+/// build into the guests' target directory (as in `plugins/build.sh`), so the
+/// SDK's dependencies are compiled once.
 fn shell(script: &str, cwd: &Path, cache: &Path) -> std::process::Output {
     let bin_dir = wf_host_bin().parent().unwrap().to_owned();
     let path = format!(
@@ -104,10 +116,18 @@ fn shell(script: &str, cwd: &Path, cache: &Path) -> std::process::Output {
         .current_dir(cwd)
         .env("PATH", path)
         .env("WF_HOST_CACHE_DIR", cache)
+        .env("CARGO_TARGET_DIR", guests_target_dir())
         .env_remove("WF_HOST_TOKEN")
         .stdin(Stdio::null())
         .output()
         .expect("bash runs")
+}
+
+fn guests_target_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"))
+        .join("guests")
 }
 
 fn as_written(command: &str) -> String {
@@ -143,13 +163,11 @@ fn readme_commands_work_as_written() {
     let root = repo_root();
     let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
     let all = blocks(&readme);
-    let rust_guide = readme[..readme.find("## Writing a node in Rust").unwrap()]
-        .lines()
-        .count();
     let cache = tempfile::tempdir().unwrap();
     let mut ran = 0;
     for (index, block) in all.iter().enumerate() {
-        if block.lang != "sh" || block.line > rust_guide {
+        // Marked blocks are a guide, followed in an empty folder instead.
+        if block.lang != "sh" {
             continue;
         }
         let commands = commands(&block.text);
@@ -230,27 +248,38 @@ fn run_curl(command: &str) -> std::process::Output {
     out
 }
 
-/// The "Writing a node in Rust" guide, followed word for word in an empty
-/// folder beside a `wf-host` clone: create, build, run.
-#[test]
-fn the_rust_node_guide_works_as_written() {
+/// Whether a block is marked to run as a guide, in an empty folder:
+/// ```` ```sh run ```` for commands, ```` ```<lang> file=PATH ```` for a file
+/// the guide has you write.
+fn guide_step(block: &Block) -> Option<GuideStep<'_>> {
+    let mut words = block.lang.split_whitespace();
+    let _lang = words.next()?;
+    let mark = words.next()?;
+    if mark == "run" {
+        Some(GuideStep::Run)
+    } else {
+        mark.strip_prefix("file=").map(GuideStep::File)
+    }
+}
+
+enum GuideStep<'a> {
+    Run,
+    File(&'a str),
+}
+
+/// Follows the marked blocks of `file` top to bottom in one shell session in an
+/// empty folder, with `wf-host` on PATH, and checks every `# prints`.
+fn follow_guide(file: &str) {
     let root = repo_root();
-    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
-    let start = readme.find("## Writing a node in Rust").unwrap();
-    let end = start
-        + readme[start..]
-            .find("\n## ")
-            .map_or(readme.len() - start, |i| i + 1);
-    let guide = blocks(&readme[start..end]);
+    let markdown = std::fs::read_to_string(root.join(file)).unwrap();
+    let all = blocks(&markdown);
     let work = tempfile::tempdir().unwrap();
-    std::os::unix::fs::symlink(&root, work.path().join("wf-host")).unwrap();
     let cache = tempfile::tempdir().unwrap();
-    // One shell session: `cd my-node` carries over, as in a terminal.
     let mut script = String::new();
     let mut checks = Vec::new();
-    for block in &guide {
-        match block.lang.as_str() {
-            "sh" => {
+    for block in &all {
+        match guide_step(block) {
+            Some(GuideStep::Run) => {
                 for (command, prints) in commands(&block.text) {
                     script.push_str(&as_written(&command));
                     script.push('\n');
@@ -261,20 +290,29 @@ fn the_rust_node_guide_works_as_written() {
                     }
                 }
             }
-            "rust" => {
+            Some(GuideStep::File(path)) => {
                 script.push_str(&format!(
-                    "cat > src/lib.rs <<'WF_EOF'\n{}WF_EOF\n",
+                    "mkdir -p \"$(dirname '{path}')\"\ncat > '{path}' <<'WF_EOF'\n{}WF_EOF\n",
                     block.text
                 ));
             }
-            other => panic!("the Rust guide has a `{other}` block this check cannot follow"),
+            None => {}
         }
     }
+    assert!(
+        !checks.is_empty(),
+        "{file} has no `sh run` block with `# prints`"
+    );
+    let started = std::time::Instant::now();
     let out = shell(&script, work.path(), cache.path());
+    eprintln!(
+        "{file}: followed in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "the Rust guide failed ({}):\n{stdout}\n{}",
+        "{file}, followed in an empty folder, failed ({}):\n{stdout}\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
@@ -287,7 +325,31 @@ fn the_rust_node_guide_works_as_written() {
         .collect();
     assert_eq!(printed.len(), checks.len(), "{stdout}");
     for (got, expected) in printed.iter().zip(&checks) {
-        assert_prints("the Rust guide", got, expected);
+        assert_prints(file, got, expected);
     }
-    assert!(!checks.is_empty());
+}
+
+#[test]
+fn the_readme_node_guide_works_as_written() {
+    follow_guide("README.md");
+}
+
+#[test]
+fn the_rust_guide_works_as_written() {
+    follow_guide("docs/rust.md");
+}
+
+#[test]
+fn the_python_guide_works_as_written() {
+    follow_guide("docs/python.md");
+}
+
+#[test]
+fn the_javascript_guide_works_as_written() {
+    follow_guide("docs/javascript.md");
+}
+
+#[test]
+fn the_c_guide_works_as_written() {
+    follow_guide("docs/c.md");
 }

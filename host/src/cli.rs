@@ -26,6 +26,7 @@ use wf_host::workflow::{self, Workflows};
 
 mod auth;
 mod conformance;
+mod scaffold;
 
 const EXIT_RUN_FAILED: u8 = 1;
 const EXIT_USAGE: u8 = 2;
@@ -106,6 +107,12 @@ like code, and re-run this command to accept them.")]
   wf-host fixture-server
   wf-host fixture-server --http 127.0.0.1:8931")]
     FixtureServer(FixtureArgs),
+    /// Start a node project: rust, python, js or c.
+    New(scaffold::NewArgs),
+    /// Build the node project in DIR by its language into DIR/<folder name>.wasm.
+    Build(scaffold::BuildArgs),
+    /// Write the WIT package that nodes are built against.
+    Wit(scaffold::WitArgs),
     /// OAuth sign-in for HTTP connections with `kind = "authorization-code"`.
     #[command(subcommand)]
     Auth(AuthCommand),
@@ -293,6 +300,9 @@ pub fn run() -> Result<(), ExitCode> {
         Command::Pin(args) => block_on(pin_tools(args)),
         Command::Mcp(args) => block_on(mcp_stdio(args)),
         Command::FixtureServer(args) => block_on(fixture_server(args)),
+        Command::New(args) => scaffold::new(args),
+        Command::Build(args) => scaffold::build(args),
+        Command::Wit(args) => scaffold::wit(args),
         Command::Auth(AuthCommand::Login { connection, config }) => {
             block_on(auth::login(connection, config))
         }

@@ -13,6 +13,8 @@
 //! - [`rpc`] is the JSON-RPC 2.0 server over HTTP; [`mcp`] offers exposed
 //!   workflows as tools of an MCP server.
 //! - [`fixture`] is an MCP server for tests.
+//! - [`scaffold`] starts node projects (`wf-host new`) and builds them
+//!   (`wf-host build`).
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
@@ -37,6 +39,7 @@ pub mod metrics;
 pub mod pool;
 pub mod rpc;
 pub mod runtime;
+pub mod scaffold;
 pub mod store;
 pub mod testing;
 pub mod workflow;
