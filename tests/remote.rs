@@ -145,10 +145,11 @@ async fn without_ca_file_the_error_names_the_unknown_issuer() {
     let err = echo(&pool, "x").await.unwrap_err();
     let detail = connect_detail(&err);
     assert!(detail.contains("unknown issuer"), "{detail}");
-    assert_eq!(
-        wf_host::pool::to_capability_error(err).code(),
-        "unavailable"
-    );
+    let seen = wf_host::pool::to_capability_error(err);
+    assert_eq!(seen.code(), "unavailable");
+    // The node is told which check failed, and nothing about the host.
+    assert!(seen.message().contains("unknown issuer"), "{seen}");
+    assert!(!seen.message().contains("localhost"), "{seen}");
     let status = pool.connection_stats("remote").unwrap();
     assert!(
         status
@@ -470,9 +471,11 @@ async fn when_refresh_is_impossible_the_call_says_to_run_auth_login() {
     tokio::time::sleep(Duration::from_millis(2100)).await;
     let err = echo(&pool, "x").await.unwrap_err();
     assert!(err.to_string().contains(relogin), "{err}");
-    assert_eq!(
-        wf_host::pool::to_capability_error(err).code(),
-        "unavailable"
+    let seen = wf_host::pool::to_capability_error(err);
+    assert_eq!(seen.code(), "unavailable");
+    assert!(
+        seen.message().contains("wf-host auth login remote"),
+        "{seen}"
     );
     // The next session cannot get in either, and says the same.
     tokio::time::sleep(Duration::from_millis(300)).await;

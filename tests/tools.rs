@@ -261,6 +261,14 @@ call_timeout = "400ms""#,
     .await
     .unwrap();
     assert_eq!(result["structuredContent"], json!({"steps": 6}));
+    // Notifications are handled on their own tasks: the last may land just
+    // after the result.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while seen.lock().unwrap().last().map(|p| p.progress) != Some(6.0)
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let seen = seen.lock().unwrap().clone();
     assert!(seen.len() >= 5, "{seen:?}");
     assert_eq!(

@@ -22,8 +22,9 @@ pub fn to_capability_error(e: PoolError) -> CapabilityError {
         PoolError::UnknownConnection { connection } => {
             CapabilityError::NotFound(format!("no connection `{connection}`"))
         }
-        PoolError::ConnectFailed { connection, .. } => CapabilityError::Unavailable(format!(
-            "connection `{connection}` could not be established"
+        PoolError::ConnectFailed { connection, detail } => CapabilityError::Unavailable(format!(
+            "connection `{connection}` could not be established{}",
+            guest_safe_reason(&connection, &detail)
         )),
         PoolError::CircuitOpen {
             connection,
@@ -33,11 +34,13 @@ pub fn to_capability_error(e: PoolError) -> CapabilityError {
             "connection `{connection}` is failing; next attempt in {}ms",
             retry_in.as_millis()
         )),
-        PoolError::SessionClosed { connection, .. } | PoolError::Expired { connection } => {
-            CapabilityError::Unavailable(format!(
-                "connection `{connection}`: the session to the server was lost"
-            ))
-        }
+        PoolError::SessionClosed { connection, reason } => CapabilityError::Unavailable(format!(
+            "connection `{connection}`: the session to the server was lost{}",
+            guest_safe_reason(&connection, &reason)
+        )),
+        PoolError::Expired { connection } => CapabilityError::Unavailable(format!(
+            "connection `{connection}`: the session to the server was lost"
+        )),
         PoolError::ShutDown => CapabilityError::Unavailable("the host is shutting down".into()),
         // The message names no other tools: the caller may not be granted them.
         // The node dispatch adds the ones the node may call.
@@ -64,6 +67,19 @@ pub fn to_capability_error(e: PoolError) -> CapabilityError {
             }
         }
     }
+}
+
+/// The part of an operator's error a node may see too: which certificate
+/// check failed, or that someone must sign in. Both name no host, path or
+/// secret; anything else stays in logs and `host.status`.
+fn guest_safe_reason(connection: &str, detail: &str) -> String {
+    if let Some(at) = detail.find("TLS: ") {
+        return format!(" ({})", &detail[at..]);
+    }
+    if detail.contains("run `wf-host auth login") {
+        return format!(" (authorization is needed: run `wf-host auth login {connection}`)");
+    }
+    String::new()
 }
 
 #[async_trait]

@@ -874,7 +874,15 @@ async fn with_progress<T>(
     let mut listening = true;
     loop {
         tokio::select! {
-            answer = &mut call => return Some(answer),
+            answer = &mut call => {
+                // A report that came in with the answer still goes out.
+                if reports.has_changed().unwrap_or(false)
+                    && let (Some(sink), Some(latest)) = (&sink, reports.borrow_and_update().clone())
+                {
+                    sink(latest);
+                }
+                return Some(answer);
+            }
             () = &mut deadline => return None,
             changed = reports.changed(), if listening => {
                 if changed.is_err() {
