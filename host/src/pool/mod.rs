@@ -313,32 +313,58 @@ fn drift(catalog: &Catalog, pinned: &BTreeMap<String, String>) -> Vec<Drift> {
 /// token (rmcp gives every request one). Per connection, across its sessions.
 #[derive(Default)]
 pub(crate) struct ProgressRoutes {
-    routes: Mutex<HashMap<ProgressToken, watch::Sender<Option<Progress>>>>,
+    routes: Mutex<HashMap<ProgressToken, Route>>,
 }
 
+/// Where one call's reports go: a tick that restarts its timeout, and the
+/// caller's sink. A finished call's route lingers for [`ROUTE_LINGER`]: rmcp
+/// may hand over a report that came just before the answer after it.
+struct Route {
+    tick: watch::Sender<u64>,
+    sink: Option<ProgressSink>,
+    ended: Option<Instant>,
+}
+
+const ROUTE_LINGER: Duration = Duration::from_secs(1);
+
 impl ProgressRoutes {
-    /// Never blocks: this runs in the notification handler.
+    /// Never blocks: this runs in the notification handler (the sink must
+    /// return at once too).
     pub(crate) fn deliver(&self, token: &ProgressToken, progress: Progress) {
-        if let Some(route) = self
-            .routes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(token)
-        {
-            route.send_replace(Some(progress));
+        let sink = {
+            let routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(route) = routes.get(token) else {
+                return;
+            };
+            route.tick.send_modify(|n| *n += 1);
+            route.sink.clone()
+        };
+        if let Some(sink) = sink {
+            sink(progress);
         }
     }
 
-    /// Routes `token` to `to` until the guard drops.
+    /// Routes `token` until the guard drops, and a moment after.
     fn register(
         self: &Arc<Self>,
         token: ProgressToken,
-        to: watch::Sender<Option<Progress>>,
+        tick: watch::Sender<u64>,
+        sink: Option<ProgressSink>,
     ) -> RouteGuard {
-        self.routes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(token.clone(), to);
+        let mut routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        routes.retain(|_, r| {
+            r.ended
+                .is_none_or(|at| now.duration_since(at) < ROUTE_LINGER)
+        });
+        routes.insert(
+            token.clone(),
+            Route {
+                tick,
+                sink,
+                ended: None,
+            },
+        );
         RouteGuard {
             routes: self.clone(),
             token,
@@ -353,11 +379,15 @@ struct RouteGuard {
 
 impl Drop for RouteGuard {
     fn drop(&mut self) {
-        self.routes
+        if let Some(route) = self
+            .routes
             .routes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.token);
+            .get_mut(&self.token)
+        {
+            route.ended = Some(Instant::now());
+        }
     }
 }
 
@@ -384,18 +414,19 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// `tools/call` with its progress reports routed to `to`.
+/// `tools/call` with its progress reports routed to `tick` and `sink`.
 async fn call_tool_routed(
     peer: rmcp::Peer<rmcp::RoleClient>,
     params: CallToolRequestParams,
     routes: Arc<ProgressRoutes>,
-    to: watch::Sender<Option<Progress>>,
+    tick: watch::Sender<u64>,
+    sink: Option<ProgressSink>,
 ) -> Result<Value, rmcp::ServiceError> {
     let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
     let handle = peer
         .send_request_with_option(request, rmcp::service::PeerRequestOptions::no_options())
         .await?;
-    let _route = routes.register(handle.progress_token.clone(), to);
+    let _route = routes.register(handle.progress_token.clone(), tick, sink);
     let mut cancel = CancelOnDrop {
         peer: Some((peer, handle.id.clone())),
     };
@@ -717,7 +748,7 @@ impl Pool {
         operation: &'static str,
         timeout: Option<Duration>,
         run: OpFn,
-        progress: Option<(watch::Receiver<Option<Progress>>, Option<ProgressSink>)>,
+        progress: Option<watch::Receiver<u64>>,
         mut check: impl FnMut(&Catalog) -> Result<(), PoolError>,
     ) -> Result<Value, PoolError> {
         let connection = &*slot.settings.id;
@@ -879,20 +910,15 @@ impl Pool {
         }
         let params = Arc::new(params);
         // rmcp gives the request its `progressToken`; reports for it come here.
-        let (reports, progress) = watch::channel(None);
+        let (tick, progress) = watch::channel(0);
         let routes = slot.progress.clone();
+        let sink = extras.progress;
         let run: OpFn = Arc::new(move |peer| {
-            call_tool_routed(peer, (*params).clone(), routes.clone(), reports.clone()).boxed()
+            let (routes, tick, sink) = (routes.clone(), tick.clone(), sink.clone());
+            call_tool_routed(peer, (*params).clone(), routes, tick, sink).boxed()
         });
         let result = self
-            .execute_on(
-                &slot,
-                "call_tool",
-                timeout,
-                run,
-                Some((progress, extras.progress)),
-                check,
-            )
+            .execute_on(&slot, "call_tool", timeout, run, Some(progress), check)
             .await?;
         if let Some(problem) = definition
             .as_ref()

@@ -32,7 +32,7 @@ use tracing::Instrument;
 
 use super::catalog::{self, Advertised, Catalog, Dirty};
 use super::{ConnCounters, PoolError, ProgressRoutes, Settings, Transport};
-use crate::capability::{Progress, ProgressSink};
+use crate::capability::Progress;
 
 /// What an operation does: a closure over the session's client peer. It is `Fn`
 /// so the pool can replay it once on a fresh session after an HTTP 404.
@@ -52,9 +52,9 @@ pub(crate) struct Operation {
     pub meta: OpMeta,
     pub run: OpFn,
     pub timeout: Duration,
-    /// The call's progress reports, and who else wants them. A report
-    /// restarts the timeout.
-    pub progress: Option<(watch::Receiver<Option<Progress>>, Option<ProgressSink>)>,
+    /// Ticks on each progress report of the call; a report restarts the
+    /// timeout.
+    pub progress: Option<watch::Receiver<u64>>,
     pub reply: oneshot::Sender<Result<Value, PoolError>>,
 }
 
@@ -858,14 +858,13 @@ fn warn_drift(catalog: &Catalog, pinned: &BTreeMap<String, String>) {
 }
 
 /// Runs `call` until it answers (`Some`) or `timeout` passes without an answer
-/// or a progress report (`None`). Each report goes to the sink and restarts
-/// the timeout.
+/// or a progress report (`None`). Each report restarts the timeout.
 async fn with_progress<T>(
     timeout: Duration,
     call: impl Future<Output = T>,
-    progress: Option<(watch::Receiver<Option<Progress>>, Option<ProgressSink>)>,
+    progress: Option<watch::Receiver<u64>>,
 ) -> Option<T> {
-    let Some((mut reports, sink)) = progress else {
+    let Some(mut reports) = progress else {
         return tokio::time::timeout(timeout, call).await.ok();
     };
     tokio::pin!(call);
@@ -874,15 +873,7 @@ async fn with_progress<T>(
     let mut listening = true;
     loop {
         tokio::select! {
-            answer = &mut call => {
-                // A report that came in with the answer still goes out.
-                if reports.has_changed().unwrap_or(false)
-                    && let (Some(sink), Some(latest)) = (&sink, reports.borrow_and_update().clone())
-                {
-                    sink(latest);
-                }
-                return Some(answer);
-            }
+            answer = &mut call => return Some(answer),
             () = &mut deadline => return None,
             changed = reports.changed(), if listening => {
                 if changed.is_err() {
@@ -890,10 +881,6 @@ async fn with_progress<T>(
                     continue;
                 }
                 deadline.as_mut().reset(tokio::time::Instant::now() + timeout);
-                let latest = reports.borrow_and_update().clone();
-                if let (Some(sink), Some(latest)) = (&sink, latest) {
-                    sink(latest);
-                }
             }
         }
     }
