@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::error::Error as StdError;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -247,6 +248,10 @@ pub(crate) struct HostClient {
     /// The last failure worth telling an operator (TLS, OAuth), for the
     /// connect error: rmcp's own error says only "transport error".
     last_failure: Arc<Mutex<Option<String>>>,
+    /// The event streams (`GET`) open now. The standalone one is where the
+    /// server pushes `list_changed`; while none is open, the session learns
+    /// of changes only by re-listing.
+    open_streams: Arc<AtomicUsize>,
 }
 
 impl HostClient {
@@ -255,7 +260,25 @@ impl HostClient {
             http,
             oauth,
             last_failure: Arc::default(),
+            open_streams: Arc::default(),
         }
+    }
+
+    /// The count of open event streams, shared with the session's status.
+    pub(crate) fn open_streams(&self) -> Arc<AtomicUsize> {
+        self.open_streams.clone()
+    }
+
+    /// `stream`, counted open until it ends or is dropped.
+    fn counted(
+        &self,
+        stream: BoxStream<'static, Result<Sse, SseError>>,
+    ) -> BoxStream<'static, Result<Sse, SseError>> {
+        self.open_streams.fetch_add(1, Ordering::Relaxed);
+        Box::pin(Counted {
+            stream,
+            open: self.open_streams.clone(),
+        })
     }
 
     pub(crate) fn last_failure(&self) -> Option<String> {
@@ -333,6 +356,29 @@ impl HostClient {
         .await;
         self.note_error(&result);
         result
+    }
+}
+
+/// A stream that counts itself open until it ends or is dropped.
+struct Counted {
+    stream: BoxStream<'static, Result<Sse, SseError>>,
+    open: Arc<AtomicUsize>,
+}
+
+impl futures::Stream for Counted {
+    type Item = Result<Sse, SseError>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.stream.as_mut().poll_next(cx)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -435,16 +481,18 @@ impl StreamableHttpClient for HostClient {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<BoxStream<'static, Result<Sse, SseError>>, HttpError> {
-        self.authorized(auth_header, |token| {
-            self.http.get_stream(
-                uri.clone(),
-                session_id.clone(),
-                last_event_id.clone(),
-                token,
-                custom_headers.clone(),
-            )
-        })
-        .await
+        let stream = self
+            .authorized(auth_header, |token| {
+                self.http.get_stream(
+                    uri.clone(),
+                    session_id.clone(),
+                    last_event_id.clone(),
+                    token,
+                    custom_headers.clone(),
+                )
+            })
+            .await?;
+        Ok(self.counted(stream))
     }
 
     async fn get_stream_with_max_sse_event_size(
@@ -456,16 +504,18 @@ impl StreamableHttpClient for HostClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Result<BoxStream<'static, Result<Sse, SseError>>, HttpError> {
-        self.authorized(auth_header, |token| {
-            self.http.get_stream_with_max_sse_event_size(
-                uri.clone(),
-                session_id.clone(),
-                last_event_id.clone(),
-                token,
-                custom_headers.clone(),
-                max_sse_event_size,
-            )
-        })
-        .await
+        let stream = self
+            .authorized(auth_header, |token| {
+                self.http.get_stream_with_max_sse_event_size(
+                    uri.clone(),
+                    session_id.clone(),
+                    last_event_id.clone(),
+                    token,
+                    custom_headers.clone(),
+                    max_sse_event_size,
+                )
+            })
+            .await?;
+        Ok(self.counted(stream))
     }
 }

@@ -16,7 +16,6 @@ mod http;
 mod oauth;
 pub mod pin;
 mod session;
-mod stream_watch;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;

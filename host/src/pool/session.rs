@@ -484,9 +484,8 @@ async fn open(
                 None => None,
             };
             let client = super::http::HostClient::new(http, oauth);
-            let streams = Arc::new(AtomicUsize::new(0));
-            let watched = super::stream_watch::Watched::new(client.clone(), streams.clone());
-            let transport = StreamableHttpClientTransport::with_client(watched, config);
+            let streams = client.open_streams();
+            let transport = StreamableHttpClientTransport::with_client(client.clone(), config);
             let running = handler
                 .serve_with_lifecycle(transport, lifecycle)
                 .await
