@@ -266,9 +266,13 @@ pub trait Store: Send + Sync {
         failure: &Failure,
     ) -> Result<(), StoreError>;
     async fn counts(&self) -> Result<Counts, StoreError>;
-    /// Appends `events` to the event log in one write, in order; returns
-    /// them with their ids.
-    async fn append_events(&self, events: &[NewEvent]) -> Result<Vec<EventRow>, StoreError>;
+    /// Appends an event of `run_id` to the event log; returns it with its id.
+    async fn append_event(
+        &self,
+        run_id: &str,
+        kind: &str,
+        data: &Value,
+    ) -> Result<EventRow, StoreError>;
     /// Up to `limit` events with an id past `after`, oldest first; of one run,
     /// or of all runs.
     async fn events(
@@ -288,15 +292,6 @@ pub trait Store: Send + Sync {
 pub struct EventRow {
     /// Increasing across all runs; `0` for events that are not kept.
     pub id: i64,
-    pub run_id: String,
-    pub kind: String,
-    pub data: Value,
-    pub at: String,
-}
-
-/// An event to append: run, kind, data and when it happened.
-#[derive(Debug, Clone)]
-pub struct NewEvent {
     pub run_id: String,
     pub kind: String,
     pub data: Value,

@@ -18,8 +18,8 @@ use sqlx::sqlite::{
 use sqlx::{ConnectOptions, Row};
 
 use super::{
-    CallRow, Counts, Created, EventRow, Failure, ListQuery, NewEvent, NewRun, RunRow, RunStatus,
-    StepRow, StepStatus, Store, StoreError, now_ms, now_text,
+    CallRow, Counts, Created, EventRow, Failure, ListQuery, NewRun, RunRow, RunStatus, StepRow,
+    StepStatus, Store, StoreError, now_ms, now_text,
 };
 
 /// `PRAGMA application_id` of a wf-host state file: "wfhs".
@@ -623,29 +623,29 @@ impl Store for SqliteStore {
         })
     }
 
-    async fn append_events(&self, events: &[NewEvent]) -> Result<Vec<EventRow>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let mut rows = Vec::with_capacity(events.len());
-        for e in events {
-            let id: i64 = sqlx::query_scalar(
-                "INSERT INTO events (run_id, kind, data, at) VALUES (?, ?, ?, ?) RETURNING id",
-            )
-            .bind(&e.run_id)
-            .bind(&e.kind)
-            .bind(json_text(&e.data))
-            .bind(&e.at)
-            .fetch_one(&mut *tx)
-            .await?;
-            rows.push(EventRow {
-                id,
-                run_id: e.run_id.clone(),
-                kind: e.kind.clone(),
-                data: e.data.clone(),
-                at: e.at.clone(),
-            });
-        }
-        tx.commit().await?;
-        Ok(rows)
+    async fn append_event(
+        &self,
+        run_id: &str,
+        kind: &str,
+        data: &Value,
+    ) -> Result<EventRow, StoreError> {
+        let at = now_text();
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO events (run_id, kind, data, at) VALUES (?, ?, ?, ?) RETURNING id",
+        )
+        .bind(run_id)
+        .bind(kind)
+        .bind(json_text(data))
+        .bind(&at)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(EventRow {
+            id,
+            run_id: run_id.to_owned(),
+            kind: kind.to_owned(),
+            data: data.clone(),
+            at,
+        })
     }
 
     async fn events(

@@ -402,7 +402,7 @@ async fn transition(
         .step_finished(&ctx.run_id, id, status, output.as_ref(), error.as_ref())
         .await?;
     let data = json!({"step": id, "status": status, "error": error});
-    ctx.events.emit(&ctx.run_id, "step.finished", data);
+    ctx.events.emit(&ctx.run_id, "step.finished", data).await;
     let state = states.get_mut(id).expect("every step has a state");
     state.status = status;
     state.output = output;
@@ -505,13 +505,13 @@ async fn finish(
         .run_finished(&ctx.run_id, status, output.as_ref(), error.as_ref())
         .await?;
     let data = json!({"status": status, "error": error});
-    ctx.events.emit(&ctx.run_id, "run.finished", data);
+    ctx.events.emit(&ctx.run_id, "run.finished", data).await;
     Ok(Ending::Finished(status))
 }
 
-fn step_started(ctx: &RunCtx, id: &str, attempt: u32) {
+async fn step_started(ctx: &RunCtx, id: &str, attempt: u32) {
     let data = json!({"step": id, "attempt": attempt});
-    ctx.events.emit(&ctx.run_id, "step.started", data);
+    ctx.events.emit(&ctx.run_id, "step.started", data).await;
 }
 
 /// The `output` mapping, or the output of the one step nothing needs (an
@@ -563,7 +563,7 @@ async fn run_step(
         {
             return Outcome::Failed(store_failure(e));
         }
-        step_started(ctx, id, first_attempt);
+        step_started(ctx, id, first_attempt).await;
         return match run_item(ctx, step, None, &input, &attempts, stop).await {
             Ok(output) => Outcome::Succeeded(output),
             Err(outcome) => outcome,
@@ -593,7 +593,7 @@ async fn run_step(
     {
         return Outcome::Failed(store_failure(e));
     }
-    step_started(ctx, id, first_attempt);
+    step_started(ctx, id, first_attempt).await;
     let Value::Array(items) = all else {
         unreachable!("built as an array above")
     };
@@ -730,7 +730,7 @@ async fn run_item(
             let report = ctx.runtime.run(node, &text, opts).await;
             if !report.logs.is_empty() {
                 let data = json!({"step": step.spec.id, "item": item, "attempt": attempt, "records": report.logs});
-                ctx.events.emit(&ctx.run_id, "step.log", data);
+                ctx.events.emit(&ctx.run_id, "step.log", data).await;
             }
             report.result
         };
@@ -766,6 +766,6 @@ async fn run_item(
             .await
             .map_err(|e| Outcome::Failed(store_failure(e)))?;
         let data = json!({"step": step.spec.id, "attempt": attempt});
-        ctx.events.emit(&ctx.run_id, "step.started", data);
+        ctx.events.emit(&ctx.run_id, "step.started", data).await;
     }
 }

@@ -572,7 +572,7 @@ impl Workflows {
             return Ok((*existing).into());
         }
         let data = json!({"workflow": workflow, "input": run.input});
-        self.events.emit(&run.run_id, "run.started", data);
+        self.events.emit(&run.run_id, "run.started", data).await;
         let rows = self.store.steps(&run.run_id).await?;
         self.launch(def, nodes, run.clone(), rows, Duration::ZERO);
         Ok(run.into())
@@ -814,7 +814,7 @@ impl Workflows {
         self.store.abandon_run(run_id, status, failure).await?;
         if was_running {
             let data = json!({"status": status, "error": failure});
-            self.events.emit(run_id, "run.finished", data);
+            self.events.emit(run_id, "run.finished", data).await;
         }
         Ok(())
     }
@@ -914,7 +914,7 @@ impl Workflows {
             .await?
             .ok_or_else(|| WorkflowError::UnknownRun(run_id.to_owned()))?;
         let data = json!({"workflow": run.workflow, "retry": true});
-        self.events.emit(run_id, "run.started", data);
+        self.events.emit(run_id, "run.started", data).await;
         self.launch_stored(run, false).await?;
         self.get(run_id, false).await
     }
@@ -947,7 +947,6 @@ impl Workflows {
             self.shutdown.cancel();
             self.tasks.wait().await;
         }
-        self.events.flush().await;
     }
 }
 
