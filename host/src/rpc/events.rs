@@ -121,11 +121,10 @@ fn events(
                         }
                     }
                     Ok(row) if row.id <= last => {}
-                    Ok(row) if row.id > last + 1 && run.is_none() => {
-                        // Another run's event may sit between: read the log.
-                        let _ = row;
-                        continue 'catch_up;
-                    }
+                    // Every kept event is broadcast in id order, so a gap in
+                    // the stream of all runs means this one missed some:
+                    // read them from the log.
+                    Ok(row) if row.id > last + 1 && run.is_none() => continue 'catch_up,
                     Ok(row) => {
                         last = row.id;
                         if tx.send(to_sse(&row)).await.is_err() || ends(&row) {

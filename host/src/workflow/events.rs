@@ -17,6 +17,8 @@ const LIVE_BUFFER: usize = 1024;
 pub(crate) struct Events {
     store: Arc<dyn Store>,
     live: broadcast::Sender<EventRow>,
+    /// Held from append to broadcast.
+    order: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Events {
@@ -24,12 +26,17 @@ impl Events {
         Events {
             store,
             live: broadcast::channel(LIVE_BUFFER).0,
+            order: Arc::default(),
         }
     }
 
     /// Keeps the event, then tells the live streams. An event that cannot be
     /// kept is logged: it is a view of the run, not its state.
     pub(crate) async fn emit(&self, run_id: &str, kind: &str, data: Value) {
+        // One event at a time from append to broadcast, so live streams see
+        // ids in increasing order (parallel steps emit concurrently) and a
+        // stream that skips ids it has seen never skips one it has not.
+        let _in_order = self.order.lock().await;
         match self.store.append_event(run_id, kind, &data).await {
             Ok(row) => {
                 let _ = self.live.send(row);
