@@ -145,7 +145,9 @@ pub fn router(state: RpcState, access: Access) -> Result<Router, ServeError> {
         state,
         access: Arc::new(access),
     };
-    let mcp = Router::new()
+    // Everything but `/healthz` wants the token, when there is one.
+    let guarded = Router::new()
+        .route("/rpc", post(rpc))
         .nest_service(
             "/mcp",
             crate::mcp::http_service(app.state.workflows.clone()),
@@ -156,10 +158,8 @@ pub fn router(state: RpcState, access: Access) -> Result<Router, ServeError> {
         .with_state(app.clone())
         .layer(middleware::from_fn_with_state(app.clone(), bearer_token));
     Ok(Router::new()
-        .route("/rpc", post(rpc))
         .route("/healthz", get(|| async { "ok\n" }))
-        .with_state(app.clone())
-        .merge(mcp)
+        .merge(guarded)
         .layer(middleware::from_fn_with_state(app, same_origin)))
 }
 /// Serves `router` on `listener` until `shutdown` resolves, then stops
@@ -267,15 +267,6 @@ fn refuse(status: StatusCode, message: String) -> Response {
     )
 }
 
-fn unauthorized() -> Response {
-    (
-        StatusCode::UNAUTHORIZED,
-        [(header::WWW_AUTHENTICATE, "Bearer")],
-        "missing or wrong bearer token\n",
-    )
-        .into_response()
-}
-
 /// `GET /metrics`: Prometheus text.
 async fn metrics(State(app): State<App>) -> Response {
     let connections: Vec<(String, bool)> = app
@@ -296,7 +287,7 @@ async fn metrics(State(app): State<App>) -> Response {
         .into_response()
 }
 
-/// The token rule of `/rpc`, for `/mcp` and `/metrics`.
+/// The bearer token rule of every route but `/healthz`.
 async fn bearer_token(
     State(app): State<App>,
     request: axum::extract::Request,
@@ -305,17 +296,17 @@ async fn bearer_token(
     if let Some(token) = &app.access.token
         && !authorized(request.headers(), token)
     {
-        return unauthorized();
+        return (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            "missing or wrong bearer token\n",
+        )
+            .into_response();
     }
     next.run(request).await
 }
 
 async fn rpc(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
-    if let Some(token) = &app.access.token
-        && !authorized(&headers, token)
-    {
-        return unauthorized();
-    }
     match headers.get(header::CONTENT_TYPE) {
         Some(ct) if ct.to_str().is_ok_and(is_json) => {}
         Some(ct) => {
