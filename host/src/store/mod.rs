@@ -2,9 +2,15 @@
 //!
 //! The engine talks to a [`Store`]; all SQL lives in the backends. SQLite
 //! ([`sqlite::SqliteStore`]) is the embedded default; `:memory:` keeps nothing
-//! past the process.
+//! past the process. PostgreSQL ([`postgres::PgStore`]) is *shared*: several
+//! workers (`wf-host serve` processes) use one database, each run driven by the
+//! worker that holds its lease.
 
+pub mod postgres;
 pub mod sqlite;
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -126,6 +132,80 @@ pub struct StepRow {
     pub error: Option<Failure>,
     pub started_at: Option<String>,
     pub finished_at: Option<String>,
+    /// Which worker ran each attempt, oldest first.
+    pub workers: Vec<AttemptWorker>,
+}
+
+/// The worker that ran one attempt of a step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptWorker {
+    pub attempt: u32,
+    pub worker: String,
+}
+
+/// The right to write a run's progress: the worker that holds the run's lease,
+/// in the lease's epoch. A shared store commits a fenced write only while the
+/// run's lease still has this owner and epoch, so a worker that lost its lease
+/// (paused, partitioned, presumed dead) cannot overwrite the work of the
+/// worker that took the run over. SQLite has one worker (its lock file) and
+/// records only `worker`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    pub worker: Arc<str>,
+    pub epoch: i64,
+}
+
+/// A lease to take on a run as it is created.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    pub worker: Arc<str>,
+    pub duration: Duration,
+}
+
+/// A worker of a shared store, as `host.status` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WorkerRow {
+    pub id: String,
+    pub started_at: String,
+    pub last_heartbeat: String,
+    pub running_steps: u64,
+}
+
+/// What a shared store tells every worker (PostgreSQL: `LISTEN`/`NOTIFY`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Note {
+    /// A run can be claimed: started unclaimed, retried or released.
+    Ready,
+    /// The run has finished.
+    Finished(String),
+    /// `workflow.cancel` was asked of the run, on any worker.
+    Cancel(String),
+    /// Events were appended.
+    Event,
+    /// The listening connection was lost and is back: notes may have been
+    /// missed, so whoever waits on one should look at the store again.
+    Reconnected,
+}
+
+/// What [`Store::renew`] found of the leases it renewed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Renewed {
+    /// Runs whose lease this worker no longer holds: it must stop them
+    /// without writing anything more.
+    pub lost: Vec<String>,
+    /// Runs that were asked to cancel (in case the note was missed).
+    pub cancel: Vec<String>,
+}
+
+/// What [`Store::request_cancel`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelRequest {
+    /// The run is not running.
+    NotRunning,
+    /// No worker held the run: it was ended here, as cancelled.
+    Ended,
+    /// A worker holds the run and was told to cancel it.
+    Signalled,
 }
 
 /// One capability call made by a step attempt.
@@ -192,20 +272,56 @@ pub enum StoreError {
     Corrupt(String),
     #[error("cursor `{0}` is not one this server returned")]
     BadCursor(String),
+    /// A fenced write found that this worker no longer holds the run's lease.
+    #[error("run `{0}` is no longer held by this worker (its lease expired and another worker took it)")]
+    LeaseLost(String),
+}
+
+impl StoreError {
+    /// Whether the store was unreachable (a lost connection, a pool that
+    /// timed out) rather than refusing the write: the run should pause, not
+    /// fail, and be picked up again when the store is back.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            StoreError::Db(e) => matches!(
+                e,
+                sqlx::Error::Io(_)
+                    | sqlx::Error::PoolTimedOut
+                    | sqlx::Error::PoolClosed
+                    | sqlx::Error::Tls(_)
+                    | sqlx::Error::Protocol(_)
+            ) || e
+                .as_database_error()
+                .and_then(|d| d.code())
+                // PostgreSQL: admin shutdown, crash shutdown, cannot connect now.
+                .is_some_and(|c| matches!(&*c, "57P01" | "57P02" | "57P03")),
+            StoreError::LeaseLost(_) => true,
+            _ => false,
+        }
+    }
 }
 
 /// Where runs are kept. Every write is committed before it returns: the
 /// engine acts on a transition only after it is stored.
 #[async_trait]
 pub trait Store: Send + Sync {
-    /// `sqlite`, …
+    /// `sqlite`, `postgres`.
     fn backend(&self) -> &'static str;
-    /// The file, or `:memory:`.
+    /// The file, `:memory:`, or the URL without its password.
     fn location(&self) -> String;
+    /// Whether several workers may use this store at once: runs are then
+    /// claimed under leases ([`Store::claim_runs`]) and workers hear of each
+    /// other's runs through [`Store::listen`].
+    fn shared(&self) -> bool {
+        false
+    }
 
     /// Inserts a run and its pending steps, or finds the run that used the
-    /// same idempotency key.
-    async fn create_run(&self, run: &NewRun) -> Result<Created, StoreError>;
+    /// same idempotency key. With `lease`, the new run is held by that worker
+    /// (its [`Fence`] has epoch 1); without, a shared store leaves it for any
+    /// worker to claim and sends [`Note::Ready`].
+    async fn create_run(&self, run: &NewRun, lease: Option<&Lease>)
+    -> Result<Created, StoreError>;
     async fn run(&self, run_id: &str) -> Result<Option<RunRow>, StoreError>;
     /// Steps in definition order.
     async fn steps(&self, run_id: &str) -> Result<Vec<StepRow>, StoreError>;
@@ -218,20 +334,27 @@ pub trait Store: Send + Sync {
     /// Runs still `running`: what a start-up resumes.
     async fn unfinished_runs(&self) -> Result<Vec<RunRow>, StoreError>;
 
-    /// Marks a step `running` in `attempt` with its input.
+    // The writes of a driven run are fenced: each fails with
+    // [`StoreError::LeaseLost`] (and changes nothing) when `fence` no longer
+    // holds the run.
+
+    /// Marks a step `running` in `attempt` with its input, run by
+    /// `fence.worker`.
     async fn step_started(
         &self,
         run_id: &str,
         step_id: &str,
         attempt: u32,
         input: Option<&Value>,
+        fence: &Fence,
     ) -> Result<(), StoreError>;
-    /// Records that a step retries, as `attempt`.
+    /// Records that a step retries, as `attempt`, run by `fence.worker`.
     async fn step_attempt(
         &self,
         run_id: &str,
         step_id: &str,
         attempt: u32,
+        fence: &Fence,
     ) -> Result<(), StoreError>;
     /// Records how a step ended.
     async fn step_finished(
@@ -241,20 +364,24 @@ pub trait Store: Send + Sync {
         status: StepStatus,
         output: Option<&Value>,
         error: Option<&Failure>,
+        fence: &Fence,
     ) -> Result<(), StoreError>;
-    /// Records how a run ended.
+    /// Records how a run ended, and releases its lease; a shared store sends
+    /// [`Note::Finished`].
     async fn run_finished(
         &self,
         run_id: &str,
         status: RunStatus,
         output: Option<&Value>,
         error: Option<&Failure>,
+        fence: &Fence,
     ) -> Result<(), StoreError>;
     /// `workflow.retry`: a failed or cancelled run goes back to `running`
-    /// and its failed or cancelled steps to `pending`. False when the run is
-    /// not failed or cancelled.
+    /// (unclaimed, so any worker may take it; a shared store sends
+    /// [`Note::Ready`]) and its failed or cancelled steps to `pending`. False
+    /// when the run is not failed or cancelled.
     async fn reopen_run(&self, run_id: &str) -> Result<bool, StoreError>;
-    async fn record_call(&self, call: &CallRow) -> Result<(), StoreError>;
+    async fn record_call(&self, call: &CallRow, fence: &Fence) -> Result<(), StoreError>;
     /// Ends a run that nothing drives any more (its task failed, or it is
     /// cancelled while not running here): the run gets `status` and
     /// `failure`, its pending and running steps become `cancelled`. Does
@@ -284,6 +411,69 @@ pub trait Store: Send + Sync {
     /// Deletes finished runs past the newest `keep_runs`, and those finished
     /// before `finished_before_ms`. Returns how many went.
     async fn prune(&self, keep_runs: u64, finished_before_ms: i64) -> Result<u64, StoreError>;
+
+    // What a shared store adds. The defaults are those of a store with one
+    // worker, which drives every run it starts and resumes the rest at start.
+
+    /// Notes from every worker of a shared store; `None` for a store with one
+    /// worker.
+    fn listen(&self) -> Option<tokio::sync::broadcast::Receiver<Note>> {
+        None
+    }
+    /// Claims up to `limit` runs that are `running` and held by nobody (never
+    /// claimed, released, or with an expired lease), oldest first, skipping
+    /// rows another worker is claiming at the same moment. Each claimed run's
+    /// lease is `worker`'s for `lease`, in the next epoch.
+    async fn claim_runs(
+        &self,
+        _worker: &str,
+        _limit: u32,
+        _lease: Duration,
+    ) -> Result<Vec<(RunRow, Fence)>, StoreError> {
+        Ok(Vec::new())
+    }
+    /// Extends `worker`'s leases on `runs` by `lease` from now; says which it
+    /// no longer holds and which were asked to cancel.
+    async fn renew(
+        &self,
+        _worker: &str,
+        _runs: &[String],
+        _lease: Duration,
+    ) -> Result<Renewed, StoreError> {
+        Ok(Renewed::default())
+    }
+    /// Gives up `worker`'s leases on `runs` (a worker shutting down), so any
+    /// worker may claim them at once; sends [`Note::Ready`].
+    async fn release_runs(&self, _worker: &str, _runs: &[String]) -> Result<(), StoreError> {
+        Ok(())
+    }
+    /// `workflow.cancel` of a run this worker does not drive: ends it at once
+    /// when nobody holds it, else marks it and tells its worker
+    /// ([`Note::Cancel`]).
+    async fn request_cancel(
+        &self,
+        run_id: &str,
+        failure: &Failure,
+    ) -> Result<CancelRequest, StoreError> {
+        let running = self
+            .run(run_id)
+            .await?
+            .is_some_and(|r| r.status == RunStatus::Running);
+        if !running {
+            return Ok(CancelRequest::NotRunning);
+        }
+        self.abandon_run(run_id, RunStatus::Cancelled, failure)
+            .await?;
+        Ok(CancelRequest::Ended)
+    }
+    /// Registers `worker` or refreshes its heartbeat.
+    async fn heartbeat(&self, _worker: &WorkerRow) -> Result<(), StoreError> {
+        Ok(())
+    }
+    /// Workers seen within `within`, by id.
+    async fn workers(&self, _within: Duration) -> Result<Vec<WorkerRow>, StoreError> {
+        Ok(Vec::new())
+    }
 }
 
 /// One event of a run: `run.started`, `step.started`, `step.log`,

@@ -18,7 +18,7 @@ use sqlx::sqlite::{
 use sqlx::{ConnectOptions, Row};
 
 use super::{
-    CallRow, Counts, Created, EventRow, Failure, ListQuery, NewRun, RunRow, RunStatus, StepRow,
+    AttemptWorker, CallRow, Fence, Lease, Counts, Created, EventRow, Failure, ListQuery, NewRun, RunRow, RunStatus, StepRow,
     StepStatus, Store, StoreError, now_ms, now_text,
 };
 
@@ -272,7 +272,17 @@ fn step_row(row: &SqliteRow) -> Result<StepRow, StoreError> {
         error: failure(row.try_get("error_code")?, row.try_get("error_message")?),
         started_at: row.try_get("started_at")?,
         finished_at: row.try_get("finished_at")?,
+        workers: attempt_workers(row.try_get("workers")?)?,
     })
+}
+
+/// The `workers` column of a step: a JSON array of `{attempt, worker}`.
+pub(crate) fn attempt_workers(text: Option<String>) -> Result<Vec<AttemptWorker>, StoreError> {
+    match text {
+        None => Ok(Vec::new()),
+        Some(text) => serde_json::from_str(&text)
+            .map_err(|e| StoreError::Corrupt(format!("a step's workers: {e}"))),
+    }
 }
 
 fn cursor_of(run: &RunRow) -> String {
@@ -296,7 +306,12 @@ impl Store for SqliteStore {
         self.location.clone()
     }
 
-    async fn create_run(&self, new: &NewRun) -> Result<Created, StoreError> {
+    async fn create_run(
+        &self,
+        new: &NewRun,
+        _lease: Option<&Lease>,
+    ) -> Result<Created, StoreError> {
+        // One worker: every run is this process's, without a lease.
         let run = &new.run;
         let mut tx = self.pool.begin().await?;
         let inserted = sqlx::query(
@@ -442,18 +457,22 @@ impl Store for SqliteStore {
         step_id: &str,
         attempt: u32,
         input: Option<&Value>,
+        fence: &Fence,
     ) -> Result<(), StoreError> {
         sqlx::query(
-            "UPDATE steps SET status = 'running', attempts = ?, input = ?, output = NULL,
+            "UPDATE steps SET status = 'running', attempts = ?1, input = ?2, output = NULL,
                               error_code = NULL, error_message = NULL,
-                              started_at = ?, finished_at = NULL
-             WHERE run_id = ? AND step_id = ?",
+                              started_at = ?3, finished_at = NULL,
+                              workers = json_insert(coalesce(workers, '[]'), '$[#]',
+                                                    json_object('attempt', ?1, 'worker', ?6))
+             WHERE run_id = ?4 AND step_id = ?5",
         )
         .bind(i64::from(attempt))
         .bind(input.map(json_text))
         .bind(now_text())
         .bind(run_id)
         .bind(step_id)
+        .bind(&*fence.worker)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -464,13 +483,18 @@ impl Store for SqliteStore {
         run_id: &str,
         step_id: &str,
         attempt: u32,
+        fence: &Fence,
     ) -> Result<(), StoreError> {
         sqlx::query(
-            "UPDATE steps SET attempts = max(attempts, ?) WHERE run_id = ? AND step_id = ?",
+            "UPDATE steps SET attempts = max(attempts, ?1),
+                              workers = json_insert(coalesce(workers, '[]'), '$[#]',
+                                                    json_object('attempt', ?1, 'worker', ?4))
+             WHERE run_id = ?2 AND step_id = ?3",
         )
         .bind(i64::from(attempt))
         .bind(run_id)
         .bind(step_id)
+        .bind(&*fence.worker)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -483,6 +507,7 @@ impl Store for SqliteStore {
         status: StepStatus,
         output: Option<&Value>,
         error: Option<&Failure>,
+        _fence: &Fence,
     ) -> Result<(), StoreError> {
         sqlx::query(
             "UPDATE steps SET status = ?, output = ?, error_code = ?, error_message = ?,
@@ -507,6 +532,7 @@ impl Store for SqliteStore {
         status: RunStatus,
         output: Option<&Value>,
         error: Option<&Failure>,
+        _fence: &Fence,
     ) -> Result<(), StoreError> {
         sqlx::query(
             "UPDATE runs SET status = ?, output = ?, error_code = ?, error_message = ?,
@@ -551,7 +577,7 @@ impl Store for SqliteStore {
         Ok(true)
     }
 
-    async fn record_call(&self, call: &CallRow) -> Result<(), StoreError> {
+    async fn record_call(&self, call: &CallRow, _fence: &Fence) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT OR REPLACE INTO calls (run_id, step_id, item, attempt, seq, name, arguments,
                                            outcome, error_code, duration_us, at)
@@ -718,15 +744,22 @@ mod tests {
         }
     }
 
+    fn fence() -> Fence {
+        Fence {
+            worker: "w".into(),
+            epoch: 0,
+        }
+    }
+
     #[tokio::test]
     async fn prune_keeps_running_runs_and_the_newest_finished_ones() {
         let store = SqliteStore::open(":memory:").await.unwrap();
         for (i, id) in ["r1", "r2", "r3", "r4"].iter().enumerate() {
-            store.create_run(&new_run(id, i as i64)).await.unwrap();
+            store.create_run(&new_run(id, i as i64), None).await.unwrap();
         }
         for id in ["r1", "r2", "r3"] {
             store
-                .run_finished(id, RunStatus::Succeeded, Some(&json!(1)), None)
+                .run_finished(id, RunStatus::Succeeded, Some(&json!(1)), None, &fence())
                 .await
                 .unwrap();
         }
@@ -759,10 +792,10 @@ mod tests {
         let store = SqliteStore::open(":memory:").await.unwrap();
         let mut first = new_run("r1", 1);
         first.run.idempotency_key = Some("k".into());
-        assert_eq!(store.create_run(&first).await.unwrap(), Created::New);
+        assert_eq!(store.create_run(&first, None).await.unwrap(), Created::New);
         let mut second = new_run("r2", 2);
         second.run.idempotency_key = Some("k".into());
-        match store.create_run(&second).await.unwrap() {
+        match store.create_run(&second, None).await.unwrap() {
             Created::Existing(run) => assert_eq!(run.run_id, "r1"),
             Created::New => panic!("a second run with the same key"),
         }

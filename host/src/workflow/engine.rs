@@ -22,7 +22,7 @@ use super::definition::{Definition, Step};
 use super::events::Events;
 use crate::capability::{CallJournal, JournalEntry, Progress, truncate_utf8};
 use crate::runtime::{Node, RunError, RunOptions, Runtime};
-use crate::store::{CallRow, Failure, RunStatus, StepRow, StepStatus, Store, StoreError, now_text};
+use crate::store::{CallRow, Failure, Fence, RunStatus, StepRow, StepStatus, Store, StoreError, now_text};
 
 /// Records a step attempt's capability calls in the store.
 struct StepJournal {
@@ -34,6 +34,7 @@ struct StepJournal {
     prefix: String,
     progress: StepProgress,
     events: Events,
+    fence: Fence,
 }
 
 /// The latest progress a running step's calls reported, by step id.
@@ -88,7 +89,7 @@ impl CallJournal for StepJournal {
             duration_us: entry.duration.as_micros() as u64,
             at: now_text(),
         };
-        if let Err(e) = self.store.record_call(&row).await {
+        if let Err(e) = self.store.record_call(&row, &self.fence).await {
             tracing::warn!(run = %self.run_id, step = %self.step_id, "cannot journal a call: {e}");
         }
     }
@@ -163,6 +164,8 @@ pub(crate) struct RunCtx {
     /// What `workflow.get` shows of the running steps' progress.
     pub progress: StepProgress,
     pub events: Events,
+    /// This worker's hold on the run: every write of the run carries it.
+    pub fence: Fence,
 }
 
 /// How driving a run ended.
@@ -399,7 +402,14 @@ async fn transition(
     error: Option<Failure>,
 ) -> Result<(), StoreError> {
     ctx.store
-        .step_finished(&ctx.run_id, id, status, output.as_ref(), error.as_ref())
+        .step_finished(
+            &ctx.run_id,
+            id,
+            status,
+            output.as_ref(),
+            error.as_ref(),
+            &ctx.fence,
+        )
         .await?;
     let data = json!({"step": id, "status": status, "error": error});
     ctx.events.emit(&ctx.run_id, "step.finished", data).await;
@@ -502,7 +512,13 @@ async fn finish(
         },
     };
     ctx.store
-        .run_finished(&ctx.run_id, status, output.as_ref(), error.as_ref())
+        .run_finished(
+            &ctx.run_id,
+            status,
+            output.as_ref(),
+            error.as_ref(),
+            &ctx.fence,
+        )
         .await?;
     let data = json!({"status": status, "error": error});
     ctx.events.emit(&ctx.run_id, "run.finished", data).await;
@@ -558,7 +574,7 @@ async fn run_step(
         };
         if let Err(e) = ctx
             .store
-            .step_started(&ctx.run_id, id, first_attempt, Some(&input))
+            .step_started(&ctx.run_id, id, first_attempt, Some(&input), &ctx.fence)
             .await
         {
             return Outcome::Failed(store_failure(e));
@@ -588,7 +604,7 @@ async fn run_step(
     let all = Value::Array(items);
     if let Err(e) = ctx
         .store
-        .step_started(&ctx.run_id, id, first_attempt, Some(&all))
+        .step_started(&ctx.run_id, id, first_attempt, Some(&all), &ctx.fence)
         .await
     {
         return Outcome::Failed(store_failure(e));
@@ -719,6 +735,7 @@ async fn run_item(
                 prefix: format!("{}/{}/{item}", ctx.run_id, step.spec.id),
                 progress: ctx.progress.clone(),
                 events: ctx.events.clone(),
+                fence: ctx.fence.clone(),
             };
             let opts = RunOptions {
                 run_id,
@@ -762,7 +779,7 @@ async fn run_item(
         }
         attempt = attempts.fetch_add(1, Ordering::Relaxed) + 1;
         ctx.store
-            .step_attempt(&ctx.run_id, &step.spec.id, attempt)
+            .step_attempt(&ctx.run_id, &step.spec.id, attempt, &ctx.fence)
             .await
             .map_err(|e| Outcome::Failed(store_failure(e)))?;
         let data = json!({"step": step.spec.id, "attempt": attempt});

@@ -568,7 +568,7 @@ impl Workflows {
             steps: def.spec.steps.iter().map(|s| s.id.clone()).collect(),
             run: run.clone(),
         };
-        if let Created::Existing(existing) = self.store.create_run(&new).await? {
+        if let Created::Existing(existing) = self.store.create_run(&new, None).await? {
             return Ok((*existing).into());
         }
         let data = json!({"workflow": workflow, "input": run.input});
@@ -690,6 +690,10 @@ impl Workflows {
             elapsed,
             progress,
             events: self.events.clone(),
+            fence: crate::store::Fence {
+                worker: "local".into(),
+                epoch: 0,
+            },
         });
         let this = self.clone();
         self.tasks.spawn(async move {

@@ -1,0 +1,1 @@
+//! The PostgreSQL store: shared by every worker pointed at one database.
