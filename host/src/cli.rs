@@ -157,8 +157,9 @@ struct RunArgs {
     /// Run the whole workflow NAME of the config instead of one component.
     #[arg(long, value_name = "NAME", requires = "config")]
     workflow: Option<String>,
-    /// With --workflow: keep the run in this SQLite file [default: in memory].
-    #[arg(long, value_name = "PATH", requires = "workflow")]
+    /// With --workflow: keep the run in this SQLite file or `postgres://` database
+    /// [default: in memory].
+    #[arg(long, value_name = "PATH|URL", requires = "workflow")]
     state: Option<String>,
     #[command(flatten)]
     common: CommonArgs,
@@ -214,9 +215,10 @@ struct ServeArgs {
     /// [default: `[runtime] keep_runs`, else 10000].
     #[arg(long, value_name = "N")]
     max_runs: Option<u64>,
-    /// Where runs are kept: a SQLite file, or `:memory:` to keep nothing
+    /// Where runs are kept: a SQLite file, `:memory:` to keep nothing, or a
+    /// `postgres://` URL shared by several workers
     /// [default: `[runtime] state`, else `.wf-host/state.db` beside the config].
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH|URL", env = "WF_HOST_STATE", hide_env_values = true)]
     state: Option<String>,
     /// Also accept requests from this browser origin, e.g. `http://localhost:3000`.
     /// Repeatable. Requests from other origins than the server's own are refused.
@@ -239,9 +241,9 @@ struct TestArgs {
 struct McpArgs {
     #[command(flatten)]
     common: CommonArgs,
-    /// Where runs are kept: a SQLite file, or `:memory:`
+    /// Where runs are kept: a SQLite file, `:memory:`, or a `postgres://` URL
     /// [default: `[runtime] state`, else `.wf-host/state.db` beside the config].
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH|URL", env = "WF_HOST_STATE", hide_env_values = true)]
     state: Option<String>,
 }
 
@@ -655,7 +657,7 @@ fn workflow_options(config: &Config) -> workflow::Options {
                     .to_string()
             },
             |s| {
-                if s == ":memory:" {
+                if s == ":memory:" || workflow::is_postgres_url(s) {
                     s.to_owned()
                 } else {
                     config.resolve(Path::new(s)).display().to_string()
@@ -668,6 +670,7 @@ fn workflow_options(config: &Config) -> workflow::Options {
             .unwrap_or(defaults.max_concurrent_steps),
         keep_runs: config.runtime.keep_runs.unwrap_or(defaults.keep_runs),
         keep_for: config.runtime.keep_for.unwrap_or(defaults.keep_for),
+        lease: config.runtime.lease.unwrap_or(defaults.lease),
     }
 }
 

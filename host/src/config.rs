@@ -88,9 +88,14 @@ pub struct RuntimeSection {
     pub cache_dir: Option<PathBuf>,
     /// `false` disables the precompile cache.
     pub cache: Option<bool>,
-    /// Where runs are kept: a SQLite file (relative to this file), or
-    /// `:memory:` to keep nothing. Default `.wf-host/state.db` beside the file.
+    /// Where runs are kept: a SQLite file (relative to this file),
+    /// `:memory:` to keep nothing, or a `postgres://` URL that several
+    /// workers share. Default `.wf-host/state.db` beside the file.
     pub state: Option<String>,
+    /// On a shared (PostgreSQL) state: how long a worker holds a run without
+    /// renewing before another worker may take it over (default 30s).
+    #[serde(default, with = "humantime_serde")]
+    pub lease: Option<Duration>,
     /// How many workflow steps may run at once across all runs (default 64).
     pub max_concurrent_steps: Option<usize>,
     /// How many finished runs to keep (default 10,000).
@@ -409,6 +414,17 @@ impl Config {
             return Err(ConfigError::Invalid {
                 path: path.to_owned(),
                 message: "`runtime.keep_for` must be greater than zero".into(),
+            });
+        }
+        if config
+            .runtime
+            .lease
+            .is_some_and(|d| d < Duration::from_millis(300))
+        {
+            return Err(ConfigError::Invalid {
+                path: path.to_owned(),
+                message: "`runtime.lease` must be at least 300ms: it is renewed every third of it"
+                    .into(),
             });
         }
         if config.runtime.max_concurrent_steps == Some(0) {

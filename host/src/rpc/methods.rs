@@ -150,7 +150,14 @@ pub async fn call(state: &RpcState, method: &str, params: Value) -> Result<Value
                 .state_status()
                 .await
                 .map_err(workflow_error)?;
+            let (worker, workers) = state
+                .workflows
+                .worker_status()
+                .await
+                .map_err(workflow_error)?;
             Ok(json!({
+                "worker": worker,
+                "workers": workers,
                 "connections": state.pool.stats(),
                 "workflows": state.workflows.names(),
                 "exposed": state.workflows.exposed().iter().map(|w| w.name.clone()).collect::<Vec<_>>(),

@@ -140,8 +140,15 @@ pub fn document() -> Value {
                 param("name", true, string.clone(), "`<connection>.<prompt>`"),
                 param("arguments", false, object.clone(), ""),
             ], object.clone()),
-            method("host.status", "Per connection: transport, state, sessions opened, calls, failures, last error, catalog sizes; the workflows; the state store.", vec![], json!({
+            method("host.status", "Per connection: transport, state, sessions opened, calls, failures, last error, catalog sizes; the workflows; the state store; this worker and, on a shared (PostgreSQL) store, every live worker.", vec![], json!({
                 "type": "object", "properties": {
+                    "worker": { "type": "object", "properties": {
+                        "id": { "type": "string" }, "started_at": { "type": "string" }
+                    } },
+                    "workers": { "type": "array", "items": { "type": "object", "properties": {
+                        "id": { "type": "string" }, "started_at": { "type": "string" },
+                        "last_heartbeat": { "type": "string" }, "running_steps": { "type": "integer" }
+                    } } },
                     "connections": { "type": "array" },
                     "workflows": { "type": "array" },
                     "state": { "type": "object", "properties": {

@@ -264,7 +264,7 @@ pub struct Counts {
 /// Why the store failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("state file `{path}` cannot be used: {message}")]
+    #[error("state `{path}` cannot be used: {message}")]
     Open { path: String, message: String },
     #[error("state store: {0}")]
     Db(#[from] sqlx::Error),
@@ -470,6 +470,8 @@ pub trait Store: Send + Sync {
     async fn heartbeat(&self, _worker: &WorkerRow) -> Result<(), StoreError> {
         Ok(())
     }
+    /// The id of the newest event, `0` when there is none.
+    async fn last_event_id(&self) -> Result<i64, StoreError>;
     /// Workers seen within `within`, by id.
     async fn workers(&self, _within: Duration) -> Result<Vec<WorkerRow>, StoreError> {
         Ok(Vec::new())

@@ -703,6 +703,14 @@ impl Store for SqliteStore {
             .collect()
     }
 
+    async fn last_event_id(&self) -> Result<i64, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT coalesce(max(id), 0) FROM events")
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
     async fn prune(&self, keep_runs: u64, finished_before_ms: i64) -> Result<u64, StoreError> {
         let deleted = sqlx::query(
             "DELETE FROM runs WHERE status != 'running' AND (

@@ -190,6 +190,9 @@ enum Outcome {
     Failed(Failure),
     /// Its node was stopped by a cancel, the run deadline or shutdown.
     Interrupted,
+    /// The store could not record the step (it is away, or this worker lost
+    /// the run's lease): the step is not settled here.
+    Lost(StoreError),
 }
 
 struct StepState {
@@ -429,6 +432,7 @@ async fn record(
     stop: Option<Stop>,
 ) -> Result<(), StoreError> {
     let (status, output, error) = match outcome {
+        Outcome::Lost(e) => return Err(e),
         Outcome::Succeeded(output) => (StepStatus::Succeeded, Some(output), None),
         Outcome::Skipped => (StepStatus::Skipped, None, None),
         Outcome::Failed(f) => (StepStatus::Failed, None, Some(f)),
@@ -577,7 +581,7 @@ async fn run_step(
             .step_started(&ctx.run_id, id, first_attempt, Some(&input), &ctx.fence)
             .await
         {
-            return Outcome::Failed(store_failure(e));
+            return store_failure(e);
         }
         step_started(ctx, id, first_attempt).await;
         return match run_item(ctx, step, None, &input, &attempts, stop).await {
@@ -607,7 +611,7 @@ async fn run_step(
         .step_started(&ctx.run_id, id, first_attempt, Some(&all), &ctx.fence)
         .await
     {
-        return Outcome::Failed(store_failure(e));
+        return store_failure(e);
     }
     step_started(ctx, id, first_attempt).await;
     let Value::Array(items) = all else {
@@ -677,8 +681,14 @@ async fn run_step(
     }
 }
 
-fn store_failure(e: StoreError) -> Failure {
-    Failure::new("state", e.to_string())
+/// A step whose state cannot be written: failed `state`, unless the store is
+/// away or the run is no longer this worker's, which settle nothing here.
+fn store_failure(e: StoreError) -> Outcome {
+    if e.is_unavailable() {
+        Outcome::Lost(e)
+    } else {
+        Outcome::Failed(Failure::new("state", e.to_string()))
+    }
 }
 
 /// The step's input: its mapping, or by default the item (under `for_each`),
@@ -781,7 +791,7 @@ async fn run_item(
         ctx.store
             .step_attempt(&ctx.run_id, &step.spec.id, attempt, &ctx.fence)
             .await
-            .map_err(|e| Outcome::Failed(store_failure(e)))?;
+            .map_err(store_failure)?;
         let data = json!({"step": step.spec.id, "attempt": attempt});
         ctx.events.emit(&ctx.run_id, "step.started", data).await;
     }

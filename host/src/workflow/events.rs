@@ -1,5 +1,9 @@
 //! Run events: every step and run transition, kept in the store's event log
 //! (so a stream can resume from any point) and broadcast to live streams.
+//!
+//! On a shared store the live streams of every worker show every worker's
+//! events: they are broadcast from the store's log ([`Events::tail`]), in id
+//! order, rather than as they are emitted here.
 
 use std::sync::Arc;
 
@@ -19,14 +23,20 @@ pub(crate) struct Events {
     live: broadcast::Sender<EventRow>,
     /// Held from append to broadcast.
     order: Arc<tokio::sync::Mutex<()>>,
+    /// Broadcast by [`Events::tail`] from the store, not by `emit`.
+    shared: bool,
+    /// Wakes the tail when this process appended an event.
+    appended: Arc<tokio::sync::Notify>,
 }
 
 impl Events {
     pub(crate) fn new(store: Arc<dyn Store>) -> Events {
         Events {
-            store,
             live: broadcast::channel(LIVE_BUFFER).0,
             order: Arc::default(),
+            shared: store.shared(),
+            appended: Arc::default(),
+            store,
         }
     }
 
@@ -36,6 +46,14 @@ impl Events {
         // One event at a time from append to broadcast, so live streams see
         // ids in increasing order (parallel steps emit concurrently) and a
         // stream that skips ids it has seen never skips one it has not.
+        if self.shared {
+            // The store orders appends across workers; the tail broadcasts.
+            match self.store.append_event(run_id, kind, &data).await {
+                Ok(_) => self.appended.notify_one(),
+                Err(e) => tracing::warn!(run = run_id, kind, "cannot record the event: {e}"),
+            }
+            return;
+        }
         let _in_order = self.order.lock().await;
         match self.store.append_event(run_id, kind, &data).await {
             Ok(row) => {
@@ -58,5 +76,54 @@ impl Events {
 
     pub(crate) fn subscribe(&self) -> broadcast::Receiver<EventRow> {
         self.live.subscribe()
+    }
+
+    /// Broadcasts the shared store's new events, every worker's, in id
+    /// order, until `closing`. Woken by the store's notes and by local
+    /// appends; polls every second for a note missed while reconnecting.
+    pub(crate) async fn tail(self, closing: tokio_util::sync::CancellationToken) {
+        const PAGE: u32 = 1000;
+        let mut notes = self.store.listen();
+        let mut last = loop {
+            match self.store.last_event_id().await {
+                Ok(id) => break id,
+                Err(e) => {
+                    tracing::warn!("cannot read the event log: {e}");
+                    tokio::select! {
+                        _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                        _ = closing.cancelled() => return,
+                    }
+                }
+            }
+        };
+        loop {
+            match self.store.events(None, last, PAGE).await {
+                Ok(rows) => {
+                    let full = rows.len() == PAGE as usize;
+                    for row in rows {
+                        last = row.id;
+                        let _ = self.live.send(row);
+                    }
+                    if full {
+                        continue;
+                    }
+                }
+                Err(e) => tracing::warn!("cannot read the event log: {e}"),
+            }
+            let note = async {
+                match notes.as_mut() {
+                    Some(notes) => {
+                        let _ = notes.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = note => {}
+                _ = self.appended.notified() => {}
+                _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                _ = closing.cancelled() => return,
+            }
+        }
     }
 }

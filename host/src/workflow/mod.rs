@@ -10,6 +10,7 @@ pub mod definition;
 mod engine;
 mod events;
 pub mod expr;
+mod worker;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -22,13 +23,15 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::runtime::{LoadError, Node, Runtime};
+use crate::store::postgres::PgStore;
 use crate::store::sqlite::SqliteStore;
 use crate::store::{
-    CallRow, Counts, Created, Failure, ListQuery, NewRun, RunRow, RunStatus, StepStatus, Store,
-    StoreError, now_ms, now_text,
+    AttemptWorker, CallRow, CancelRequest, Counts, Created, Failure, Fence, Lease, ListQuery,
+    NewRun, Note, RunRow, RunStatus, StepStatus, Store, StoreError, now_ms, now_text,
 };
 pub use definition::{Definition, DefinitionError, Spec};
 use engine::{Ending, RunCtx};
+pub use worker::DEFAULT_LEASE;
 
 /// The run state a client sees (`status` of `workflow.get`).
 pub type Status = RunStatus;
@@ -45,11 +48,13 @@ const PRUNE_EVERY: Duration = Duration::from_secs(60);
 /// How the workflow engine is set up.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// A SQLite file, or `:memory:`.
+    /// A SQLite file, `:memory:`, or a `postgres://` URL (shared by workers).
     pub state: String,
     pub max_concurrent_steps: usize,
     pub keep_runs: u64,
     pub keep_for: Duration,
+    /// How long a worker holds a run of a shared store without renewing.
+    pub lease: Duration,
 }
 
 impl Default for Options {
@@ -59,6 +64,7 @@ impl Default for Options {
             max_concurrent_steps: DEFAULT_MAX_CONCURRENT_STEPS,
             keep_runs: DEFAULT_KEEP_RUNS,
             keep_for: DEFAULT_KEEP_FOR,
+            lease: DEFAULT_LEASE,
         }
     }
 }
@@ -202,6 +208,9 @@ pub struct StepRecord {
     pub error: Option<Failure>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub calls: Option<Vec<CallRow>>,
+    /// Which worker ran each attempt.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub workers: Vec<AttemptWorker>,
     /// While the step runs: the latest progress its capability calls reported.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub progress: Option<crate::capability::Progress>,
@@ -277,6 +286,9 @@ struct Live {
     // Flips to true once the run's task has ended; waiters watch it.
     done: watch::Receiver<bool>,
     progress: engine::StepProgress,
+    /// Stops the run here and leaves its state for whoever drives it next:
+    /// shutdown past the grace period, or a lease this worker lost.
+    stop: CancellationToken,
 }
 
 /// The configured workflows and every run of them.
@@ -305,6 +317,8 @@ pub struct Workflows {
     /// Finished runs since the last prune.
     finished_since_prune: std::sync::atomic::AtomicU64,
     generations: std::sync::atomic::AtomicU64,
+    /// This process among the workers of the store.
+    worker: worker::Worker,
 }
 
 impl Workflows {
@@ -319,24 +333,35 @@ impl Workflows {
         options: Options,
     ) -> Result<Arc<Self>, WorkflowError> {
         let loaded = Loaded::from_config(config, &runtime)?;
-        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&options.state).await?);
+        let store: Arc<dyn Store> = if is_postgres_url(&options.state) {
+            Arc::new(PgStore::open(&options.state).await?)
+        } else {
+            Arc::new(SqliteStore::open(&options.state).await?)
+        };
+        let closing = CancellationToken::new();
+        let events = events::Events::new(store.clone());
         let this = Arc::new(Workflows {
             runtime,
             loaded: std::sync::RwLock::new(Arc::new(loaded)),
             exposed_changes: watch::channel(0).0,
-            events: events::Events::new(store.clone()),
+            events: events.clone(),
             store,
             nodes: Mutex::default(),
             slots: Arc::new(Semaphore::new(options.max_concurrent_steps.max(1))),
             live: Mutex::default(),
-            options,
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),
-            closing: CancellationToken::new(),
+            worker: worker::Worker::new(options.lease),
+            options,
+            closing: closing.clone(),
             finished_since_prune: Default::default(),
             generations: Default::default(),
         });
         this.load_nodes(&this.loaded())?;
+        if this.store.shared() {
+            worker::start_upkeep(&this);
+            this.tasks.spawn(events.tail(closing));
+        }
         Ok(this)
     }
 
@@ -419,12 +444,20 @@ impl Workflows {
     ///
     /// # Errors
     /// [`WorkflowError::Store`].
+    /// On a shared store, starts claiming runs instead: an unfinished run is
+    /// resumed by whichever worker claims it once its lease has expired.
     pub async fn resume(self: &Arc<Self>) -> Result<usize, WorkflowError> {
-        let runs = self.store.unfinished_runs().await?;
-        let count = runs.len();
-        for run in runs {
-            tracing::info!(run = %run.run_id, workflow = %run.workflow, "resuming run");
-            self.launch_stored(run, true).await?;
+        let mut count = 0;
+        if self.store.shared() {
+            worker::start_claimer(self);
+        } else {
+            let runs = self.store.unfinished_runs().await?;
+            count = runs.len();
+            for run in runs {
+                tracing::info!(run = %run.run_id, workflow = %run.workflow, "resuming run");
+                let fence = self.local_fence();
+                self.launch_stored(run, true, fence).await?;
+            }
         }
         let this = Arc::downgrade(self);
         let stop = self.closing.clone();
@@ -492,6 +525,67 @@ impl Workflows {
             "runs_running": runs_running,
             "runs_total": runs_total,
         }))
+    }
+
+    /// This worker (`{id, started_at}`) and, on a shared store, every worker
+    /// seen within three leases, for `host.status`.
+    ///
+    /// # Errors
+    /// [`WorkflowError::Store`].
+    pub async fn worker_status(&self) -> Result<(Value, Value), WorkflowError> {
+        let me = json!({"id": &*self.worker.id, "started_at": self.worker.started_at});
+        let workers = if self.store.shared() {
+            self.store.workers(self.worker.lease * 3).await?
+        } else {
+            vec![self.worker_row()]
+        };
+        Ok((me, json!(workers)))
+    }
+
+    /// The fence of a run on a store with one worker.
+    fn local_fence(&self) -> Fence {
+        Fence {
+            worker: self.worker.id.clone(),
+            epoch: 0,
+        }
+    }
+
+    /// The runs this process drives now.
+    pub(crate) fn held_runs(&self) -> Vec<String> {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    /// Stops a run here without recording anything (its lease is lost).
+    pub(crate) fn stop_local(&self, run_id: &str) {
+        if let Some(live) = self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(run_id)
+        {
+            live.stop.cancel();
+        }
+    }
+
+    /// Cancels a run if this process drives it.
+    pub(crate) fn cancel_local(&self, run_id: &str) -> bool {
+        match self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(run_id)
+        {
+            Some(live) => {
+                live.cancel.cancel();
+                true
+            }
+            None => false,
+        }
     }
 
     fn node_for(&self, spec: &definition::StepSpec) -> Result<Node, NodeError> {
@@ -568,13 +662,30 @@ impl Workflows {
             steps: def.spec.steps.iter().map(|s| s.id.clone()).collect(),
             run: run.clone(),
         };
-        if let Created::Existing(existing) = self.store.create_run(&new, None).await? {
+        // On a shared store this worker takes the run itself while it has a
+        // free slot; otherwise any worker claims it.
+        let lease = (!self.store.shared() || self.running() < self.options.max_concurrent_steps)
+            .then(|| Lease {
+                worker: self.worker.id.clone(),
+                duration: self.worker.lease,
+            });
+        if let Created::Existing(existing) = self.store.create_run(&new, lease.as_ref()).await? {
             return Ok((*existing).into());
         }
         let data = json!({"workflow": workflow, "input": run.input});
         self.events.emit(&run.run_id, "run.started", data).await;
-        let rows = self.store.steps(&run.run_id).await?;
-        self.launch(def, nodes, run.clone(), rows, Duration::ZERO);
+        if lease.is_some() {
+            let fence = if self.store.shared() {
+                Fence {
+                    worker: self.worker.id.clone(),
+                    epoch: 1,
+                }
+            } else {
+                self.local_fence()
+            };
+            let rows = self.store.steps(&run.run_id).await?;
+            self.launch(def, nodes, run.clone(), rows, Duration::ZERO, fence);
+        }
         Ok(run.into())
     }
 
@@ -609,6 +720,7 @@ impl Workflows {
         self: &Arc<Self>,
         run: RunRow,
         resumed: bool,
+        fence: Fence,
     ) -> Result<(), WorkflowError> {
         let rows = self.store.steps(&run.run_id).await?;
         let prepared = serde_json::from_value::<Spec>(run.definition.clone())
@@ -643,7 +755,7 @@ impl Workflows {
                 } else {
                     Duration::ZERO
                 };
-                self.launch(def, nodes, run, rows, elapsed);
+                self.launch(def, nodes, run, rows, elapsed, fence);
                 Ok(())
             }
             Err(failure) => {
@@ -662,9 +774,11 @@ impl Workflows {
         run: RunRow,
         rows: Vec<crate::store::StepRow>,
         elapsed: Duration,
+        fence: Fence,
     ) {
         use std::sync::atomic::Ordering;
         let cancel = CancellationToken::new();
+        let stop = self.shutdown.child_token();
         let (done_tx, done_rx) = watch::channel(false);
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
         let progress = engine::StepProgress::default();
@@ -675,6 +789,7 @@ impl Workflows {
                 cancel: cancel.clone(),
                 done: done_rx,
                 progress: progress.clone(),
+                stop: stop.clone(),
             },
         );
         let ctx = Arc::new(RunCtx {
@@ -686,21 +801,27 @@ impl Workflows {
             runtime: self.runtime.clone(),
             slots: self.slots.clone(),
             cancel,
-            shutdown: self.shutdown.clone(),
+            shutdown: stop,
             elapsed,
             progress,
             events: self.events.clone(),
-            fence: crate::store::Fence {
-                worker: "local".into(),
-                epoch: 0,
-            },
+            fence,
         });
         let this = self.clone();
         self.tasks.spawn(async move {
             let run_id = ctx.run_id.clone();
             let workflow = ctx.def.name.clone();
             let ending = engine::drive(ctx, rows).await;
-            if let Err(e) = &ending {
+            let paused = match &ending {
+                // Another worker holds the run now, or the store is away:
+                // whoever drives it next picks it up where it stands.
+                Err(e) if this.store.shared() && e.is_unavailable() => {
+                    tracing::warn!(run = %run_id, "run paused here: {e}");
+                    true
+                }
+                _ => false,
+            };
+            if let (Err(e), false) = (&ending, paused) {
                 // Nothing drives the run any more: say so in the state rather
                 // than leave it `running`.
                 tracing::error!(run = %run_id, "run stopped: {e}");
@@ -729,12 +850,25 @@ impl Workflows {
                     // after its wait sees at most `keep_runs` finished ones.
                     this.after_finish().await;
                 }
+                Ok(Ending::Interrupted) if this.store.shared() => {
+                    if this.shutdown.is_cancelled() {
+                        // Let another worker take it at once.
+                        match this.store.release_runs(&this.worker.id, std::slice::from_ref(&run_id)).await {
+                            Ok(()) => tracing::info!(run = %run_id, "run interrupted by shutdown; released for another worker"),
+                            Err(e) => tracing::warn!(run = %run_id, "run interrupted by shutdown; cannot release it ({e}), another worker takes it when its lease expires"),
+                        }
+                    } else {
+                        tracing::warn!(run = %run_id, "run stopped here: this worker lost its lease");
+                    }
+                }
                 Ok(Ending::Interrupted) => {
                     tracing::info!(run = %run_id, "run interrupted by shutdown; it resumes at the next start");
                 }
                 Err(_) => {}
             }
             let _ = done_tx.send(true);
+            // A slot is free.
+            this.worker.wake.notify_one();
         });
     }
 
@@ -791,6 +925,7 @@ impl Workflows {
                 output: row.output,
                 error: row.error,
                 calls,
+                workers: row.workers,
                 progress: (row.status == StepStatus::Running)
                     .then(|| progress.get(&row.step_id).cloned())
                     .flatten(),
@@ -860,8 +995,36 @@ impl Workflows {
                 _ = tokio::time::timeout(timeout, done.wait_for(|d| *d)) => {}
                 _ = self.closing.cancelled() => {}
             }
+            return self.get(run_id, false).await;
         }
-        self.get(run_id, false).await
+        let Some(mut notes) = self.store.listen() else {
+            return self.get(run_id, false).await;
+        };
+        // Driven by another worker (or by nobody yet): its end comes as a
+        // note; the poll covers a note missed while the listener reconnected.
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let record = self.get(run_id, false).await?;
+            let now = tokio::time::Instant::now();
+            if record.status.is_finished() || now >= deadline || self.closing.is_cancelled() {
+                return Ok(record);
+            }
+            let poll = (deadline - now).min(Duration::from_secs(1));
+            let finished = async {
+                loop {
+                    match notes.recv().await {
+                        Ok(Note::Finished(id)) if id == run_id => return,
+                        Ok(Note::Reconnected) | Err(_) => return,
+                        Ok(_) => {}
+                    }
+                }
+            };
+            tokio::select! {
+                () = finished => {}
+                _ = tokio::time::sleep(poll) => {}
+                _ = self.closing.cancelled() => {}
+            }
+        }
     }
 
     /// Cancels `run_id` (its running nodes are interrupted and in-flight
@@ -880,6 +1043,20 @@ impl Workflows {
             Some(token) => {
                 token.cancel();
                 self.wait(run_id, Duration::from_secs(5)).await
+            }
+            None if self.store.shared() => {
+                let failure = Failure::new("cancelled", "the run was cancelled");
+                match self.store.request_cancel(run_id, &failure).await? {
+                    CancelRequest::NotRunning => {}
+                    CancelRequest::Ended => {
+                        let data = json!({"status": RunStatus::Cancelled, "error": failure});
+                        self.events.emit(run_id, "run.finished", data).await;
+                    }
+                    CancelRequest::Signalled => {
+                        return self.wait(run_id, Duration::from_secs(5)).await;
+                    }
+                }
+                self.get(run_id, false).await
             }
             None => {
                 // Running in the state but driven by nobody (its task failed):
@@ -919,7 +1096,13 @@ impl Workflows {
             .ok_or_else(|| WorkflowError::UnknownRun(run_id.to_owned()))?;
         let data = json!({"workflow": run.workflow, "retry": true});
         self.events.emit(run_id, "run.started", data).await;
-        self.launch_stored(run, false).await?;
+        if self.store.shared() {
+            // Reopened unclaimed: whichever worker has a free slot takes it.
+            self.worker.wake.notify_one();
+        } else {
+            let fence = self.local_fence();
+            self.launch_stored(run, false, fence).await?;
+        }
         self.get(run_id, false).await
     }
 
@@ -958,6 +1141,11 @@ enum NodeError {
     Load(LoadError),
     /// The file's content no longer has the hash the definition names.
     Changed(String),
+}
+
+/// Whether `state` names a PostgreSQL database rather than a SQLite file.
+pub fn is_postgres_url(state: &str) -> bool {
+    state.starts_with("postgres://") || state.starts_with("postgresql://")
 }
 
 /// A run id that is unique across restarts and sorts by creation time (and,
