@@ -25,6 +25,10 @@ const NOT_RUN: &[(&str, &str)] = &[
         "the test command itself: this check runs inside it",
     ),
     (
+        "wf-host serve --config wf.toml --state postgres://wf:PASSWORD@db.internal:5432/wf",
+        "needs a PostgreSQL server of the reader's; tests/workers.rs runs workers the same way on a throwaway one",
+    ),
+    (
         "cargo install --locked --path host",
         "the install: these checks run the `wf-host` built for the tests",
     ),

@@ -1078,7 +1078,11 @@ impl ServerHandler for FixtureServer {
             let arguments = Value::Object(request.arguments.clone().unwrap_or_default());
             if let Some(witness) = &self.shared.witness {
                 use std::io::Write as _;
-                let line = json!({"tool": name, "arguments": arguments, "meta": context.meta});
+                // `ppid`: which host process made the call (several hosts
+                // may share one witness file).
+                // SAFETY: getppid has no preconditions.
+                let ppid = unsafe { libc::getppid() };
+                let line = json!({"tool": name, "arguments": arguments, "meta": context.meta, "ppid": ppid});
                 let mut file = witness.lock().unwrap_or_else(PoisonError::into_inner);
                 // One write per line, so lines from concurrent calls never interleave.
                 let _ = file.write_all(format!("{line}\n").as_bytes());

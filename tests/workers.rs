@@ -1,0 +1,484 @@
+//! Several `wf-host serve` workers sharing one PostgreSQL: claims, leases,
+//! fencing, wake-ups and cancels across workers. Every test starts its own
+//! throwaway PostgreSQL server (Debian's `postgresql` package).
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::{Value, json};
+
+use common::postgres::TestPostgres;
+use common::serve::Serve;
+use common::*;
+
+/// The config every worker of a test shares: the fixture connection (whose
+/// calls all land in one witness file, each with the calling worker's pid),
+/// the workflows, and a short lease so a dead worker's runs move on quickly.
+fn config(dir: &Path, lease: &str) -> PathBuf {
+    let text = format!(
+        r#"[runtime]
+lease = "{lease}"
+
+[rpc]
+allow = ["fixture.call_log"]
+
+[connections.fixture]
+command = "wf-host"
+args = ["fixture-server"]
+env = {{ WF_FIXTURE_WITNESS = "{witness}" }}
+
+[[workflows.three.steps]]
+id = "a"
+component = "{call}"
+allow = ["fixture.echo"]
+input = '{{capability: "fixture.echo", arguments: {{text: "a-\(.input.n)"}}}}'
+[[workflows.three.steps]]
+id = "b"
+component = "{call}"
+allow = ["fixture.echo"]
+needs = ["a"]
+input = '{{capability: "fixture.echo", arguments: {{text: "b-\(.input.n)"}}}}'
+[[workflows.three.steps]]
+id = "c"
+component = "{call}"
+allow = ["fixture.echo"]
+needs = ["b"]
+input = '{{capability: "fixture.echo", arguments: {{text: "c-\(.input.n)"}}}}'
+
+[[workflows.nap.steps]]
+id = "sleep"
+component = "{call}"
+allow = ["fixture.sleep"]
+input = '{{capability: "fixture.sleep", arguments: {{ms: .input.ms}}}}'
+"#,
+        witness = dir.join("witness.jsonl").display(),
+        call = plugin("call").display(),
+    );
+    let path = dir.join("wf.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// A worker on `url`, serving `config` from the shared temp dir.
+fn worker(config: &Path, url: &str) -> Serve {
+    let config = config.to_owned();
+    Serve::start(move |_| config, &["--state", url])
+}
+
+fn read_witness(dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(dir.join("witness.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn result(reply: Value) -> Value {
+    match reply.get("result") {
+        Some(result) => result.clone(),
+        None => panic!("call failed: {reply}"),
+    }
+}
+
+async fn call(serve: &Serve, method: &str, params: Value) -> Value {
+    result(serve.rpc(method, params, None).await)
+}
+
+fn signal(serve: &Serve, sig: i32) {
+    // SAFETY: signalling our own child.
+    assert_eq!(unsafe { libc::kill(serve.child.id() as i32, sig) }, 0);
+}
+
+async fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Milliseconds since the epoch of an RFC 3339 time.
+fn epoch_ms(text: &str) -> u128 {
+    humantime::parse_rfc3339(text)
+        .unwrap()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_workers_share_600_runs_and_a_killed_workers_steps_run_elsewhere() {
+    let pg = TestPostgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), "2s");
+    let url = pg.url();
+    let mut workers: Vec<Option<Serve>> = (0..3).map(|_| Some(worker(&config, &url))).collect();
+    let pids: Vec<u32> = workers
+        .iter()
+        .map(|w| w.as_ref().unwrap().child.id())
+        .collect();
+
+    // 600 runs, started through all three in turn; worker 1 is killed a third
+    // of the way in.
+    const RUNS: usize = 600;
+    let mut run_ids = Vec::new();
+    for n in 0..RUNS {
+        if n == RUNS / 3 {
+            let killed = workers[1].take().unwrap();
+            let mut killed = killed;
+            signal(&killed, libc::SIGKILL);
+            let _ = killed.child.wait();
+        }
+        let through = workers[n % 3]
+            .as_ref()
+            .or(workers[(n + 1) % 3].as_ref())
+            .unwrap();
+        let started = call(
+            through,
+            "workflow.start",
+            json!({"workflow": "three", "input": {"n": n}}),
+        )
+        .await;
+        run_ids.push(started["run_id"].as_str().unwrap().to_owned());
+    }
+    let live: Vec<&Serve> = workers.iter().flatten().collect();
+    let mut outcome = BTreeMap::new();
+    for (i, run_id) in run_ids.iter().enumerate() {
+        let done = call(
+            live[i % 2],
+            "workflow.wait",
+            json!({"run_id": run_id, "timeout_ms": 60000}),
+        )
+        .await;
+        *outcome
+            .entry(done["status"].as_str().unwrap().to_owned())
+            .or_insert(0) += 1;
+    }
+    assert_eq!(outcome, BTreeMap::from([("succeeded".to_owned(), RUNS)]));
+
+    // Who ran what: every step names the worker of each attempt.
+    let mut ids = BTreeMap::new();
+    for w in &live {
+        let status = call(w, "host.status", json!({})).await;
+        ids.insert(w.child.id(), status["worker"]["id"].as_str().unwrap().to_owned());
+    }
+    let mut finished_by: BTreeMap<String, usize> = BTreeMap::new();
+    let mut reran = 0;
+    for run_id in &run_ids {
+        let run = call(live[0], "workflow.get", json!({"run_id": run_id})).await;
+        for step in run["steps"].as_array().unwrap() {
+            let attempts = step["workers"].as_array().unwrap();
+            let last = attempts.last().unwrap()["worker"].as_str().unwrap();
+            *finished_by.entry(last.to_owned()).or_insert(0) += 1;
+            if attempts.len() > 1 {
+                reran += 1;
+                let first = attempts[0]["worker"].as_str().unwrap();
+                assert!(
+                    first.contains(&format!("-{}-", pids[1])),
+                    "only the killed worker's steps run twice: {step}"
+                );
+                assert_ne!(first, last);
+            }
+        }
+    }
+    for (pid, id) in &ids {
+        assert!(
+            finished_by.get(id).copied().unwrap_or(0) >= 50,
+            "worker {pid} finished few steps: {finished_by:?}"
+        );
+    }
+    let killed_finished = finished_by
+        .iter()
+        .filter(|(id, _)| id.contains(&format!("-{}-", pids[1])))
+        .map(|(_, n)| n)
+        .sum::<usize>();
+    assert!(killed_finished > 0, "the killed worker had done some work");
+    eprintln!("steps finished by worker: {finished_by:?}; steps re-run after the kill: {reran}");
+
+    // The witness: no step's call was made twice by live workers.
+    let mut by_step: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for c in read_witness(dir.path()) {
+        let text = c["arguments"]["text"].as_str().unwrap_or_default().to_owned();
+        by_step
+            .entry(text)
+            .or_default()
+            .push(c["ppid"].as_i64().unwrap());
+    }
+    assert_eq!(by_step.len(), RUNS * 3, "every step called upstream");
+    for (step, callers) in &by_step {
+        let live_calls = callers
+            .iter()
+            .filter(|p| **p != i64::from(pids[1]))
+            .count();
+        assert!(
+            live_calls <= 1,
+            "step {step} was run by live workers {live_calls} times: {callers:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_paused_past_its_lease_does_not_commit_its_stale_result() {
+    let pg = TestPostgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), "1s");
+    let url = pg.url();
+    let a = worker(&config, &url);
+    let b = worker(&config, &url);
+    let started = call(
+        &a,
+        "workflow.start",
+        json!({"workflow": "nap", "input": {"ms": 3000}}),
+    )
+    .await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    let a_pid = i64::from(a.child.id());
+    wait_until("A's call upstream", Duration::from_secs(20), || {
+        read_witness(dir.path()).iter().any(|c| c["ppid"] == a_pid)
+    })
+    .await;
+    // A stops (its upstream call goes on in its fixture child); B takes the
+    // run over once A's lease expires.
+    signal(&a, libc::SIGSTOP);
+    let b_pid = i64::from(b.child.id());
+    wait_until("B's attempt upstream", Duration::from_secs(20), || {
+        read_witness(dir.path()).iter().any(|c| c["ppid"] == b_pid)
+    })
+    .await;
+    // A wakes with its result while B's attempt still runs.
+    signal(&a, libc::SIGCONT);
+    let done = call(
+        &b,
+        "workflow.wait",
+        json!({"run_id": run_id, "timeout_ms": 30000}),
+    )
+    .await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    // Let A try to write what it had.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let run = call(
+        &b,
+        "workflow.get",
+        json!({"run_id": run_id, "calls": true}),
+    )
+    .await;
+    let step = &run["steps"][0];
+    let workers = step["workers"].as_array().unwrap();
+    assert_eq!(workers.len(), 2, "{step}");
+    assert!(workers[0]["worker"].as_str().unwrap().contains(&format!("-{a_pid}-")));
+    assert!(workers[1]["worker"].as_str().unwrap().contains(&format!("-{b_pid}-")));
+    assert_eq!(step["attempts"], 2, "{step}");
+    // A's call of attempt 1 finished after A lost the lease: not journaled.
+    let calls = step["calls"].as_array().unwrap();
+    assert!(
+        calls.iter().all(|c| c["attempt"] == 2),
+        "a stale attempt was recorded: {calls:?}"
+    );
+    // One step.finished and one run.finished, both B's.
+    let (code, body) = b.get(&format!("/runs/{run_id}/events"), None).await;
+    assert_eq!(code, 200);
+    let kinds: Vec<&str> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .collect();
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "step.finished").count(),
+        1,
+        "{body}"
+    );
+    assert_eq!(kinds.iter().filter(|k| **k == "run.finished").count(), 1);
+    // A is alive and serving.
+    let status = call(&a, "host.status", json!({})).await;
+    assert!(status["worker"]["id"].as_str().unwrap().contains(&format!("-{a_pid}-")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_on_one_worker_returns_promptly_when_another_finishes_the_run() {
+    let pg = TestPostgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), "30s");
+    let url = pg.url();
+    let a = worker(&config, &url);
+    let b = worker(&config, &url);
+    for _ in 0..3 {
+        let started = call(
+            &a,
+            "workflow.start",
+            json!({"workflow": "nap", "input": {"ms": 700}}),
+        )
+        .await;
+        let run_id = started["run_id"].as_str().unwrap().to_owned();
+        let done = call(
+            &b,
+            "workflow.wait",
+            json!({"run_id": run_id, "timeout_ms": 20000}),
+        )
+        .await;
+        let returned = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_millis();
+        assert_eq!(done["status"], "succeeded", "{done}");
+        let run = call(&b, "workflow.get", json!({"run_id": run_id})).await;
+        let by = run["steps"][0]["workers"][0]["worker"].as_str().unwrap();
+        assert!(
+            by.contains(&format!("-{}-", a.child.id())),
+            "A ran it: {run}"
+        );
+        let late = returned - epoch_ms(done["finished_at"].as_str().unwrap());
+        assert!(late <= 100, "B's wait returned {late} ms after the run finished");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_through_one_worker_stops_a_step_running_on_another() {
+    let pg = TestPostgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), "30s");
+    let url = pg.url();
+    let a = worker(&config, &url);
+    let b = worker(&config, &url);
+    let started = call(
+        &a,
+        "workflow.start",
+        json!({"workflow": "nap", "input": {"ms": 60000}}),
+    )
+    .await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    wait_until("the sleep upstream", Duration::from_secs(20), || {
+        read_witness(dir.path()).iter().any(|c| c["tool"] == "sleep")
+    })
+    .await;
+    let asked = Instant::now();
+    let cancelled = call(&b, "workflow.cancel", json!({"run_id": run_id})).await;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    assert!(asked.elapsed() < Duration::from_secs(5));
+    let run = call(&a, "workflow.get", json!({"run_id": run_id})).await;
+    assert_eq!(run["steps"][0]["status"], "cancelled", "{run}");
+    // The upstream call on A's connection was cancelled too.
+    let mut seen = false;
+    for _ in 0..100 {
+        let log = call(
+            &a,
+            "capability.call",
+            json!({"name": "fixture.call_log", "arguments": {}}),
+        )
+        .await;
+        let text = log.to_string();
+        if text.contains("cancelled") && text.contains("sleep") {
+            let log: Value = serde_json::from_str(
+                log["content"][0]["text"].as_str().unwrap_or("{}"),
+            )
+            .unwrap_or(log.clone());
+            let cancelled = log["cancelled"].as_array().cloned().unwrap_or_default();
+            if cancelled.iter().any(|c| c["tool"] == "sleep") {
+                seen = true;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(seen, "A's upstream sleep was not cancelled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_status_lists_every_live_worker() {
+    let pg = TestPostgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), "30s");
+    let url = pg.url();
+    let a = worker(&config, &url);
+    let b = worker(&config, &url);
+    let status = call(&a, "host.status", json!({})).await;
+    assert_eq!(status["state"]["backend"], "postgres", "{status}");
+    let me = status["worker"]["id"].as_str().unwrap();
+    assert!(me.contains(&format!("-{}-", a.child.id())), "{status}");
+    let listed: BTreeSet<String> = status["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(listed.contains(me), "{status}");
+    let b_id = call(&b, "host.status", json!({})).await["worker"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(listed.contains(&b_id), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_that_goes_away_pauses_runs_and_fails_none() {
+    let pg = TestPostgres::dedicated();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), "1s");
+    let a = worker(&config, &pg.url());
+    let started = call(
+        &a,
+        "workflow.start",
+        json!({"workflow": "nap", "input": {"ms": 1500}}),
+    )
+    .await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    wait_until("the sleep upstream", Duration::from_secs(20), || {
+        read_witness(dir.path()).iter().any(|c| c["tool"] == "sleep")
+    })
+    .await;
+    // The database is away while the step's call ends and well past the lease.
+    pg.stop();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let away = a.rpc("workflow.get", json!({"run_id": run_id}), None).await;
+    assert!(away.get("error").is_some(), "{away}");
+    pg.restart();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let done = loop {
+        let reply = a
+            .rpc(
+                "workflow.wait",
+                json!({"run_id": run_id, "timeout_ms": 5000}),
+                None,
+            )
+            .await;
+        if let Some(run) = reply.get("result")
+            && run["status"] != "running"
+        {
+            break run.clone();
+        }
+        assert!(Instant::now() < deadline, "the run never finished: {reply}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(done["status"], "succeeded", "{done}");
+    let run = call(&a, "workflow.get", json!({"run_id": run_id})).await;
+    assert_eq!(run["steps"][0]["status"], "succeeded", "{run}");
+    assert!(run["steps"][0]["attempts"].as_u64().unwrap() >= 2, "{run}");
+}
+
+#[test]
+fn a_database_that_is_down_at_start_exits_2_naming_it_without_the_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), "30s");
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("postgres://wf:s3cret-pw@127.0.0.1:{port}/wf");
+    let started = Instant::now();
+    let out = Command::new(wf_host_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .env("WF_HOST_STATE", &url)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains(&format!("127.0.0.1:{port}/wf")), "{stderr}");
+    assert!(!stderr.contains("s3cret-pw"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
