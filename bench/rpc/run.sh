@@ -46,10 +46,9 @@ fi
 if ! command -v "$WASMTIME" >/dev/null; then
     echo "wasmtime is missing: install the CLI (48.x, matching wf-host's wasmtime) with" >&2
     echo "    cargo install --locked wasmtime-cli@48.0.8" >&2
-    echo "  (slow: 15+ minutes; a smaller build with only what this needs:" >&2
-    echo "    cargo install --locked wasmtime-cli@48.0.8 --no-default-features \\" >&2
-    echo "      --features run,serve,cranelift,component-model,wasi-http,pooling-allocator,parallel-compilation,logging,demangle,addr2line,wat,clap/default)" >&2
-    echo "  or point WASMTIME= at a wasmtime binary." >&2
+    echo "  (about 18 minutes on 2 cores; a build with fewer features does not" >&2
+    echo "  compile: \`serve\` needs the default features), or point WASMTIME= at a" >&2
+    echo "  wasmtime binary." >&2
     missing=1
 fi
 if ! command -v curl >/dev/null; then
