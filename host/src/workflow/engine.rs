@@ -23,6 +23,7 @@ use super::events::Events;
 use crate::capability::{CallJournal, JournalEntry, Progress, truncate_utf8};
 use crate::runtime::{Node, RunError, RunOptions, Runtime};
 use crate::store::{CallRow, Failure, RunStatus, StepRow, StepStatus, Store, StoreError, now_text};
+use crate::trace;
 
 /// Records a step attempt's capability calls in the store.
 struct StepJournal {
@@ -163,6 +164,8 @@ pub(crate) struct RunCtx {
     /// What `workflow.get` shows of the running steps' progress.
     pub progress: StepProgress,
     pub events: Events,
+    /// The run's root span: every step span is its child.
+    pub span: tracing::Span,
 }
 
 /// How driving a run ended.
@@ -187,6 +190,18 @@ enum Outcome {
     Failed(Failure),
     /// Its node was stopped by a cancel, the run deadline or shutdown.
     Interrupted,
+}
+
+impl Outcome {
+    /// Records the outcome on the step's span.
+    fn trace(&self, span: &tracing::Span) {
+        match self {
+            Outcome::Succeeded(_) => trace::record_status(span, "succeeded", true, None),
+            Outcome::Skipped => trace::record_status(span, "skipped", true, None),
+            Outcome::Failed(f) => trace::record_status(span, "failed", false, Some(&f.message)),
+            Outcome::Interrupted => trace::record_status(span, "interrupted", false, None),
+        }
+    }
 }
 
 struct StepState {
@@ -361,10 +376,12 @@ async fn launch_ready(
         let step = step.clone();
         let stop = stop_token.clone();
         let id = id.clone();
+        let span = trace::step_span(&ctx.span, &id, first_attempt);
         running.spawn(async move {
             let started = Instant::now();
-            let outcome = run_step(&ctx, &step, data, first_attempt, &stop).await;
+            let outcome = run_step(&ctx, &step, data, first_attempt, &stop, &span).await;
             crate::metrics::metrics().step_finished(&ctx.def.name, &id, started.elapsed());
+            outcome.trace(&span);
             (id, outcome)
         });
     }
@@ -504,6 +521,12 @@ async fn finish(
     ctx.store
         .run_finished(&ctx.run_id, status, output.as_ref(), error.as_ref())
         .await?;
+    trace::record_status(
+        &ctx.span,
+        status.as_str(),
+        status == RunStatus::Succeeded,
+        error.as_ref().map(|e| e.message.as_str()),
+    );
     let data = json!({"status": status, "error": error});
     ctx.events.emit(&ctx.run_id, "run.finished", data).await;
     Ok(Ending::Finished(status))
@@ -536,6 +559,7 @@ async fn run_step(
     data: Value,
     first_attempt: u32,
     stop: &CancellationToken,
+    span: &tracing::Span,
 ) -> Outcome {
     let id = &step.spec.id;
     let data = Arc::new(data);
@@ -564,7 +588,7 @@ async fn run_step(
             return Outcome::Failed(store_failure(e));
         }
         step_started(ctx, id, first_attempt).await;
-        return match run_item(ctx, step, None, &input, &attempts, stop).await {
+        return match run_item(ctx, step, None, &input, &attempts, stop, span).await {
             Ok(output) => Outcome::Succeeded(output),
             Err(outcome) => outcome,
         };
@@ -613,13 +637,15 @@ async fn run_step(
                 break;
             };
             let (ctx, step, data) = (ctx.clone(), step.clone(), data.clone());
-            let (attempts, stop) = (attempts.clone(), stop.clone());
+            let (attempts, stop, span) = (attempts.clone(), stop.clone(), span.clone());
             running.spawn(async move {
                 let mut item_data = (*data).clone();
                 item_data["item"] = item;
                 item_data["index"] = json!(index);
                 let result = match step_input(&step, &item_data, Some(index)).await {
-                    Ok(input) => run_item(&ctx, &step, Some(index), &input, &attempts, &stop).await,
+                    Ok(input) => {
+                        run_item(&ctx, &step, Some(index), &input, &attempts, &stop, &span).await
+                    }
                     Err(f) => Err(Outcome::Failed(f)),
                 };
                 (index, result)
@@ -692,6 +718,7 @@ async fn run_item(
     input: &Value,
     attempts: &AtomicU32,
     stop: &CancellationToken,
+    span: &tracing::Span,
 ) -> Result<Value, Outcome> {
     let node = &ctx.nodes[&step.spec.id];
     let text = input.to_string();
@@ -726,6 +753,7 @@ async fn run_item(
                 cancel: stop.child_token(),
                 grants: step.grants.clone(),
                 journal: Some(Arc::new(journal)),
+                span: span.clone(),
             };
             let report = ctx.runtime.run(node, &text, opts).await;
             if !report.logs.is_empty() {
@@ -761,6 +789,8 @@ async fn run_item(
             _ = stop.cancelled() => return Err(Outcome::Interrupted),
         }
         attempt = attempts.fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::info!(target: trace::TARGET, parent: span, code = %failure.code, attempt, "retry");
+        span.record("wf.attempt", attempt);
         ctx.store
             .step_attempt(&ctx.run_id, &step.spec.id, attempt)
             .await
