@@ -38,6 +38,8 @@ struct Span {
     /// The resource's `service.name`.
     service: String,
     links: Vec<(String, String)>,
+    /// The names of its events.
+    events: Vec<String>,
 }
 
 impl Span {
@@ -136,6 +138,7 @@ async fn receive(State(spans): State<Arc<Mutex<Vec<Span>>>>, body: Bytes) -> Vec
                         .iter()
                         .map(|l| (hex::encode(&l.trace_id), hex::encode(&l.span_id)))
                         .collect(),
+                    events: span.events.iter().map(|e| e.name.clone()).collect(),
                 });
             }
         }
@@ -144,11 +147,11 @@ async fn receive(State(spans): State<Arc<Mutex<Vec<Span>>>>, body: Bytes) -> Vec
     Vec::new()
 }
 
-/// `first` and `second` each call a fixture tool; `last` calls none. The
+/// `first` and `second` each call a fixture tool; `last` logs a line. The
 /// fixture appends every call (with its `_meta`) to `witness.jsonl`.
 fn config(dir: &Path) -> PathBuf {
     let call = repo_root().join("plugins/call.wasm");
-    let echo = repo_root().join("plugins/echo.wasm");
+    let probe = guest("probe");
     let witness = dir.join("witness.jsonl");
     let path = dir.join("wf.toml");
     std::fs::write(
@@ -174,8 +177,9 @@ input = '{{capability: "fixture.add", arguments: {{a: 1, b: 2}}}}'
 
 [[workflows.traced.steps]]
 id = "last"
-component = {echo:?}
+component = {probe:?}
 needs = ["second"]
+input = '{{op: "log", messages: [["info", "hello from last"]]}}'
 "#
         ),
     )
@@ -268,6 +272,11 @@ async fn a_run_is_one_trace_continuing_the_callers() {
         assert_eq!(step.attr("wf.attempt"), "1");
         assert_eq!(step.attr("wf.status"), "succeeded");
     }
+    assert_eq!(
+        steps["last"].events,
+        ["hello from last"],
+        "node logs are step events"
+    );
 
     let calls = named(&spans, "call");
     let expected = [("first", "echo"), ("second", "add")];

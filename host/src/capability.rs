@@ -643,12 +643,30 @@ impl wit::Host for CapabilityCtx {
         let Some(message) = self.record_log(name, &message) else {
             return Ok(());
         };
+        // A workflow step's logs are events of its span. The span is given,
+        // never entered: a task spawned inside an entered span (a pool
+        // session opened by the call) would hold it open.
+        let parent = if self.span.is_none() {
+            tracing::Span::current()
+        } else {
+            self.span.clone()
+        };
         match level {
-            wit::Level::Trace => tracing::trace!(target: "wf_host::node", run, node, "{message}"),
-            wit::Level::Debug => tracing::debug!(target: "wf_host::node", run, node, "{message}"),
-            wit::Level::Info => tracing::info!(target: "wf_host::node", run, node, "{message}"),
-            wit::Level::Warn => tracing::warn!(target: "wf_host::node", run, node, "{message}"),
-            wit::Level::Error => tracing::error!(target: "wf_host::node", run, node, "{message}"),
+            wit::Level::Trace => {
+                tracing::trace!(target: "wf_host::node", parent: &parent, run, node, "{message}")
+            }
+            wit::Level::Debug => {
+                tracing::debug!(target: "wf_host::node", parent: &parent, run, node, "{message}")
+            }
+            wit::Level::Info => {
+                tracing::info!(target: "wf_host::node", parent: &parent, run, node, "{message}")
+            }
+            wit::Level::Warn => {
+                tracing::warn!(target: "wf_host::node", parent: &parent, run, node, "{message}")
+            }
+            wit::Level::Error => {
+                tracing::error!(target: "wf_host::node", parent: &parent, run, node, "{message}")
+            }
         }
         Ok(())
     }

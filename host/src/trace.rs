@@ -14,6 +14,10 @@
 //! the run span its child ([`TraceParent`]), and every `tools/call` a node
 //! makes carries its call span's context to the MCP server in `_meta`
 //! ([`inject`]).
+//!
+//! These spans are passed, never entered: a task spawned while one is the
+//! current span (a pool session opened by a call) would keep it open, and
+//! with it the run's whole trace.
 
 use std::collections::HashMap;
 
