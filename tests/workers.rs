@@ -164,7 +164,10 @@ async fn three_workers_share_600_runs_and_a_killed_workers_steps_run_elsewhere()
     let mut ids = BTreeMap::new();
     for w in &live {
         let status = call(w, "host.status", json!({})).await;
-        ids.insert(w.child.id(), status["worker"]["id"].as_str().unwrap().to_owned());
+        ids.insert(
+            w.child.id(),
+            status["worker"]["id"].as_str().unwrap().to_owned(),
+        );
     }
     let mut finished_by: BTreeMap<String, usize> = BTreeMap::new();
     let mut reran = 0;
@@ -202,7 +205,10 @@ async fn three_workers_share_600_runs_and_a_killed_workers_steps_run_elsewhere()
     // The witness: no step's call was made twice by live workers.
     let mut by_step: BTreeMap<String, Vec<i64>> = BTreeMap::new();
     for c in read_witness(dir.path()) {
-        let text = c["arguments"]["text"].as_str().unwrap_or_default().to_owned();
+        let text = c["arguments"]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         by_step
             .entry(text)
             .or_default()
@@ -210,10 +216,7 @@ async fn three_workers_share_600_runs_and_a_killed_workers_steps_run_elsewhere()
     }
     assert_eq!(by_step.len(), RUNS * 3, "every step called upstream");
     for (step, callers) in &by_step {
-        let live_calls = callers
-            .iter()
-            .filter(|p| **p != i64::from(pids[1]))
-            .count();
+        let live_calls = callers.iter().filter(|p| **p != i64::from(pids[1])).count();
         assert!(
             live_calls <= 1,
             "step {step} was run by live workers {live_calls} times: {callers:?}"
@@ -260,17 +263,22 @@ async fn a_worker_paused_past_its_lease_does_not_commit_its_stale_result() {
     assert_eq!(done["status"], "succeeded", "{done}");
     // Let A try to write what it had.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let run = call(
-        &b,
-        "workflow.get",
-        json!({"run_id": run_id, "calls": true}),
-    )
-    .await;
+    let run = call(&b, "workflow.get", json!({"run_id": run_id, "calls": true})).await;
     let step = &run["steps"][0];
     let workers = step["workers"].as_array().unwrap();
     assert_eq!(workers.len(), 2, "{step}");
-    assert!(workers[0]["worker"].as_str().unwrap().contains(&format!("-{a_pid}-")));
-    assert!(workers[1]["worker"].as_str().unwrap().contains(&format!("-{b_pid}-")));
+    assert!(
+        workers[0]["worker"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("-{a_pid}-"))
+    );
+    assert!(
+        workers[1]["worker"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("-{b_pid}-"))
+    );
     assert_eq!(step["attempts"], 2, "{step}");
     // A's call of attempt 1 finished after A lost the lease: not journaled.
     let calls = step["calls"].as_array().unwrap();
@@ -293,7 +301,12 @@ async fn a_worker_paused_past_its_lease_does_not_commit_its_stale_result() {
     assert_eq!(kinds.iter().filter(|k| **k == "run.finished").count(), 1);
     // A is alive and serving.
     let status = call(&a, "host.status", json!({})).await;
-    assert!(status["worker"]["id"].as_str().unwrap().contains(&format!("-{a_pid}-")));
+    assert!(
+        status["worker"]["id"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("-{a_pid}-"))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -330,7 +343,10 @@ async fn wait_on_one_worker_returns_promptly_when_another_finishes_the_run() {
             "A ran it: {run}"
         );
         let late = returned - epoch_ms(done["finished_at"].as_str().unwrap());
-        assert!(late <= 100, "B's wait returned {late} ms after the run finished");
+        assert!(
+            late <= 100,
+            "B's wait returned {late} ms after the run finished"
+        );
     }
 }
 
@@ -350,7 +366,9 @@ async fn cancel_through_one_worker_stops_a_step_running_on_another() {
     .await;
     let run_id = started["run_id"].as_str().unwrap().to_owned();
     wait_until("the sleep upstream", Duration::from_secs(20), || {
-        read_witness(dir.path()).iter().any(|c| c["tool"] == "sleep")
+        read_witness(dir.path())
+            .iter()
+            .any(|c| c["tool"] == "sleep")
     })
     .await;
     let asked = Instant::now();
@@ -370,10 +388,9 @@ async fn cancel_through_one_worker_stops_a_step_running_on_another() {
         .await;
         let text = log.to_string();
         if text.contains("cancelled") && text.contains("sleep") {
-            let log: Value = serde_json::from_str(
-                log["content"][0]["text"].as_str().unwrap_or("{}"),
-            )
-            .unwrap_or(log.clone());
+            let log: Value =
+                serde_json::from_str(log["content"][0]["text"].as_str().unwrap_or("{}"))
+                    .unwrap_or(log.clone());
             let cancelled = log["cancelled"].as_array().cloned().unwrap_or_default();
             if cancelled.iter().any(|c| c["tool"] == "sleep") {
                 seen = true;
@@ -425,7 +442,9 @@ async fn a_database_that_goes_away_pauses_runs_and_fails_none() {
     .await;
     let run_id = started["run_id"].as_str().unwrap().to_owned();
     wait_until("the sleep upstream", Duration::from_secs(20), || {
-        read_witness(dir.path()).iter().any(|c| c["tool"] == "sleep")
+        read_witness(dir.path())
+            .iter()
+            .any(|c| c["tool"] == "sleep")
     })
     .await;
     // The database is away while the step's call ends and well past the lease.

@@ -13,6 +13,7 @@ use serde_json::{Map, Value};
 
 use crate::bindings::wf::node::capability as wit;
 use crate::grants::Grants;
+use crate::trace;
 
 /// Why a capability call failed. Each case becomes the WIT case of the same name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -422,6 +423,8 @@ pub struct CapabilityCtx {
     pub(crate) journal: Option<Arc<dyn CallJournal>>,
     /// Capability calls made so far by this run.
     pub(crate) calls: std::sync::atomic::AtomicU32,
+    /// The parent of each call's span (see [`crate::trace`]).
+    pub(crate) span: tracing::Span,
 }
 
 impl CapabilityCtx {
@@ -436,48 +439,74 @@ impl CapabilityCtx {
     }
 
     async fn call_tool(&self, name: &str, arguments: &str) -> Result<Value, CapabilityError> {
-        self.journaled(name, Some(arguments), |key| async move {
-            let (connection, tool) = split_qualified(name)?;
-            self.check(name)?;
-            let arguments = parse_arguments(arguments)?;
-            let outcome = match (key, &self.journal) {
-                (Some(key), Some(journal)) => {
-                    let mut extras = CallExtras::default();
+        let (connection, tool) = name.split_once('.').unwrap_or(("", name));
+        let span = trace::call_span(&self.span, "tool", connection, tool);
+        let call_span = &span;
+        let result = self
+            .journaled(name, Some(arguments), |key| async move {
+                let (connection, tool) = split_qualified(name)?;
+                self.check(name)?;
+                let arguments = parse_arguments(arguments)?;
+                let mut extras = CallExtras::default();
+                if let (Some(key), Some(journal)) = (key, &self.journal) {
                     extras
                         .meta
                         .insert(IDEMPOTENCY_META_KEY.into(), Value::String(key));
                     let journal = journal.clone();
                     extras.progress = Some(Arc::new(move |p| journal.progress(p)));
+                }
+                trace::inject(call_span, &mut extras.meta);
+                let outcome = if extras.meta.is_empty() && extras.progress.is_none() {
+                    self.backend.call_tool(connection, tool, arguments).await
+                } else {
                     self.backend
                         .call_tool_with(connection, tool, arguments, extras)
                         .await
-                }
-                _ => self.backend.call_tool(connection, tool, arguments).await,
-            };
-            with_tool_hint(&*self.backend, &self.grants, connection, outcome)
-                .await
-                .and_then(tool_result_to_outcome)
-        })
-        .await
+                };
+                with_tool_hint(&*self.backend, &self.grants, connection, outcome)
+                    .await
+                    .and_then(tool_result_to_outcome)
+            })
+            .await;
+        trace::record_outcome(
+            &span,
+            result.as_ref().err().map(|e| (e.code(), e.message())),
+        );
+        result
     }
 
     async fn read_resource(&self, connection: &str, uri: &str) -> Result<Value, CapabilityError> {
+        let span = trace::call_span(&self.span, "resource", connection, uri);
         let name = format!("{connection}.{uri}");
-        self.journaled(&name, None, |_| async {
-            self.check(&name)?;
-            self.backend.read_resource(connection, uri).await
-        })
-        .await
+        let result = self
+            .journaled(&name, None, |_| async {
+                self.check(&name)?;
+                self.backend.read_resource(connection, uri).await
+            })
+            .await;
+        trace::record_outcome(
+            &span,
+            result.as_ref().err().map(|e| (e.code(), e.message())),
+        );
+        result
     }
 
     async fn get_prompt(&self, name: &str, arguments: &str) -> Result<Value, CapabilityError> {
-        self.journaled(name, Some(arguments), |_| async move {
-            let (connection, prompt) = split_qualified(name)?;
-            self.check(name)?;
-            let arguments = parse_arguments(arguments)?;
-            self.backend.get_prompt(connection, prompt, arguments).await
-        })
-        .await
+        let (connection, prompt) = name.split_once('.').unwrap_or(("", name));
+        let span = trace::call_span(&self.span, "prompt", connection, prompt);
+        let result = self
+            .journaled(name, Some(arguments), |_| async move {
+                let (connection, prompt) = split_qualified(name)?;
+                self.check(name)?;
+                let arguments = parse_arguments(arguments)?;
+                self.backend.get_prompt(connection, prompt, arguments).await
+            })
+            .await;
+        trace::record_outcome(
+            &span,
+            result.as_ref().err().map(|e| (e.code(), e.message())),
+        );
+        result
     }
 
     /// Runs `call`, and when this run has a journal, records it there (denied
@@ -614,12 +643,30 @@ impl wit::Host for CapabilityCtx {
         let Some(message) = self.record_log(name, &message) else {
             return Ok(());
         };
+        // A workflow step's logs are events of its span. The span is given,
+        // never entered: a task spawned inside an entered span (a pool
+        // session opened by the call) would hold it open.
+        let parent = if self.span.is_none() {
+            tracing::Span::current()
+        } else {
+            self.span.clone()
+        };
         match level {
-            wit::Level::Trace => tracing::trace!(target: "wf_host::node", run, node, "{message}"),
-            wit::Level::Debug => tracing::debug!(target: "wf_host::node", run, node, "{message}"),
-            wit::Level::Info => tracing::info!(target: "wf_host::node", run, node, "{message}"),
-            wit::Level::Warn => tracing::warn!(target: "wf_host::node", run, node, "{message}"),
-            wit::Level::Error => tracing::error!(target: "wf_host::node", run, node, "{message}"),
+            wit::Level::Trace => {
+                tracing::trace!(target: "wf_host::node", parent: &parent, run, node, "{message}")
+            }
+            wit::Level::Debug => {
+                tracing::debug!(target: "wf_host::node", parent: &parent, run, node, "{message}")
+            }
+            wit::Level::Info => {
+                tracing::info!(target: "wf_host::node", parent: &parent, run, node, "{message}")
+            }
+            wit::Level::Warn => {
+                tracing::warn!(target: "wf_host::node", parent: &parent, run, node, "{message}")
+            }
+            wit::Level::Error => {
+                tracing::error!(target: "wf_host::node", parent: &parent, run, node, "{message}")
+            }
         }
         Ok(())
     }

@@ -13,6 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, anyhow};
 use bytesize::ByteSize;
 use clap::{Args, Parser, Subcommand};
+use opentelemetry_sdk::trace::SdkTracerProvider;
 use wf_host::capability::{CapabilityBackend, NoBackend};
 use wf_host::config::Config;
 use wf_host::grants::Grants;
@@ -150,6 +151,16 @@ struct CommonArgs {
 }
 
 #[derive(Args)]
+struct TraceArgs {
+    /// Export OpenTelemetry traces to this OTLP/HTTP collector, e.g.
+    /// `http://localhost:4318` (`/v1/traces` is appended). The standard
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` and `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`
+    /// work too; `OTEL_SDK_DISABLED=true` turns tracing off.
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
+}
+
+#[derive(Args)]
 struct RunArgs {
     /// The component (.wasm) to run.
     #[arg(required_unless_present = "workflow", conflicts_with = "workflow")]
@@ -163,6 +174,8 @@ struct RunArgs {
     state: Option<String>,
     #[command(flatten)]
     common: CommonArgs,
+    #[command(flatten)]
+    trace: TraceArgs,
     /// Input JSON.
     #[arg(long, value_name = "JSON", conflicts_with = "input_file")]
     input: Option<String>,
@@ -194,6 +207,8 @@ struct CompileArgs {
 struct ServeArgs {
     #[command(flatten)]
     common: CommonArgs,
+    #[command(flatten)]
+    trace: TraceArgs,
     /// Address to listen on.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7878")]
     listen: std::net::SocketAddr,
@@ -218,7 +233,12 @@ struct ServeArgs {
     /// Where runs are kept: a SQLite file, `:memory:` to keep nothing, or a
     /// `postgres://` URL shared by several workers
     /// [default: `[runtime] state`, else `.wf-host/state.db` beside the config].
-    #[arg(long, value_name = "PATH|URL", env = "WF_HOST_STATE", hide_env_values = true)]
+    #[arg(
+        long,
+        value_name = "PATH|URL",
+        env = "WF_HOST_STATE",
+        hide_env_values = true
+    )]
     state: Option<String>,
     /// Also accept requests from this browser origin, e.g. `http://localhost:3000`.
     /// Repeatable. Requests from other origins than the server's own are refused.
@@ -241,9 +261,16 @@ struct TestArgs {
 struct McpArgs {
     #[command(flatten)]
     common: CommonArgs,
+    #[command(flatten)]
+    trace: TraceArgs,
     /// Where runs are kept: a SQLite file, `:memory:`, or a `postgres://` URL
     /// [default: `[runtime] state`, else `.wf-host/state.db` beside the config].
-    #[arg(long, value_name = "PATH|URL", env = "WF_HOST_STATE", hide_env_values = true)]
+    #[arg(
+        long,
+        value_name = "PATH|URL",
+        env = "WF_HOST_STATE",
+        hide_env_values = true
+    )]
     state: Option<String>,
 }
 
@@ -289,12 +316,53 @@ fn usage(error: impl Into<anyhow::Error>) -> Failure {
 /// Parses the command line, runs the subcommand and prints any error once.
 pub fn run() -> Result<(), ExitCode> {
     let cli = Cli::parse();
+    // Traces are exported by the commands that run workflows and nodes.
+    let otlp_endpoint = match &cli.command {
+        Command::Run(RunArgs { trace, .. })
+        | Command::Serve(ServeArgs { trace, .. })
+        | Command::Mcp(McpArgs { trace, .. }) => {
+            wf_host::trace::endpoint(trace.otlp_endpoint.as_deref())
+        }
+        _ => None,
+    };
+    let tracer = match otlp_endpoint.as_deref().map(wf_host::trace::provider) {
+        Some(Ok(provider)) => Some(provider),
+        Some(Err(e)) => return Err(report(usage(e))),
+        None => None,
+    };
     // `wf-host test` reports node logs itself, with the failing case.
-    init_tracing(match cli.command {
-        Command::Test(_) => "warn",
-        _ => "warn,wf_host::node=info,wf_host::guest=info",
-    });
-    let result = match cli.command {
+    init_tracing(
+        match cli.command {
+            Command::Test(_) => "warn",
+            _ => "warn,wf_host::node=info,wf_host::guest=info",
+        },
+        tracer.as_ref(),
+    );
+    let result = run_command(cli.command);
+    if let Some(tracer) = tracer {
+        // Sends the spans still batched; without it the last ones are lost.
+        if let Err(e) = tracer.shutdown() {
+            eprintln!("warning: not every trace span was exported: {e}");
+        }
+    }
+    result.map_err(report)
+}
+
+/// Prints `failure` (with its `Caused by:` chain) and returns its exit code.
+fn report(failure: Failure) -> ExitCode {
+    eprintln!("error: {}", failure.error);
+    let mut chain = failure.error.chain().skip(1).peekable();
+    if chain.peek().is_some() {
+        eprintln!("\nCaused by:");
+        for cause in chain {
+            eprintln!("    {cause}");
+        }
+    }
+    ExitCode::from(failure.code)
+}
+
+fn run_command(command: Command) -> Result<(), Failure> {
+    match command {
         Command::Run(args) => block_on(run_node(args)),
         Command::Compile(args) => compile(args),
         Command::Test(args) => block_on(test_component(args)),
@@ -309,28 +377,24 @@ pub fn run() -> Result<(), ExitCode> {
             block_on(auth::login(connection, config))
         }
         Command::ConformanceClient { url } => block_on(conformance::run(url)),
-    };
-    result.map_err(|failure| {
-        eprintln!("error: {}", failure.error);
-        let mut chain = failure.error.chain().skip(1).peekable();
-        if chain.peek().is_some() {
-            eprintln!("\nCaused by:");
-            for cause in chain {
-                eprintln!("    {cause}");
-            }
-        }
-        ExitCode::from(failure.code)
-    })
+    }
 }
 
-fn init_tracing(default_filter: &str) {
+/// Logs to stderr, filtered by `RUST_LOG`; with `tracer`, also exports the
+/// run, step and call spans (a layer with its own filter, so `RUST_LOG`
+/// does not change what is exported).
+fn init_tracing(default_filter: &str, tracer: Option<&SdkTracerProvider>) {
+    use tracing_subscriber::prelude::*;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let logs = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
+        .with_filter(filter);
+    tracing_subscriber::registry()
+        .with(logs)
+        .with(tracer.map(wf_host::trace::layer))
         .init();
 }
 

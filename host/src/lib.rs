@@ -12,6 +12,8 @@
 //!   resumes them.
 //! - [`rpc`] is the JSON-RPC 2.0 server over HTTP; [`mcp`] offers exposed
 //!   workflows as tools of an MCP server.
+//! - [`trace`] makes the OpenTelemetry spans of runs, steps and capability
+//!   calls, exported over OTLP when an endpoint is configured.
 //! - [`fixture`] is an MCP server for tests.
 //! - [`scaffold`] starts node projects (`wf-host new`) and builds them
 //!   (`wf-host build`).
@@ -42,4 +44,5 @@ pub mod runtime;
 pub mod scaffold;
 pub mod store;
 pub mod testing;
+pub mod trace;
 pub mod workflow;

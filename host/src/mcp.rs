@@ -89,7 +89,13 @@ impl WorkflowServer {
             ));
         };
         let input = Value::Object(request.arguments.unwrap_or_default());
-        let run = match self.workflows.start(name, input, None).await {
+        // A client's trace context in `_meta` is continued by the run.
+        let parent = crate::trace::TraceParent::from_meta(&context.meta);
+        let run = match self
+            .workflows
+            .start_traced(name, input, None, &parent)
+            .await
+        {
             Ok(run) => run,
             // Bad arguments are a tool execution error the model can read.
             Err(e @ WorkflowError::InvalidInput { .. }) => {

@@ -20,6 +20,16 @@ impl Serve {
     /// Writes the config with `config(dir)` (it returns the file) in a fresh
     /// temp dir and serves it with `extra` arguments.
     pub fn start(config: impl FnOnce(&Path) -> PathBuf, extra: &[&str]) -> Serve {
+        Serve::start_with_env(config, extra, &[])
+    }
+
+    /// [`Serve::start`] with `env` set for the child. The OpenTelemetry
+    /// variables of the test's own environment are not passed on.
+    pub fn start_with_env(
+        config: impl FnOnce(&Path) -> PathBuf,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Serve {
         // The test's own HTTP clients (reqwest, rmcp) need it.
         wf_host::pool::install_tls_provider();
         let dir = tempfile::tempdir().unwrap();
@@ -30,6 +40,10 @@ impl Serve {
             .args(extra)
             .env("WF_HOST_CACHE_DIR", dir.path().join("cache"))
             .env_remove("WF_HOST_TOKEN")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .env_remove("OTEL_SDK_DISABLED")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -13,6 +13,7 @@ use crate::capability::{CapabilityBackend, CapabilityError};
 use crate::grants::Grants;
 use crate::pool::Pool;
 use crate::store::{ListQuery, StoreError};
+use crate::trace::TraceParent;
 use crate::workflow::{Status, WorkflowError, Workflows};
 
 /// What the methods work on.
@@ -48,10 +49,15 @@ impl RpcState {
 const MAX_WAIT: Duration = Duration::from_secs(300);
 const DEFAULT_WAIT: Duration = Duration::from_secs(30);
 
-/// Calls `method` with `params`.
-pub async fn call(state: &RpcState, method: &str, params: Value) -> Result<Value, RpcError> {
+/// Calls `method` with `params`; a run it starts continues `parent`'s trace.
+pub async fn call(
+    state: &RpcState,
+    method: &str,
+    params: Value,
+    parent: &TraceParent,
+) -> Result<Value, RpcError> {
     match method {
-        "workflow.start" => workflow_start(state, params).await,
+        "workflow.start" => workflow_start(state, params, parent).await,
         "workflow.get" => {
             let p: GetParams = parse(params, &["run_id", "calls"])?;
             Ok(json!(
@@ -172,11 +178,15 @@ pub async fn call(state: &RpcState, method: &str, params: Value) -> Result<Value
     }
 }
 
-async fn workflow_start(state: &RpcState, params: Value) -> Result<Value, RpcError> {
+async fn workflow_start(
+    state: &RpcState,
+    params: Value,
+    parent: &TraceParent,
+) -> Result<Value, RpcError> {
     let p: StartParams = parse(params, &["workflow", "input", "wait", "idempotency_key"])?;
     let record = state
         .workflows
-        .start(&p.workflow, p.input, p.idempotency_key)
+        .start_traced(&p.workflow, p.input, p.idempotency_key, parent)
         .await
         .map_err(workflow_error)?;
     let record = if p.wait {

@@ -17,6 +17,7 @@ mod openrpc;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
+use crate::trace::TraceParent;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -340,7 +341,8 @@ async fn rpc(State(app): State<App>, headers: HeaderMap, body: Body) -> Response
             );
         }
     };
-    match handle_body(&app.state, &bytes).await {
+    let parent = TraceParent::from_headers(&headers);
+    match handle_body_traced(&app.state, &bytes, &parent).await {
         Some(reply) => json_response(StatusCode::OK, reply),
         // Only notifications: nothing to say.
         None => StatusCode::NO_CONTENT.into_response(),
@@ -386,6 +388,16 @@ fn json_response(status: StatusCode, body: Value) -> Response {
 /// Answers a raw body: one request, a batch, or garbage. `None` when there is
 /// nothing to answer (notifications only).
 pub async fn handle_body(state: &RpcState, body: &[u8]) -> Option<Value> {
+    handle_body_traced(state, body, &TraceParent::none()).await
+}
+
+/// [`handle_body`] for a request that came with a trace context: the runs it
+/// starts continue that trace.
+pub async fn handle_body_traced(
+    state: &RpcState,
+    body: &[u8],
+    parent: &TraceParent,
+) -> Option<Value> {
     let value: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
         Err(e) => {
@@ -413,23 +425,23 @@ pub async fn handle_body(state: &RpcState, body: &[u8]) -> Option<Value> {
         Value::Array(items) => {
             // A few at a time, replies in request order.
             let replies: Vec<Value> = stream::iter(items)
-                .map(|item| handle_one(state, item))
+                .map(|item| handle_one(state, item, parent))
                 .buffered(BATCH_CONCURRENCY)
                 .filter_map(|reply| async move { reply })
                 .collect()
                 .await;
             (!replies.is_empty()).then_some(Value::Array(replies))
         }
-        single => handle_one(state, single).await,
+        single => handle_one(state, single, parent).await,
     }
 }
 
-async fn handle_one(state: &RpcState, value: Value) -> Option<Value> {
+async fn handle_one(state: &RpcState, value: Value, parent: &TraceParent) -> Option<Value> {
     let request = match jsonrpc::parse_request(value) {
         Ok(r) => r,
         Err((error, id)) => return Some(jsonrpc::failure(id, error)),
     };
-    let result = methods::call(state, &request.method, request.params).await;
+    let result = methods::call(state, &request.method, request.params, parent).await;
     // A notification gets no response, even when it failed.
     let id = request.id?;
     Some(match result {

@@ -245,7 +245,7 @@ impl Node {
 }
 
 /// Options for one run.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct RunOptions {
     /// Tags logs and capability calls; generated when empty.
     pub run_id: String,
@@ -259,6 +259,22 @@ pub struct RunOptions {
     /// Records every capability call and keys tool calls for idempotency (a
     /// workflow step's attempt). None for a plain run.
     pub journal: Option<Arc<dyn CallJournal>>,
+    /// The span the node's capability calls are children of (a workflow
+    /// step's); none for a plain run, whose calls are trace roots.
+    pub span: tracing::Span,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            run_id: String::new(),
+            limits: None,
+            cancel: CancellationToken::new(),
+            grants: Arc::default(),
+            journal: None,
+            span: tracing::Span::none(),
+        }
+    }
 }
 
 /// What a run produced.
@@ -623,6 +639,7 @@ impl Runtime {
                 logs: logs.clone(),
                 journal: opts.journal.clone(),
                 calls: Default::default(),
+                span: opts.span.clone(),
             };
             let run = RunContext {
                 limits,

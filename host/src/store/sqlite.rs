@@ -18,8 +18,8 @@ use sqlx::sqlite::{
 use sqlx::{ConnectOptions, Row};
 
 use super::{
-    AttemptWorker, CallRow, Fence, Lease, Counts, Created, EventRow, Failure, ListQuery, NewRun, RunRow, RunStatus, StepRow,
-    StepStatus, Store, StoreError, now_ms, now_text,
+    AttemptWorker, CallRow, Counts, Created, EventRow, Failure, Fence, Lease, ListQuery, NewRun,
+    RunRow, RunStatus, StepRow, StepStatus, Store, StoreError, now_ms, now_text,
 };
 
 /// `PRAGMA application_id` of a wf-host state file: "wfhs".
@@ -763,7 +763,10 @@ mod tests {
     async fn prune_keeps_running_runs_and_the_newest_finished_ones() {
         let store = SqliteStore::open(":memory:").await.unwrap();
         for (i, id) in ["r1", "r2", "r3", "r4"].iter().enumerate() {
-            store.create_run(&new_run(id, i as i64), None).await.unwrap();
+            store
+                .create_run(&new_run(id, i as i64), None)
+                .await
+                .unwrap();
         }
         for id in ["r1", "r2", "r3"] {
             store

@@ -22,7 +22,10 @@ use super::definition::{Definition, Step};
 use super::events::Events;
 use crate::capability::{CallJournal, JournalEntry, Progress, truncate_utf8};
 use crate::runtime::{Node, RunError, RunOptions, Runtime};
-use crate::store::{CallRow, Failure, Fence, RunStatus, StepRow, StepStatus, Store, StoreError, now_text};
+use crate::store::{
+    CallRow, Failure, Fence, RunStatus, StepRow, StepStatus, Store, StoreError, now_text,
+};
+use crate::trace;
 
 /// Records a step attempt's capability calls in the store.
 struct StepJournal {
@@ -166,6 +169,8 @@ pub(crate) struct RunCtx {
     pub events: Events,
     /// This worker's hold on the run: every write of the run carries it.
     pub fence: Fence,
+    /// The run's root span: every step span is its child.
+    pub span: tracing::Span,
 }
 
 /// How driving a run ended.
@@ -193,6 +198,19 @@ enum Outcome {
     /// The store could not record the step (it is away, or this worker lost
     /// the run's lease): the step is not settled here.
     Lost(StoreError),
+}
+
+impl Outcome {
+    /// Records the outcome on the step's span.
+    fn trace(&self, span: &tracing::Span) {
+        match self {
+            Outcome::Succeeded(_) => trace::record_status(span, "succeeded", true, None),
+            Outcome::Skipped => trace::record_status(span, "skipped", true, None),
+            Outcome::Failed(f) => trace::record_status(span, "failed", false, Some(&f.message)),
+            Outcome::Interrupted => trace::record_status(span, "interrupted", false, None),
+            Outcome::Lost(e) => trace::record_status(span, "lost", false, Some(&e.to_string())),
+        }
+    }
 }
 
 struct StepState {
@@ -367,10 +385,12 @@ async fn launch_ready(
         let step = step.clone();
         let stop = stop_token.clone();
         let id = id.clone();
+        let span = trace::step_span(&ctx.span, &id, first_attempt);
         running.spawn(async move {
             let started = Instant::now();
-            let outcome = run_step(&ctx, &step, data, first_attempt, &stop).await;
+            let outcome = run_step(&ctx, &step, data, first_attempt, &stop, &span).await;
             crate::metrics::metrics().step_finished(&ctx.def.name, &id, started.elapsed());
+            outcome.trace(&span);
             (id, outcome)
         });
     }
@@ -524,6 +544,12 @@ async fn finish(
             &ctx.fence,
         )
         .await?;
+    trace::record_status(
+        &ctx.span,
+        status.as_str(),
+        status == RunStatus::Succeeded,
+        error.as_ref().map(|e| e.message.as_str()),
+    );
     let data = json!({"status": status, "error": error});
     ctx.events.emit(&ctx.run_id, "run.finished", data).await;
     Ok(Ending::Finished(status))
@@ -556,6 +582,7 @@ async fn run_step(
     data: Value,
     first_attempt: u32,
     stop: &CancellationToken,
+    span: &tracing::Span,
 ) -> Outcome {
     let id = &step.spec.id;
     let data = Arc::new(data);
@@ -584,7 +611,7 @@ async fn run_step(
             return store_failure(e);
         }
         step_started(ctx, id, first_attempt).await;
-        return match run_item(ctx, step, None, &input, &attempts, stop).await {
+        return match run_item(ctx, step, None, &input, &attempts, stop, span).await {
             Ok(output) => Outcome::Succeeded(output),
             Err(outcome) => outcome,
         };
@@ -633,13 +660,15 @@ async fn run_step(
                 break;
             };
             let (ctx, step, data) = (ctx.clone(), step.clone(), data.clone());
-            let (attempts, stop) = (attempts.clone(), stop.clone());
+            let (attempts, stop, span) = (attempts.clone(), stop.clone(), span.clone());
             running.spawn(async move {
                 let mut item_data = (*data).clone();
                 item_data["item"] = item;
                 item_data["index"] = json!(index);
                 let result = match step_input(&step, &item_data, Some(index)).await {
-                    Ok(input) => run_item(&ctx, &step, Some(index), &input, &attempts, &stop).await,
+                    Ok(input) => {
+                        run_item(&ctx, &step, Some(index), &input, &attempts, &stop, &span).await
+                    }
                     Err(f) => Err(Outcome::Failed(f)),
                 };
                 (index, result)
@@ -718,6 +747,7 @@ async fn run_item(
     input: &Value,
     attempts: &AtomicU32,
     stop: &CancellationToken,
+    span: &tracing::Span,
 ) -> Result<Value, Outcome> {
     let node = &ctx.nodes[&step.spec.id];
     let text = input.to_string();
@@ -753,6 +783,7 @@ async fn run_item(
                 cancel: stop.child_token(),
                 grants: step.grants.clone(),
                 journal: Some(Arc::new(journal)),
+                span: span.clone(),
             };
             let report = ctx.runtime.run(node, &text, opts).await;
             if !report.logs.is_empty() {
@@ -788,6 +819,8 @@ async fn run_item(
             _ = stop.cancelled() => return Err(Outcome::Interrupted),
         }
         attempt = attempts.fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::info!(target: trace::TARGET, parent: span, code = %failure.code, attempt, "retry");
+        span.record("wf.attempt", attempt);
         ctx.store
             .step_attempt(&ctx.run_id, &step.spec.id, attempt, &ctx.fence)
             .await

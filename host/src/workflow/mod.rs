@@ -29,6 +29,7 @@ use crate::store::{
     AttemptWorker, CallRow, CancelRequest, Counts, Created, Failure, Fence, Lease, ListQuery,
     NewRun, Note, RunRow, RunStatus, StepStatus, Store, StoreError, now_ms, now_text,
 };
+use crate::trace::{self, TraceParent};
 pub use definition::{Definition, DefinitionError, Spec};
 use engine::{Ending, RunCtx};
 pub use worker::DEFAULT_LEASE;
@@ -625,6 +626,22 @@ impl Workflows {
         input: Value,
         idempotency_key: Option<String>,
     ) -> Result<RunRecord, WorkflowError> {
+        self.start_traced(workflow, input, idempotency_key, &TraceParent::none())
+            .await
+    }
+
+    /// [`Workflows::start`], continuing the caller's trace: the run's span
+    /// is a child of `parent` when it is a valid context.
+    ///
+    /// # Errors
+    /// As [`Workflows::start`].
+    pub async fn start_traced(
+        self: &Arc<Self>,
+        workflow: &str,
+        input: Value,
+        idempotency_key: Option<String>,
+        parent: &TraceParent,
+    ) -> Result<RunRecord, WorkflowError> {
         let def = self
             .definition(workflow)
             .ok_or_else(|| WorkflowError::UnknownWorkflow(workflow.to_owned()))?;
@@ -672,7 +689,12 @@ impl Workflows {
         if let Created::Existing(existing) = self.store.create_run(&new, lease.as_ref()).await? {
             return Ok((*existing).into());
         }
-        let data = json!({"workflow": workflow, "input": run.input});
+        let span = trace::run_span(workflow, &run.run_id, parent);
+        let mut data = json!({"workflow": workflow, "input": run.input});
+        // Kept with the run, so a resumed or retried run can link to it.
+        if let Some(traceparent) = trace::traceparent(&span) {
+            data["traceparent"] = Value::String(traceparent);
+        }
         self.events.emit(&run.run_id, "run.started", data).await;
         if lease.is_some() {
             let fence = if self.store.shared() {
@@ -684,7 +706,7 @@ impl Workflows {
                 self.local_fence()
             };
             let rows = self.store.steps(&run.run_id).await?;
-            self.launch(def, nodes, run.clone(), rows, Duration::ZERO, fence);
+            self.launch(def, nodes, run.clone(), rows, Duration::ZERO, fence, span);
         }
         Ok(run.into())
     }
@@ -755,7 +777,8 @@ impl Workflows {
                 } else {
                     Duration::ZERO
                 };
-                self.launch(def, nodes, run, rows, elapsed, fence);
+                let span = self.continued_span(&run, resumed).await;
+                self.launch(def, nodes, run, rows, elapsed, fence, span);
                 Ok(())
             }
             Err(failure) => {
@@ -767,6 +790,25 @@ impl Workflows {
         }
     }
 
+    /// The span of a run continued in a later launch (resumed after a
+    /// restart, or retried): the root of a new trace, linked to the run's
+    /// first span when its `run.started` event kept that span's context.
+    async fn continued_span(&self, run: &RunRow, resumed: bool) -> tracing::Span {
+        let span = trace::run_span(&run.workflow, &run.run_id, &TraceParent::none());
+        if span.is_disabled() {
+            return span;
+        }
+        span.record("wf.resumed", resumed);
+        let first = self.store.events(Some(&run.run_id), 0, 1).await;
+        if let Ok(Some(event)) = first.map(|events| events.into_iter().next())
+            && event.kind == "run.started"
+            && let Some(traceparent) = event.data["traceparent"].as_str()
+        {
+            trace::link(&span, traceparent);
+        }
+        span
+    }
+
     fn launch(
         self: &Arc<Self>,
         def: Definition,
@@ -775,6 +817,7 @@ impl Workflows {
         rows: Vec<crate::store::StepRow>,
         elapsed: Duration,
         fence: Fence,
+        span: tracing::Span,
     ) {
         use std::sync::atomic::Ordering;
         let cancel = CancellationToken::new();
@@ -806,11 +849,13 @@ impl Workflows {
             progress,
             events: self.events.clone(),
             fence,
+            span,
         });
         let this = self.clone();
         self.tasks.spawn(async move {
             let run_id = ctx.run_id.clone();
             let workflow = ctx.def.name.clone();
+            let span = ctx.span.clone();
             let ending = engine::drive(ctx, rows).await;
             let paused = match &ending {
                 // Another worker holds the run now, or the store is away:
@@ -825,6 +870,7 @@ impl Workflows {
                 // Nothing drives the run any more: say so in the state rather
                 // than leave it `running`.
                 tracing::error!(run = %run_id, "run stopped: {e}");
+                trace::record_status(&span, "failed", false, Some(&e.to_string()));
                 let failure = Failure::new(
                     "state",
                     format!("the run's state could not be recorded: {e}"),
@@ -862,6 +908,7 @@ impl Workflows {
                     }
                 }
                 Ok(Ending::Interrupted) => {
+                    trace::record_status(&span, "interrupted", false, None);
                     tracing::info!(run = %run_id, "run interrupted by shutdown; it resumes at the next start");
                 }
                 Err(_) => {}

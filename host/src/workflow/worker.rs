@@ -134,7 +134,9 @@ async fn renewer(this: Weak<Workflows>, closing: tokio_util::sync::CancellationT
         let me = this.worker_row();
         let renewed = async {
             this.store.heartbeat(&me).await?;
-            this.store.renew(&this.worker.id, &held, this.worker.lease).await
+            this.store
+                .renew(&this.worker.id, &held, this.worker.lease)
+                .await
         }
         .await;
         match renewed {
