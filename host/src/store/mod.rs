@@ -264,7 +264,7 @@ pub struct Counts {
 /// Why the store failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("state file `{path}` cannot be used: {message}")]
+    #[error("state `{path}` cannot be used: {message}")]
     Open { path: String, message: String },
     #[error("state store: {0}")]
     Db(#[from] sqlx::Error),
@@ -273,7 +273,9 @@ pub enum StoreError {
     #[error("cursor `{0}` is not one this server returned")]
     BadCursor(String),
     /// A fenced write found that this worker no longer holds the run's lease.
-    #[error("run `{0}` is no longer held by this worker (its lease expired and another worker took it)")]
+    #[error(
+        "run `{0}` is no longer held by this worker (its lease expired and another worker took it)"
+    )]
     LeaseLost(String),
 }
 
@@ -283,18 +285,20 @@ impl StoreError {
     /// fail, and be picked up again when the store is back.
     pub fn is_unavailable(&self) -> bool {
         match self {
-            StoreError::Db(e) => matches!(
-                e,
-                sqlx::Error::Io(_)
-                    | sqlx::Error::PoolTimedOut
-                    | sqlx::Error::PoolClosed
-                    | sqlx::Error::Tls(_)
-                    | sqlx::Error::Protocol(_)
-            ) || e
-                .as_database_error()
-                .and_then(|d| d.code())
-                // PostgreSQL: admin shutdown, crash shutdown, cannot connect now.
-                .is_some_and(|c| matches!(&*c, "57P01" | "57P02" | "57P03")),
+            StoreError::Db(e) => {
+                matches!(
+                    e,
+                    sqlx::Error::Io(_)
+                        | sqlx::Error::PoolTimedOut
+                        | sqlx::Error::PoolClosed
+                        | sqlx::Error::Tls(_)
+                        | sqlx::Error::Protocol(_)
+                ) || e
+                    .as_database_error()
+                    .and_then(|d| d.code())
+                    // PostgreSQL: admin shutdown, crash shutdown, cannot connect now.
+                    .is_some_and(|c| matches!(&*c, "57P01" | "57P02" | "57P03"))
+            }
             StoreError::LeaseLost(_) => true,
             _ => false,
         }
@@ -320,8 +324,7 @@ pub trait Store: Send + Sync {
     /// same idempotency key. With `lease`, the new run is held by that worker
     /// (its [`Fence`] has epoch 1); without, a shared store leaves it for any
     /// worker to claim and sends [`Note::Ready`].
-    async fn create_run(&self, run: &NewRun, lease: Option<&Lease>)
-    -> Result<Created, StoreError>;
+    async fn create_run(&self, run: &NewRun, lease: Option<&Lease>) -> Result<Created, StoreError>;
     async fn run(&self, run_id: &str) -> Result<Option<RunRow>, StoreError>;
     /// Steps in definition order.
     async fn steps(&self, run_id: &str) -> Result<Vec<StepRow>, StoreError>;
