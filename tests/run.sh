@@ -2,11 +2,18 @@
 # Runs every test, as on a fresh machine: installs the guest toolchains that are
 # missing (pip, npm, apt, cargo install; see plugins/build.sh), rebuilds every
 # guest component from source, installs the official-SDK MCP servers that
-# tests/interop.rs runs (tests/interop/setup.sh), then runs the Rust test suite,
-# which runs every plugin's cases against the fixture MCP server.
+# tests/interop.rs runs (tests/interop/setup.sh) and PostgreSQL for the store
+# tests (apt), then runs the Rust test suite, which runs every plugin's cases
+# against the fixture MCP server.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ./plugins/build.sh --install
+# PostgreSQL, whose server tests/common/postgres.rs starts for the shared-store
+# tests (tests/store.rs): any version Debian installs under /usr/lib/postgresql.
+if ! compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql
+fi
 ./plugins/build.sh
 ./tests/interop/setup.sh
 # The MCP conformance suite (tests/conformance.rs), pinned by its lock file.

@@ -92,4 +92,5 @@ pub fn init_tracing() {
         .with_test_writer()
         .try_init();
 }
+pub mod postgres;
 pub mod remote;

@@ -1,15 +1,1090 @@
 //! The PostgreSQL store: shared by every worker pointed at one database.
+//!
+//! Each running run is driven by the worker that holds its lease
+//! (`runs.lease_owner` until `runs.lease_until_ms`, in `runs.lease_epoch`).
+//! A worker claims runs nobody holds ([`Store::claim_runs`]: one query with
+//! `FOR UPDATE SKIP LOCKED`, so two workers never claim the same run), renews
+//! its leases while it drives them, and every write of a run's progress is
+//! fenced: it commits only while the writer's lease has the owner and epoch it
+//! was claimed with. Lease times are the database's clock, so the workers'
+//! clocks need not agree.
+//!
+//! Workers hear of each other through `LISTEN`/`NOTIFY` on one channel
+//! ([`Store::listen`]). Migrations are embedded and run at open.
 
-use super::StoreError;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use sqlx::migrate::{MigrateError, Migrator};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
+use sqlx::{ConnectOptions, Connection, Row};
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::sqlite::{attempt_workers, cursor_of, failure, json_text, parse_cursor, parse_json};
+use super::{
+    CallRow, CancelRequest, Counts, Created, EventRow, Failure, Fence, Lease, ListQuery, NewRun,
+    Note, Renewed, RunRow, RunStatus, StepRow, StepStatus, Store, StoreError, WorkerRow, now_ms,
+    now_text,
+};
+
+// sqlx's PostgreSQL migrator takes a session advisory lock (`pg_advisory_lock`
+// on a key derived from the database's name) before it looks at
+// `_sqlx_migrations`, and releases it when done: workers that start at once
+// migrate one after the other, and all but the first find nothing to do.
+static MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
+
+/// The channel every worker listens on. Payloads: `ready`,
+/// `finished:<run_id>`, `cancel:<run_id>`, `event`.
+const CHANNEL: &str = "wf_host";
+
+/// The database's clock, in ms since the epoch. `clock_timestamp()`, not
+/// `now()`: the latter is the start of the transaction.
+const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+
+/// The advisory lock taken by each event append until it commits: "wfhsev".
+const EVENT_LOCK: i64 = 0x7766_6873_6576;
+
+/// Workers not seen for this long are forgotten.
+const FORGET_WORKERS_MS: i64 = 24 * 60 * 60 * 1000;
+
+/// How many notes a slow receiver may fall behind before it lags.
+const NOTE_CAPACITY: usize = 1024;
 
 /// The PostgreSQL store.
-pub struct PgStore {}
+pub struct PgStore {
+    pool: PgPool,
+    location: String,
+    notes: broadcast::Sender<Note>,
+    /// The task that turns notifications into [`Note`]s; stopped on drop.
+    listener: ListenerTask,
+}
 
 impl PgStore {
-    pub async fn open(url: &str) -> Result<super::sqlite::SqliteStore, StoreError> {
-        Err(StoreError::Open {
-            path: url.to_owned(),
-            message: "not built yet".into(),
+    /// Connects to the database at `url` (`postgres://user:password@host/db`),
+    /// migrates it, and starts listening for other workers' notes.
+    ///
+    /// # Errors
+    /// [`StoreError::Open`], naming the URL without its password, when the
+    /// URL is malformed, the database cannot be reached, its schema is newer
+    /// than this wf-host's, or it cannot be migrated.
+    pub async fn open(url: &str) -> Result<PgStore, StoreError> {
+        let location = redact_password(url);
+        let open_err = |message: String| StoreError::Open {
+            path: location.clone(),
+            message,
+        };
+        let options = PgConnectOptions::from_str(url).map_err(|e| open_err(e.to_string()))?;
+        // One connection first: the pool retries a refused connection until
+        // its acquire timeout, which would hide the cause for 5 s.
+        let probe = tokio::time::timeout(Duration::from_secs(5), options.connect())
+            .await
+            .unwrap_or(Err(sqlx::Error::PoolTimedOut))
+            .map_err(|e| open_err(format!("cannot connect: {e}")))?;
+        let _ = probe.close().await;
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_with(options)
+            .await
+            .map_err(|e| open_err(format!("cannot connect: {e}")))?;
+        if let Err(e) = migrate(&pool).await {
+            // Closing ends the migrating session, and with it any advisory
+            // lock sqlx's migrator did not release on its way out.
+            pool.close().await;
+            return Err(open_err(e));
+        }
+        let mut listener = PgListener::connect_with(&pool)
+            .await
+            .map_err(|e| open_err(format!("cannot listen: {e}")))?;
+        listener
+            .listen(CHANNEL)
+            .await
+            .map_err(|e| open_err(format!("cannot listen: {e}")))?;
+        let (notes, _) = broadcast::channel(NOTE_CAPACITY);
+        let listener = ListenerTask::spawn(listener, pool.clone(), notes.clone());
+        Ok(PgStore {
+            pool,
+            location,
+            notes,
+            listener,
         })
+    }
+
+    /// The pool, for tests that inspect the database.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Stops listening and closes every connection.
+    pub async fn close(&self) {
+        self.listener.stop.cancel();
+        self.pool.close().await;
+    }
+
+    /// [`StoreError::LeaseLost`] when `fence` does not hold `run_id`, else
+    /// `Ok`: what a fenced write that changed nothing means.
+    async fn check_fence(&self, run_id: &str, fence: &Fence) -> Result<(), StoreError> {
+        let held: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM runs WHERE run_id = $1 AND lease_owner = $2
+                                                 AND lease_epoch = $3 AND status = 'running')",
+        )
+        .bind(run_id)
+        .bind(&*fence.worker)
+        .bind(fence.epoch)
+        .fetch_one(&self.pool)
+        .await?;
+        if held {
+            Ok(())
+        } else {
+            Err(StoreError::LeaseLost(run_id.to_owned()))
+        }
+    }
+}
+
+/// Refuses a database migrated by a newer wf-host, then migrates.
+async fn migrate(pool: &PgPool) -> Result<(), String> {
+    let known = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
+    let newer = |version: i64| {
+        format!(
+            "the database's schema is newer than this wf-host (migration {version}); upgrade wf-host"
+        )
+    };
+    let read_err = |e: sqlx::Error| format!("cannot read its migrations: {e}");
+    let has_table: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+        .fetch_one(pool)
+        .await
+        .map_err(read_err)?;
+    let applied: Option<i64> = if has_table {
+        sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations")
+            .fetch_one(pool)
+            .await
+            .map_err(read_err)?
+    } else {
+        None
+    };
+    if let Some(version) = applied.filter(|v| *v > known) {
+        return Err(newer(version));
+    }
+    MIGRATOR.run(pool).await.map_err(|e| match e {
+        // A newer wf-host migrated it since the check above.
+        MigrateError::VersionMissing(version) if version > known => newer(version),
+        e => format!("cannot migrate it: {e}"),
+    })
+}
+
+/// `url` without its password (in the user info or a `password` parameter).
+pub fn redact_password(url: &str) -> String {
+    let (head, query) = match url.split_once('?') {
+        Some((head, query)) => (head, Some(query)),
+        None => (url, None),
+    };
+    let head = match head.split_once("://") {
+        Some((scheme, rest)) => {
+            let (authority, path) = match rest.find('/') {
+                Some(i) => rest.split_at(i),
+                None => (rest, ""),
+            };
+            let authority = match authority.rsplit_once('@') {
+                Some((user_info, host)) => {
+                    let user = user_info.split_once(':').map_or(user_info, |(u, _)| u);
+                    format!("{user}@{host}")
+                }
+                None => authority.to_owned(),
+            };
+            format!("{scheme}://{authority}{path}")
+        }
+        None => head.to_owned(),
+    };
+    let query = query.map(|q| {
+        q.split('&')
+            .filter(|param| !param.to_ascii_lowercase().starts_with("password="))
+            .collect::<Vec<_>>()
+            .join("&")
+    });
+    match query {
+        Some(q) if !q.is_empty() => format!("{head}?{q}"),
+        _ => head,
+    }
+}
+
+/// The listening task, owned by the store: cancelled and aborted on drop.
+struct ListenerTask {
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl ListenerTask {
+    fn spawn(listener: PgListener, pool: PgPool, notes: broadcast::Sender<Note>) -> ListenerTask {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(listen(listener, pool, notes, stop.clone()));
+        ListenerTask { stop, task }
+    }
+}
+
+impl Drop for ListenerTask {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        self.task.abort();
+    }
+}
+
+/// Turns notifications into notes until `stop`. When the connection drops,
+/// it connects again (backing off while the database is away) and sends
+/// [`Note::Reconnected`], since notes may have been missed meanwhile.
+async fn listen(
+    mut listener: PgListener,
+    pool: PgPool,
+    notes: broadcast::Sender<Note>,
+    stop: CancellationToken,
+) {
+    const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+    const MAX_BACKOFF: Duration = Duration::from_secs(5);
+    loop {
+        let received = tokio::select! {
+            () = stop.cancelled() => return,
+            received = listener.try_recv() => received,
+        };
+        match received {
+            Ok(Some(notification)) => {
+                if let Some(note) = parse_note(notification.payload()) {
+                    // No receivers is fine: nobody is waiting.
+                    let _ = notes.send(note);
+                }
+                continue;
+            }
+            // Lost and already connected again (sqlx reconnects eagerly).
+            Ok(None) => {
+                tracing::warn!("the store's listening connection was lost; reconnected");
+                let _ = notes.send(Note::Reconnected);
+                continue;
+            }
+            Err(sqlx::Error::PoolClosed) => return,
+            Err(e) => tracing::warn!("the store's listening connection failed: {e}"),
+        }
+        // A fresh listener, until the database is back.
+        let mut backoff = FIRST_BACKOFF;
+        listener = loop {
+            let connected = tokio::select! {
+                () = stop.cancelled() => return,
+                connected = connect_listener(&pool) => connected,
+            };
+            match connected {
+                Ok(listener) => break listener,
+                Err(sqlx::Error::PoolClosed) => return,
+                Err(e) => {
+                    tracing::debug!(
+                        "the store's listening connection: {e}; retrying in {backoff:?}"
+                    );
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        };
+        tracing::info!("the store's listening connection is back");
+        let _ = notes.send(Note::Reconnected);
+    }
+}
+
+async fn connect_listener(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
+    let connect = async {
+        let mut listener = PgListener::connect_with(pool).await?;
+        listener.listen(CHANNEL).await?;
+        Ok(listener)
+    };
+    // A host that drops packets would otherwise hold the loop forever.
+    tokio::time::timeout(Duration::from_secs(10), connect)
+        .await
+        .unwrap_or(Err(sqlx::Error::PoolTimedOut))
+}
+
+fn parse_note(payload: &str) -> Option<Note> {
+    match payload.split_once(':') {
+        None => match payload {
+            "ready" => Some(Note::Ready),
+            "event" => Some(Note::Event),
+            _ => None,
+        },
+        Some(("finished", run_id)) => Some(Note::Finished(run_id.to_owned())),
+        Some(("cancel", run_id)) => Some(Note::Cancel(run_id.to_owned())),
+        Some(_) => None,
+    }
+}
+
+fn run_row(row: &PgRow) -> Result<RunRow, StoreError> {
+    Ok(RunRow {
+        run_id: row.try_get("run_id")?,
+        workflow: row.try_get("workflow")?,
+        status: RunStatus::parse(row.try_get::<&str, _>("status")?)?,
+        input: parse_json(row.try_get("input")?)?.unwrap_or(Value::Null),
+        output: parse_json(row.try_get("output")?)?,
+        error: failure(row.try_get("error_code")?, row.try_get("error_message")?),
+        definition: parse_json(row.try_get("definition")?)?.unwrap_or(Value::Null),
+        definition_hash: row.try_get("definition_hash")?,
+        idempotency_key: row.try_get("idempotency_key")?,
+        created_ms: row.try_get("created_ms")?,
+        started_at: row.try_get("started_at")?,
+        finished_at: row.try_get("finished_at")?,
+    })
+}
+
+fn step_row(row: &PgRow) -> Result<StepRow, StoreError> {
+    Ok(StepRow {
+        step_id: row.try_get("step_id")?,
+        status: StepStatus::parse(row.try_get::<&str, _>("status")?)?,
+        attempts: row.try_get::<i64, _>("attempts")? as u32,
+        input: parse_json(row.try_get("input")?)?,
+        output: parse_json(row.try_get("output")?)?,
+        error: failure(row.try_get("error_code")?, row.try_get("error_message")?),
+        started_at: row.try_get("started_at")?,
+        finished_at: row.try_get("finished_at")?,
+        workers: attempt_workers(row.try_get("workers")?)?,
+    })
+}
+
+fn ms_text(ms: i64) -> String {
+    let at = std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+fn duration_ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Ends a running run as `status`, its unfinished steps `cancelled`, its
+/// lease cleared, and sends [`Note::Finished`]; false when it was not running.
+async fn end_run(
+    tx: &mut sqlx::PgConnection,
+    run_id: &str,
+    status: RunStatus,
+    failure: &Failure,
+) -> Result<bool, StoreError> {
+    let ended = sqlx::query(
+        "UPDATE runs SET status = $2, error_code = $3, error_message = $4,
+                         finished_at = $5, finished_ms = $6,
+                         lease_owner = NULL, lease_until_ms = NULL
+         WHERE run_id = $1 AND status = 'running'",
+    )
+    .bind(run_id)
+    .bind(status.as_str())
+    .bind(&failure.code)
+    .bind(&failure.message)
+    .bind(now_text())
+    .bind(now_ms())
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if ended == 0 {
+        return Ok(false);
+    }
+    sqlx::query(
+        "UPDATE steps SET status = 'cancelled', error_code = $2, error_message = $3,
+                          finished_at = $4
+         WHERE run_id = $1 AND status IN ('pending', 'running')",
+    )
+    .bind(run_id)
+    .bind(&failure.code)
+    .bind(&failure.message)
+    .bind(now_text())
+    .execute(&mut *tx)
+    .await?;
+    notify(tx, &format!("finished:{run_id}")).await?;
+    Ok(true)
+}
+
+/// `pg_notify` on the channel; delivered when the transaction commits.
+async fn notify(conn: &mut sqlx::PgConnection, payload: &str) -> Result<(), StoreError> {
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(CHANNEL)
+        .bind(payload)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// The fence of a write, as a CTE over `$1` (run id), `$2` (worker) and `$3`
+/// (epoch). `FOR SHARE` holds the run row until the write commits, so a
+/// claim cannot take the run between the check and the write: either the
+/// claim waits for the write, or the write sees the claim and changes nothing.
+const HELD: &str = "held AS (SELECT 1 FROM runs WHERE run_id = $1 AND lease_owner = $2
+                                               AND lease_epoch = $3 AND status = 'running'
+                             FOR SHARE)";
+
+#[async_trait]
+impl Store for PgStore {
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn location(&self) -> String {
+        self.location.clone()
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    async fn create_run(&self, new: &NewRun, lease: Option<&Lease>) -> Result<Created, StoreError> {
+        let run = &new.run;
+        let mut tx = self.pool.begin().await?;
+        let inserted = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO runs (run_id, workflow, status, input, definition, definition_hash,
+                               idempotency_key, created_ms, started_at,
+                               lease_owner, lease_until_ms, lease_epoch)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,
+                     $10, CASE WHEN $10::text IS NULL THEN NULL ELSE {DB_NOW_MS} + $11 END,
+                     CASE WHEN $10::text IS NULL THEN 0 ELSE 1 END)
+             ON CONFLICT DO NOTHING"
+        )))
+        .bind(&run.run_id)
+        .bind(&run.workflow)
+        .bind(run.status.as_str())
+        .bind(json_text(&run.input))
+        .bind(json_text(&run.definition))
+        .bind(&run.definition_hash)
+        .bind(&run.idempotency_key)
+        .bind(run.created_ms)
+        .bind(&run.started_at)
+        .bind(lease.map(|l| &*l.worker))
+        .bind(lease.map_or(0, |l| duration_ms(l.duration)))
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if inserted == 0 {
+            let existing = sqlx::query(
+                "SELECT * FROM runs WHERE (workflow = $1 AND idempotency_key = $2) OR run_id = $3
+                 ORDER BY run_id = $3 LIMIT 1",
+            )
+            .bind(&run.workflow)
+            .bind(&run.idempotency_key)
+            .bind(&run.run_id)
+            .fetch_one(&mut *tx)
+            .await?;
+            tx.rollback().await?;
+            return Ok(Created::Existing(Box::new(run_row(&existing)?)));
+        }
+        sqlx::query(
+            "INSERT INTO steps (run_id, step_id, position, status)
+             SELECT $1, step_id, position - 1, 'pending'
+             FROM unnest($2::text[]) WITH ORDINALITY AS s (step_id, position)",
+        )
+        .bind(&run.run_id)
+        .bind(&new.steps)
+        .execute(&mut *tx)
+        .await?;
+        if lease.is_none() {
+            notify(&mut tx, "ready").await?;
+        }
+        tx.commit().await?;
+        Ok(Created::New)
+    }
+
+    async fn run(&self, run_id: &str) -> Result<Option<RunRow>, StoreError> {
+        sqlx::query("SELECT * FROM runs WHERE run_id = $1")
+            .bind(run_id)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(run_row)
+            .transpose()
+    }
+
+    async fn steps(&self, run_id: &str) -> Result<Vec<StepRow>, StoreError> {
+        sqlx::query("SELECT * FROM steps WHERE run_id = $1 ORDER BY position")
+            .bind(run_id)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(step_row)
+            .collect()
+    }
+
+    async fn calls(&self, run_id: &str, step_id: &str) -> Result<Vec<CallRow>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT * FROM calls WHERE run_id = $1 AND step_id = $2 ORDER BY attempt, item, seq",
+        )
+        .bind(run_id)
+        .bind(step_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(CallRow {
+                    run_id: row.try_get("run_id")?,
+                    step_id: row.try_get("step_id")?,
+                    item: row.try_get::<i64, _>("item")? as u32,
+                    attempt: row.try_get::<i64, _>("attempt")? as u32,
+                    seq: row.try_get::<i64, _>("seq")? as u32,
+                    name: row.try_get("name")?,
+                    arguments: parse_json(row.try_get("arguments")?)?.unwrap_or(Value::Null),
+                    outcome: row.try_get("outcome")?,
+                    error_code: row.try_get("error_code")?,
+                    duration_us: row.try_get::<i64, _>("duration_us")? as u64,
+                    at: row.try_get("at")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn list_runs(
+        &self,
+        query: &ListQuery,
+    ) -> Result<(Vec<RunRow>, Option<String>), StoreError> {
+        let after = query.cursor.as_deref().map(parse_cursor).transpose()?;
+        let limit = query.limit.clamp(1, 1000);
+        let rows = sqlx::query(
+            "SELECT * FROM runs
+             WHERE ($1::text IS NULL OR workflow = $1) AND ($2::text IS NULL OR status = $2)
+               AND ($3::bigint IS NULL OR created_ms < $3 OR (created_ms = $3 AND run_id < $4))
+             ORDER BY created_ms DESC, run_id DESC
+             LIMIT $5",
+        )
+        .bind(&query.workflow)
+        .bind(query.status.map(RunStatus::as_str))
+        .bind(after.as_ref().map(|(ms, _)| *ms))
+        .bind(after.as_ref().map(|(_, id)| id.as_str()))
+        .bind(i64::from(limit) + 1)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut runs = rows.iter().map(run_row).collect::<Result<Vec<_>, _>>()?;
+        let next = if runs.len() > limit as usize {
+            runs.truncate(limit as usize);
+            runs.last().map(cursor_of)
+        } else {
+            None
+        };
+        Ok((runs, next))
+    }
+
+    async fn unfinished_runs(&self) -> Result<Vec<RunRow>, StoreError> {
+        sqlx::query("SELECT * FROM runs WHERE status = 'running' ORDER BY created_ms, run_id")
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(run_row)
+            .collect()
+    }
+
+    async fn step_started(
+        &self,
+        run_id: &str,
+        step_id: &str,
+        attempt: u32,
+        input: Option<&Value>,
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
+        let updated = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "WITH {HELD}
+             UPDATE steps SET status = 'running', attempts = $5, input = $6, output = NULL,
+                              error_code = NULL, error_message = NULL,
+                              started_at = $7, finished_at = NULL,
+                              workers = (coalesce(workers, '[]')::jsonb || jsonb_build_array(
+                                  jsonb_build_object('attempt', $5, 'worker', $2::text)))::text
+             WHERE run_id = $1 AND step_id = $4 AND EXISTS (SELECT 1 FROM held)"
+        )))
+        .bind(run_id)
+        .bind(&*fence.worker)
+        .bind(fence.epoch)
+        .bind(step_id)
+        .bind(i64::from(attempt))
+        .bind(input.map(json_text))
+        .bind(now_text())
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        if updated == 0 {
+            self.check_fence(run_id, fence).await?;
+        }
+        Ok(())
+    }
+
+    async fn step_attempt(
+        &self,
+        run_id: &str,
+        step_id: &str,
+        attempt: u32,
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
+        let updated = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "WITH {HELD}
+             UPDATE steps SET attempts = greatest(attempts, $5),
+                              workers = (coalesce(workers, '[]')::jsonb || jsonb_build_array(
+                                  jsonb_build_object('attempt', $5, 'worker', $2::text)))::text
+             WHERE run_id = $1 AND step_id = $4 AND EXISTS (SELECT 1 FROM held)"
+        )))
+        .bind(run_id)
+        .bind(&*fence.worker)
+        .bind(fence.epoch)
+        .bind(step_id)
+        .bind(i64::from(attempt))
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        if updated == 0 {
+            self.check_fence(run_id, fence).await?;
+        }
+        Ok(())
+    }
+
+    async fn step_finished(
+        &self,
+        run_id: &str,
+        step_id: &str,
+        status: StepStatus,
+        output: Option<&Value>,
+        error: Option<&Failure>,
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
+        let updated = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "WITH {HELD}
+             UPDATE steps SET status = $5, output = $6, error_code = $7, error_message = $8,
+                              finished_at = $9
+             WHERE run_id = $1 AND step_id = $4 AND EXISTS (SELECT 1 FROM held)"
+        )))
+        .bind(run_id)
+        .bind(&*fence.worker)
+        .bind(fence.epoch)
+        .bind(step_id)
+        .bind(status.as_str())
+        .bind(output.map(json_text))
+        .bind(error.map(|e| e.code.as_str()))
+        .bind(error.map(|e| e.message.as_str()))
+        .bind(now_text())
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        if updated == 0 {
+            self.check_fence(run_id, fence).await?;
+        }
+        Ok(())
+    }
+
+    async fn run_finished(
+        &self,
+        run_id: &str,
+        status: RunStatus,
+        output: Option<&Value>,
+        error: Option<&Failure>,
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
+        // The update and its note in one statement: the note goes out when
+        // (and only if) the run is ended by this fence.
+        let ended = sqlx::query(
+            "WITH ended AS (
+                 UPDATE runs SET status = $4, output = $5, error_code = $6, error_message = $7,
+                                 finished_at = $8, finished_ms = $9,
+                                 lease_owner = NULL, lease_until_ms = NULL
+                 WHERE run_id = $1 AND lease_owner = $2 AND lease_epoch = $3
+                   AND status = 'running'
+                 RETURNING run_id)
+             SELECT pg_notify($10, 'finished:' || run_id) FROM ended",
+        )
+        .bind(run_id)
+        .bind(&*fence.worker)
+        .bind(fence.epoch)
+        .bind(status.as_str())
+        .bind(output.map(json_text))
+        .bind(error.map(|e| e.code.as_str()))
+        .bind(error.map(|e| e.message.as_str()))
+        .bind(now_text())
+        .bind(now_ms())
+        .bind(CHANNEL)
+        .fetch_all(&self.pool)
+        .await?;
+        if ended.is_empty() {
+            return Err(StoreError::LeaseLost(run_id.to_owned()));
+        }
+        Ok(())
+    }
+
+    async fn reopen_run(&self, run_id: &str) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let reopened = sqlx::query(
+            "UPDATE runs SET status = 'running', output = NULL, error_code = NULL,
+                             error_message = NULL, finished_at = NULL, finished_ms = NULL,
+                             lease_owner = NULL, lease_until_ms = NULL,
+                             cancel_requested = FALSE
+             WHERE run_id = $1 AND status IN ('failed', 'cancelled')",
+        )
+        .bind(run_id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if reopened == 0 {
+            return Ok(false);
+        }
+        sqlx::query(
+            "UPDATE steps SET status = 'pending', error_code = NULL, error_message = NULL,
+                              finished_at = NULL
+             WHERE run_id = $1 AND status IN ('failed', 'cancelled')",
+        )
+        .bind(run_id)
+        .execute(&mut *tx)
+        .await?;
+        notify(&mut tx, "ready").await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn record_call(&self, call: &CallRow, fence: &Fence) -> Result<(), StoreError> {
+        let inserted = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "WITH {HELD}
+             INSERT INTO calls (run_id, step_id, item, attempt, seq, name, arguments,
+                                outcome, error_code, duration_us, at)
+             SELECT $1, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13 FROM held
+             ON CONFLICT (run_id, step_id, item, attempt, seq) DO UPDATE
+                 SET name = excluded.name, arguments = excluded.arguments,
+                     outcome = excluded.outcome, error_code = excluded.error_code,
+                     duration_us = excluded.duration_us, at = excluded.at"
+        )))
+        .bind(&call.run_id)
+        .bind(&*fence.worker)
+        .bind(fence.epoch)
+        .bind(&call.step_id)
+        .bind(i64::from(call.item))
+        .bind(i64::from(call.attempt))
+        .bind(i64::from(call.seq))
+        .bind(&call.name)
+        .bind(json_text(&call.arguments))
+        .bind(&call.outcome)
+        .bind(&call.error_code)
+        .bind(call.duration_us as i64)
+        .bind(&call.at)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        if inserted == 0 {
+            return Err(StoreError::LeaseLost(call.run_id.clone()));
+        }
+        Ok(())
+    }
+
+    async fn abandon_run(
+        &self,
+        run_id: &str,
+        status: RunStatus,
+        failure: &Failure,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        end_run(&mut tx, run_id, status, failure).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn counts(&self) -> Result<Counts, StoreError> {
+        let row = sqlx::query(
+            "SELECT count(*) AS total, count(*) FILTER (WHERE status = 'running') AS running
+             FROM runs",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(Counts {
+            runs_running: row.try_get::<i64, _>("running")? as u64,
+            runs_total: row.try_get::<i64, _>("total")? as u64,
+        })
+    }
+
+    async fn append_event(
+        &self,
+        run_id: &str,
+        kind: &str,
+        data: &Value,
+    ) -> Result<EventRow, StoreError> {
+        let at = now_text();
+        let mut tx = self.pool.begin().await?;
+        // Ids are drawn from a sequence when the row is inserted, but become
+        // visible when it commits: two workers appending at once could commit
+        // ids 8 and 7 in that order, and a client that read 8 and resumes
+        // after it would never see 7. Held until commit, this lock makes
+        // drawing and committing one step, so ids appear in order.
+        sqlx::query("SELECT pg_advisory_xact_lock($1), pg_notify($2, 'event')")
+            .bind(EVENT_LOCK)
+            .bind(CHANNEL)
+            .execute(&mut *tx)
+            .await?;
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO events (run_id, kind, data, at) VALUES ($1, $2, $3, $4) RETURNING id",
+        )
+        .bind(run_id)
+        .bind(kind)
+        .bind(json_text(data))
+        .bind(&at)
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(EventRow {
+            id,
+            run_id: run_id.to_owned(),
+            kind: kind.to_owned(),
+            data: data.clone(),
+            at,
+        })
+    }
+
+    async fn events(
+        &self,
+        run_id: Option<&str>,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<EventRow>, StoreError> {
+        let rows: Vec<(i64, String, String, String, String)> = sqlx::query_as(
+            "SELECT id, run_id, kind, data, at FROM events
+             WHERE id > $1 AND ($2::text IS NULL OR run_id = $2) ORDER BY id LIMIT $3",
+        )
+        .bind(after)
+        .bind(run_id)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|(id, run_id, kind, data, at)| {
+                Ok(EventRow {
+                    id,
+                    run_id,
+                    kind,
+                    data: serde_json::from_str(&data)
+                        .map_err(|e| StoreError::Corrupt(format!("event {id}: {e}")))?,
+                    at,
+                })
+            })
+            .collect()
+    }
+
+    async fn last_event_id(&self) -> Result<i64, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT coalesce(max(id), 0)::bigint FROM events")
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
+    async fn prune(&self, keep_runs: u64, finished_before_ms: i64) -> Result<u64, StoreError> {
+        let deleted = sqlx::query(
+            "DELETE FROM runs WHERE status != 'running' AND (
+                 finished_ms < $1
+                 OR run_id NOT IN (SELECT run_id FROM runs WHERE status != 'running'
+                                   ORDER BY finished_ms DESC NULLS LAST, run_id DESC
+                                   LIMIT $2))",
+        )
+        .bind(finished_before_ms)
+        .bind(i64::try_from(keep_runs).unwrap_or(i64::MAX))
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(deleted)
+    }
+
+    fn listen(&self) -> Option<broadcast::Receiver<Note>> {
+        Some(self.notes.subscribe())
+    }
+
+    async fn claim_runs(
+        &self,
+        worker: &str,
+        limit: u32,
+        lease: Duration,
+    ) -> Result<Vec<(RunRow, Fence)>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        // SKIP LOCKED: rows another worker is claiming right now are passed
+        // over rather than waited for (and never claimed twice).
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE runs SET lease_owner = $1, lease_until_ms = {DB_NOW_MS} + $2,
+                             lease_epoch = lease_epoch + 1
+             WHERE run_id IN (
+                 SELECT run_id FROM runs
+                 WHERE status = 'running'
+                   AND (lease_owner IS NULL OR lease_until_ms < {DB_NOW_MS})
+                 ORDER BY created_ms, run_id
+                 LIMIT $3
+                 FOR UPDATE SKIP LOCKED)
+             RETURNING *"
+        )))
+        .bind(worker)
+        .bind(duration_ms(lease))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        let worker: Arc<str> = worker.into();
+        let mut claimed = rows
+            .iter()
+            .map(|row| {
+                let fence = Fence {
+                    worker: worker.clone(),
+                    epoch: row.try_get("lease_epoch")?,
+                };
+                Ok((run_row(row)?, fence))
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        // RETURNING has no order.
+        claimed.sort_by(|(a, _), (b, _)| (a.created_ms, &a.run_id).cmp(&(b.created_ms, &b.run_id)));
+        Ok(claimed)
+    }
+
+    async fn renew(
+        &self,
+        worker: &str,
+        runs: &[String],
+        lease: Duration,
+    ) -> Result<Renewed, StoreError> {
+        if runs.is_empty() {
+            return Ok(Renewed::default());
+        }
+        let renewed: Vec<(String, bool)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "UPDATE runs SET lease_until_ms = {DB_NOW_MS} + $3
+             WHERE lease_owner = $1 AND run_id = ANY($2) AND status = 'running'
+             RETURNING run_id, cancel_requested"
+        )))
+        .bind(worker)
+        .bind(runs)
+        .bind(duration_ms(lease))
+        .fetch_all(&self.pool)
+        .await?;
+        let lost = runs
+            .iter()
+            .filter(|id| !renewed.iter().any(|(r, _)| r == *id))
+            .cloned()
+            .collect();
+        let cancel = renewed
+            .into_iter()
+            .filter_map(|(id, cancel)| cancel.then_some(id))
+            .collect();
+        Ok(Renewed { lost, cancel })
+    }
+
+    async fn release_runs(&self, worker: &str, runs: &[String]) -> Result<(), StoreError> {
+        if runs.is_empty() {
+            return Ok(());
+        }
+        sqlx::query(
+            "WITH released AS (
+                 UPDATE runs SET lease_owner = NULL, lease_until_ms = NULL
+                 WHERE lease_owner = $1 AND run_id = ANY($2)
+                 RETURNING 1)
+             SELECT pg_notify($3, 'ready') WHERE EXISTS (SELECT 1 FROM released)",
+        )
+        .bind(worker)
+        .bind(runs)
+        .bind(CHANNEL)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn request_cancel(
+        &self,
+        run_id: &str,
+        failure: &Failure,
+    ) -> Result<CancelRequest, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let row: Option<(String, bool)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT status, lease_owner IS NOT NULL AND lease_until_ms >= {DB_NOW_MS}
+             FROM runs WHERE run_id = $1 FOR UPDATE"
+        )))
+        .bind(run_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let outcome = match row {
+            Some((status, _)) if status != RunStatus::Running.as_str() => CancelRequest::NotRunning,
+            None => CancelRequest::NotRunning,
+            Some((_, true)) => {
+                sqlx::query("UPDATE runs SET cancel_requested = TRUE WHERE run_id = $1")
+                    .bind(run_id)
+                    .execute(&mut *tx)
+                    .await?;
+                notify(&mut tx, &format!("cancel:{run_id}")).await?;
+                CancelRequest::Signalled
+            }
+            Some((_, false)) => {
+                end_run(&mut tx, run_id, RunStatus::Cancelled, failure).await?;
+                CancelRequest::Ended
+            }
+        };
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    async fn heartbeat(&self, worker: &WorkerRow) -> Result<(), StoreError> {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO workers (id, started_at, heartbeat_ms, running_steps)
+             VALUES ($1, $2, {DB_NOW_MS}, $3)
+             ON CONFLICT (id) DO UPDATE SET started_at = excluded.started_at,
+                                            heartbeat_ms = excluded.heartbeat_ms,
+                                            running_steps = excluded.running_steps"
+        )))
+        .bind(&worker.id)
+        .bind(&worker.started_at)
+        .bind(i64::try_from(worker.running_steps).unwrap_or(i64::MAX))
+        .execute(&self.pool)
+        .await?;
+        // Workers that went away long ago, so the table does not grow.
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DELETE FROM workers WHERE heartbeat_ms < {DB_NOW_MS} - $1"
+        )))
+        .bind(FORGET_WORKERS_MS)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn workers(&self, within: Duration) -> Result<Vec<WorkerRow>, StoreError> {
+        let rows: Vec<(String, String, i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT id, started_at, heartbeat_ms, running_steps FROM workers
+             WHERE heartbeat_ms >= {DB_NOW_MS} - $1 ORDER BY id"
+        )))
+        .bind(duration_ms(within))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, started_at, heartbeat_ms, running_steps)| WorkerRow {
+                id,
+                started_at,
+                last_heartbeat: ms_text(heartbeat_ms),
+                running_steps: running_steps.max(0) as u64,
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_password_is_left_out_of_the_location() {
+        assert_eq!(
+            redact_password("postgres://wf:s3cret@db.example:5432/wf?sslmode=disable"),
+            "postgres://wf@db.example:5432/wf?sslmode=disable"
+        );
+        assert_eq!(
+            redact_password("postgresql://wf@localhost/wf?password=s3cret&application_name=x"),
+            "postgresql://wf@localhost/wf?application_name=x"
+        );
+        assert_eq!(
+            redact_password("postgres://localhost/wf?password=s3cret"),
+            "postgres://localhost/wf"
+        );
+        assert_eq!(redact_password("postgres://a:b:c@h"), "postgres://a@h");
+    }
+
+    #[test]
+    fn notes_parse() {
+        assert_eq!(parse_note("ready"), Some(Note::Ready));
+        assert_eq!(parse_note("event"), Some(Note::Event));
+        assert_eq!(
+            parse_note("finished:r:1"),
+            Some(Note::Finished("r:1".into()))
+        );
+        assert_eq!(parse_note("cancel:r1"), Some(Note::Cancel("r1".into())));
+        assert_eq!(parse_note("other"), None);
     }
 }

@@ -229,16 +229,16 @@ fn lock_file(path: &Path) -> Result<std::fs::File, String> {
     Ok(file)
 }
 
-fn json_text(value: &Value) -> String {
+pub(super) fn json_text(value: &Value) -> String {
     value.to_string()
 }
 
-fn parse_json(text: Option<String>) -> Result<Option<Value>, StoreError> {
+pub(super) fn parse_json(text: Option<String>) -> Result<Option<Value>, StoreError> {
     text.map(|t| serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(e.to_string())))
         .transpose()
 }
 
-fn failure(code: Option<String>, message: Option<String>) -> Option<Failure> {
+pub(super) fn failure(code: Option<String>, message: Option<String>) -> Option<Failure> {
     code.map(|code| Failure {
         code,
         message: message.unwrap_or_default(),
@@ -285,11 +285,11 @@ pub(crate) fn attempt_workers(text: Option<String>) -> Result<Vec<AttemptWorker>
     }
 }
 
-fn cursor_of(run: &RunRow) -> String {
+pub(super) fn cursor_of(run: &RunRow) -> String {
     format!("{}.{}", run.created_ms, run.run_id)
 }
 
-fn parse_cursor(cursor: &str) -> Result<(i64, String), StoreError> {
+pub(super) fn parse_cursor(cursor: &str) -> Result<(i64, String), StoreError> {
     cursor
         .split_once('.')
         .and_then(|(ms, id)| Some((ms.parse().ok()?, id.to_owned())))
@@ -724,109 +724,5 @@ impl Store for SqliteStore {
         .await?
         .rows_affected();
         Ok(deleted)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn new_run(id: &str, created_ms: i64) -> NewRun {
-        NewRun {
-            run: RunRow {
-                run_id: id.into(),
-                workflow: "w".into(),
-                status: RunStatus::Running,
-                input: json!(null),
-                output: None,
-                error: None,
-                definition: json!({}),
-                definition_hash: "h".into(),
-                idempotency_key: None,
-                created_ms,
-                started_at: now_text(),
-                finished_at: None,
-            },
-            steps: vec!["a".into()],
-        }
-    }
-
-    fn fence() -> Fence {
-        Fence {
-            worker: "w".into(),
-            epoch: 0,
-        }
-    }
-
-    #[tokio::test]
-    async fn prune_keeps_running_runs_and_the_newest_finished_ones() {
-        let store = SqliteStore::open(":memory:").await.unwrap();
-        for (i, id) in ["r1", "r2", "r3", "r4"].iter().enumerate() {
-            store
-                .create_run(&new_run(id, i as i64), None)
-                .await
-                .unwrap();
-        }
-        for id in ["r1", "r2", "r3"] {
-            store
-                .run_finished(id, RunStatus::Succeeded, Some(&json!(1)), None, &fence())
-                .await
-                .unwrap();
-        }
-        // Keep two finished runs; none is old enough for the age limit.
-        assert_eq!(store.prune(2, 0).await.unwrap(), 1);
-        assert!(store.run("r1").await.unwrap().is_none(), "the oldest goes");
-        assert!(store.run("r4").await.unwrap().is_some(), "running stays");
-        assert!(
-            store.steps("r1").await.unwrap().is_empty(),
-            "its steps go too"
-        );
-        // Everything finished before now goes; the running run stays.
-        assert_eq!(store.prune(100, now_ms() + 1).await.unwrap(), 2);
-        let left: Vec<_> = store
-            .list_runs(&ListQuery {
-                limit: 10,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .0
-            .into_iter()
-            .map(|r| r.run_id)
-            .collect();
-        assert_eq!(left, ["r4"]);
-    }
-
-    #[tokio::test]
-    async fn an_idempotency_key_finds_the_first_run() {
-        let store = SqliteStore::open(":memory:").await.unwrap();
-        let mut first = new_run("r1", 1);
-        first.run.idempotency_key = Some("k".into());
-        assert_eq!(store.create_run(&first, None).await.unwrap(), Created::New);
-        let mut second = new_run("r2", 2);
-        second.run.idempotency_key = Some("k".into());
-        match store.create_run(&second, None).await.unwrap() {
-            Created::Existing(run) => assert_eq!(run.run_id, "r1"),
-            Created::New => panic!("a second run with the same key"),
-        }
-        assert!(store.run("r2").await.unwrap().is_none());
-    }
-
-    #[tokio::test]
-    async fn a_bad_cursor_is_refused() {
-        let store = SqliteStore::open(":memory:").await.unwrap();
-        let err = store
-            .list_runs(&ListQuery {
-                limit: 1,
-                cursor: Some("nonsense".into()),
-                ..Default::default()
-            })
-            .await
-            .unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "cursor `nonsense` is not one this server returned"
-        );
     }
 }

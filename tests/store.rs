@@ -1,0 +1,910 @@
+//! The store backends. The tests at the top run against every backend
+//! (SQLite in memory and in a file, PostgreSQL); those in `shared` are about
+//! what only a shared store does (leases, fencing, notes) and run on
+//! PostgreSQL.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tokio::sync::broadcast;
+
+use common::postgres::TestPostgres;
+use wf_host::store::postgres::PgStore;
+use wf_host::store::sqlite::SqliteStore;
+use wf_host::store::{
+    AttemptWorker, CallRow, CancelRequest, Created, Failure, Fence, Lease, ListQuery, NewRun, Note,
+    RunRow, RunStatus, StepStatus, Store, StoreError, WorkerRow, now_ms, now_text,
+};
+
+/// A store under test and what keeps it alive (its file, its server).
+struct Backend {
+    store: Arc<dyn Store>,
+    _file: Option<tempfile::TempDir>,
+    _server: Option<TestPostgres>,
+}
+
+impl Backend {
+    async fn sqlite_memory() -> Backend {
+        Backend {
+            store: Arc::new(SqliteStore::open(":memory:").await.unwrap()),
+            _file: None,
+            _server: None,
+        }
+    }
+
+    async fn sqlite_file() -> Backend {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        Backend {
+            store: Arc::new(SqliteStore::open(path.to_str().unwrap()).await.unwrap()),
+            _file: Some(dir),
+            _server: None,
+        }
+    }
+
+    async fn postgres() -> Backend {
+        let server = TestPostgres::start();
+        Backend {
+            store: Arc::new(PgStore::open(&server.url()).await.unwrap()),
+            _file: None,
+            _server: Some(server),
+        }
+    }
+}
+
+/// Runs each named test (an `async fn(Backend)`) against every backend.
+macro_rules! every_backend {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite_memory {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(super::Backend::sqlite_memory().await).await;
+            })*
+        }
+        mod sqlite_file {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(super::Backend::sqlite_file().await).await;
+            })*
+        }
+        mod postgres {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(super::Backend::postgres().await).await;
+            })*
+        }
+    };
+}
+
+every_backend!(
+    prune_keeps_running_runs_and_the_newest_finished_ones,
+    an_idempotency_key_finds_the_first_run,
+    a_bad_cursor_is_refused,
+    a_run_s_progress_is_recorded,
+    runs_page_newest_first,
+    a_failed_run_reopens,
+    abandoning_a_run_cancels_its_unfinished_steps,
+);
+
+fn new_run(id: &str, created_ms: i64) -> NewRun {
+    NewRun {
+        run: RunRow {
+            run_id: id.into(),
+            workflow: "w".into(),
+            status: RunStatus::Running,
+            input: json!(null),
+            output: None,
+            error: None,
+            definition: json!({}),
+            definition_hash: "h".into(),
+            idempotency_key: None,
+            created_ms,
+            started_at: now_text(),
+            finished_at: None,
+        },
+        steps: vec!["a".into()],
+    }
+}
+
+fn lease(worker: &str) -> Lease {
+    Lease {
+        worker: worker.into(),
+        duration: Duration::from_secs(60),
+    }
+}
+
+/// The fence of a run created with `lease(worker)`.
+fn fence(worker: &str) -> Fence {
+    Fence {
+        worker: worker.into(),
+        epoch: 1,
+    }
+}
+
+async fn prune_keeps_running_runs_and_the_newest_finished_ones(b: Backend) {
+    let store = &b.store;
+    for (i, id) in ["r1", "r2", "r3", "r4"].iter().enumerate() {
+        store
+            .create_run(&new_run(id, i as i64), Some(&lease("w")))
+            .await
+            .unwrap();
+    }
+    for id in ["r1", "r2", "r3"] {
+        store
+            .run_finished(id, RunStatus::Succeeded, Some(&json!(1)), None, &fence("w"))
+            .await
+            .unwrap();
+    }
+    // Keep two finished runs; none is old enough for the age limit.
+    assert_eq!(store.prune(2, 0).await.unwrap(), 1);
+    assert!(store.run("r1").await.unwrap().is_none(), "the oldest goes");
+    assert!(store.run("r4").await.unwrap().is_some(), "running stays");
+    assert!(
+        store.steps("r1").await.unwrap().is_empty(),
+        "its steps go too"
+    );
+    // Everything finished before now goes; the running run stays.
+    assert_eq!(store.prune(100, now_ms() + 1).await.unwrap(), 2);
+    let left: Vec<_> = store
+        .list_runs(&ListQuery {
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .0
+        .into_iter()
+        .map(|r| r.run_id)
+        .collect();
+    assert_eq!(left, ["r4"]);
+}
+
+async fn an_idempotency_key_finds_the_first_run(b: Backend) {
+    let store = &b.store;
+    let mut first = new_run("r1", 1);
+    first.run.idempotency_key = Some("k".into());
+    assert_eq!(store.create_run(&first, None).await.unwrap(), Created::New);
+    let mut second = new_run("r2", 2);
+    second.run.idempotency_key = Some("k".into());
+    match store.create_run(&second, None).await.unwrap() {
+        Created::Existing(run) => assert_eq!(run.run_id, "r1"),
+        Created::New => panic!("a second run with the same key"),
+    }
+    assert!(store.run("r2").await.unwrap().is_none());
+    // The same key in another workflow is another run.
+    let mut other = new_run("r3", 3);
+    other.run.workflow = "other".into();
+    other.run.idempotency_key = Some("k".into());
+    assert_eq!(store.create_run(&other, None).await.unwrap(), Created::New);
+}
+
+async fn a_bad_cursor_is_refused(b: Backend) {
+    let err = b
+        .store
+        .list_runs(&ListQuery {
+            limit: 1,
+            cursor: Some("nonsense".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "cursor `nonsense` is not one this server returned"
+    );
+}
+
+async fn a_run_s_progress_is_recorded(b: Backend) {
+    let store = &b.store;
+    let mut run = new_run("r1", 1);
+    run.steps = vec!["a".into(), "b".into()];
+    run.run.input = json!({"x": 1});
+    store.create_run(&run, Some(&lease("w1"))).await.unwrap();
+    let f = fence("w1");
+    store
+        .step_started("r1", "a", 1, Some(&json!({"in": 1})), &f)
+        .await
+        .unwrap();
+    store.step_attempt("r1", "a", 2, &f).await.unwrap();
+    let call = CallRow {
+        run_id: "r1".into(),
+        step_id: "a".into(),
+        item: 0,
+        attempt: 2,
+        seq: 0,
+        name: "fs.read".into(),
+        arguments: json!({"path": "/x"}),
+        outcome: "error".into(),
+        error_code: Some("denied".into()),
+        duration_us: 42,
+        at: now_text(),
+    };
+    store.record_call(&call, &f).await.unwrap();
+    // Recorded again (a replayed journal): replaced, not doubled.
+    store.record_call(&call, &f).await.unwrap();
+    store
+        .step_finished("r1", "a", StepStatus::Succeeded, Some(&json!(7)), None, &f)
+        .await
+        .unwrap();
+    let steps = store.steps("r1").await.unwrap();
+    assert_eq!(
+        steps.iter().map(|s| s.step_id.as_str()).collect::<Vec<_>>(),
+        ["a", "b"]
+    );
+    let a = &steps[0];
+    assert_eq!(a.status, StepStatus::Succeeded);
+    assert_eq!(a.attempts, 2);
+    assert_eq!(a.input, Some(json!({"in": 1})));
+    assert_eq!(a.output, Some(json!(7)));
+    assert_eq!(
+        a.workers,
+        [
+            AttemptWorker {
+                attempt: 1,
+                worker: "w1".into()
+            },
+            AttemptWorker {
+                attempt: 2,
+                worker: "w1".into()
+            }
+        ]
+    );
+    assert_eq!(steps[1].status, StepStatus::Pending);
+    assert!(steps[1].workers.is_empty());
+    assert_eq!(store.calls("r1", "a").await.unwrap(), [call]);
+
+    let e1 = store
+        .append_event("r1", "step.started", &json!({"step": "a"}))
+        .await
+        .unwrap();
+    let e2 = store
+        .append_event("r1", "step.finished", &json!({"step": "a"}))
+        .await
+        .unwrap();
+    assert!(e2.id > e1.id);
+    assert_eq!(
+        store.events(Some("r1"), 0, 10).await.unwrap(),
+        [e1.clone(), e2.clone()]
+    );
+    assert_eq!(store.events(None, e1.id, 10).await.unwrap(), [e2]);
+    assert!(store.events(Some("nope"), 0, 10).await.unwrap().is_empty());
+
+    let counts = store.counts().await.unwrap();
+    assert_eq!((counts.runs_running, counts.runs_total), (1, 1));
+    let failure = Failure::new("boom", "it broke");
+    store
+        .run_finished("r1", RunStatus::Failed, None, Some(&failure), &f)
+        .await
+        .unwrap();
+    let row = store.run("r1").await.unwrap().unwrap();
+    assert_eq!(row.status, RunStatus::Failed);
+    assert_eq!(row.error, Some(failure));
+    assert_eq!(row.input, json!({"x": 1}));
+    assert!(row.finished_at.is_some());
+    assert!(store.unfinished_runs().await.unwrap().is_empty());
+    assert_eq!(store.counts().await.unwrap().runs_running, 0);
+}
+
+async fn runs_page_newest_first(b: Backend) {
+    let store = &b.store;
+    // Two runs share a created_ms: the id orders them.
+    for (id, ms) in [("r1", 1), ("r2", 2), ("r3", 2), ("r4", 4)] {
+        store.create_run(&new_run(id, ms), None).await.unwrap();
+    }
+    let mut seen = Vec::new();
+    let mut cursor = None;
+    loop {
+        let (page, next) = store
+            .list_runs(&ListQuery {
+                limit: 1,
+                cursor: cursor.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        seen.extend(page.into_iter().map(|r| r.run_id));
+        match next {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["r4", "r3", "r2", "r1"]);
+    let unfinished: Vec<_> = store
+        .unfinished_runs()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.run_id)
+        .collect();
+    assert_eq!(unfinished, ["r1", "r2", "r3", "r4"]);
+    let none = store
+        .list_runs(&ListQuery {
+            limit: 10,
+            status: Some(RunStatus::Succeeded),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(none.0.is_empty() && none.1.is_none());
+}
+
+async fn a_failed_run_reopens(b: Backend) {
+    let store = &b.store;
+    store
+        .create_run(&new_run("r1", 1), Some(&lease("w")))
+        .await
+        .unwrap();
+    assert!(!store.reopen_run("r1").await.unwrap(), "a running run");
+    store
+        .step_finished(
+            "r1",
+            "a",
+            StepStatus::Failed,
+            None,
+            Some(&Failure::new("x", "y")),
+            &fence("w"),
+        )
+        .await
+        .unwrap();
+    store
+        .run_finished(
+            "r1",
+            RunStatus::Failed,
+            None,
+            Some(&Failure::new("x", "y")),
+            &fence("w"),
+        )
+        .await
+        .unwrap();
+    assert!(store.reopen_run("r1").await.unwrap());
+    let run = store.run("r1").await.unwrap().unwrap();
+    assert_eq!((run.status, run.error), (RunStatus::Running, None));
+    assert_eq!(
+        store.steps("r1").await.unwrap()[0].status,
+        StepStatus::Pending
+    );
+}
+
+async fn abandoning_a_run_cancels_its_unfinished_steps(b: Backend) {
+    let store = &b.store;
+    let mut run = new_run("r1", 1);
+    run.steps = vec!["a".into(), "b".into(), "c".into()];
+    store.create_run(&run, Some(&lease("w"))).await.unwrap();
+    store
+        .step_finished("r1", "a", StepStatus::Succeeded, None, None, &fence("w"))
+        .await
+        .unwrap();
+    store
+        .step_started("r1", "b", 1, None, &fence("w"))
+        .await
+        .unwrap();
+    let failure = Failure::new("cancelled", "asked to");
+    store
+        .abandon_run("r1", RunStatus::Cancelled, &failure)
+        .await
+        .unwrap();
+    let statuses: Vec<_> = store
+        .steps("r1")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.status)
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            StepStatus::Succeeded,
+            StepStatus::Cancelled,
+            StepStatus::Cancelled
+        ]
+    );
+    let run = store.run("r1").await.unwrap().unwrap();
+    assert_eq!(
+        (run.status, run.error),
+        (RunStatus::Cancelled, Some(failure))
+    );
+    // A finished run is left alone.
+    store
+        .abandon_run("r1", RunStatus::Failed, &Failure::new("other", "later"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.run("r1").await.unwrap().unwrap().status,
+        RunStatus::Cancelled
+    );
+}
+
+/// What only a shared store does, on PostgreSQL.
+mod shared {
+    use super::*;
+
+    async fn open(server: &TestPostgres) -> PgStore {
+        PgStore::open(&server.url()).await.unwrap()
+    }
+
+    fn lease_for(worker: &str, duration: Duration) -> Lease {
+        Lease {
+            worker: worker.into(),
+            duration,
+        }
+    }
+
+    fn lease_lost(result: Result<(), StoreError>, run_id: &str) {
+        match result {
+            Err(StoreError::LeaseLost(id)) => assert_eq!(id, run_id),
+            other => panic!("expected LeaseLost, got {other:?}"),
+        }
+    }
+
+    /// The next note `want` accepts, within 5 s.
+    async fn note(rx: &mut broadcast::Receiver<Note>, want: impl Fn(&Note) -> bool) -> Note {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Ok(note)) if want(&note) => return note,
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => panic!("notes: {e}"),
+                Err(_) => panic!("no such note within 5 s"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_write_with_a_stale_fence_changes_nothing() {
+        let server = TestPostgres::start();
+        let store = open(&server).await;
+        store
+            .create_run(&new_run("r1", 1), Some(&lease("w1")))
+            .await
+            .unwrap();
+        let stale = [
+            Fence {
+                worker: "w1".into(),
+                epoch: 2,
+            },
+            Fence {
+                worker: "w2".into(),
+                epoch: 1,
+            },
+        ];
+        for f in &stale {
+            lease_lost(store.step_started("r1", "a", 1, None, f).await, "r1");
+            lease_lost(store.step_attempt("r1", "a", 2, f).await, "r1");
+            lease_lost(
+                store
+                    .step_finished("r1", "a", StepStatus::Succeeded, None, None, f)
+                    .await,
+                "r1",
+            );
+            let call = CallRow {
+                run_id: "r1".into(),
+                step_id: "a".into(),
+                item: 0,
+                attempt: 1,
+                seq: 0,
+                name: "t".into(),
+                arguments: json!({}),
+                outcome: "ok".into(),
+                error_code: None,
+                duration_us: 1,
+                at: now_text(),
+            };
+            lease_lost(store.record_call(&call, f).await, "r1");
+            lease_lost(
+                store
+                    .run_finished("r1", RunStatus::Succeeded, None, None, f)
+                    .await,
+                "r1",
+            );
+        }
+        let step = &store.steps("r1").await.unwrap()[0];
+        assert_eq!((step.status, step.attempts), (StepStatus::Pending, 0));
+        assert!(step.workers.is_empty());
+        assert!(store.calls("r1", "a").await.unwrap().is_empty());
+        assert_eq!(
+            store.run("r1").await.unwrap().unwrap().status,
+            RunStatus::Running
+        );
+        // The holder's own fence writes.
+        store
+            .step_started("r1", "a", 1, None, &fence("w1"))
+            .await
+            .unwrap();
+        assert_eq!(
+            store.steps("r1").await.unwrap()[0].status,
+            StepStatus::Running
+        );
+        // A finished run takes no more writes, even from its last holder.
+        store
+            .run_finished("r1", RunStatus::Succeeded, None, None, &fence("w1"))
+            .await
+            .unwrap();
+        lease_lost(
+            store
+                .step_finished("r1", "a", StepStatus::Succeeded, None, None, &fence("w1"))
+                .await,
+            "r1",
+        );
+    }
+
+    #[tokio::test]
+    async fn concurrent_claimers_never_claim_a_run_twice() {
+        let server = TestPostgres::start();
+        let store = open(&server).await;
+        for i in 0..200 {
+            store
+                .create_run(&new_run(&format!("r{i:03}"), i), None)
+                .await
+                .unwrap();
+        }
+        let mut claimers = Vec::new();
+        for w in 0..4 {
+            let store = open(&server).await;
+            claimers.push(tokio::spawn(async move {
+                let worker = format!("w{w}");
+                let mut mine = Vec::new();
+                loop {
+                    let claimed = store
+                        .claim_runs(&worker, 7, Duration::from_secs(60))
+                        .await
+                        .unwrap();
+                    if claimed.is_empty() {
+                        return mine;
+                    }
+                    for (run, fence) in claimed {
+                        assert_eq!((&*fence.worker, fence.epoch), (worker.as_str(), 1));
+                        mine.push(run.run_id);
+                    }
+                }
+            }));
+        }
+        let mut all = Vec::new();
+        for claimer in claimers {
+            all.extend(claimer.await.unwrap());
+        }
+        let unique: HashSet<_> = all.iter().collect();
+        assert_eq!(all.len(), 200, "every run claimed once");
+        assert_eq!(unique.len(), 200, "no run claimed twice");
+        assert!(
+            store
+                .claim_runs("late", 10, Duration::from_secs(60))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[tokio::test]
+    async fn an_expired_lease_passes_to_another_worker() {
+        let server = TestPostgres::start();
+        let store = open(&server).await;
+        store
+            .create_run(
+                &new_run("r1", 1),
+                Some(&lease_for("w1", Duration::from_millis(300))),
+            )
+            .await
+            .unwrap();
+        assert!(
+            store
+                .claim_runs("w2", 10, Duration::from_secs(60))
+                .await
+                .unwrap()
+                .is_empty(),
+            "a held run is not claimable"
+        );
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let claimed = store
+            .claim_runs("w2", 10, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(claimed.len(), 1);
+        let (run, new_fence) = &claimed[0];
+        assert_eq!(run.run_id, "r1");
+        assert_eq!((&*new_fence.worker, new_fence.epoch), ("w2", 2));
+        lease_lost(
+            store.step_started("r1", "a", 1, None, &fence("w1")).await,
+            "r1",
+        );
+        store
+            .step_started("r1", "a", 1, None, new_fence)
+            .await
+            .unwrap();
+        let renewed = store
+            .renew("w1", &["r1".into()], Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(renewed.lost, ["r1"]);
+    }
+
+    #[tokio::test]
+    async fn renew_reports_lost_and_cancelled_runs() {
+        let server = TestPostgres::start();
+        let store = open(&server).await;
+        for id in ["r1", "r2"] {
+            store
+                .create_run(&new_run(id, 1), Some(&lease("w1")))
+                .await
+                .unwrap();
+        }
+        store
+            .create_run(&new_run("r3", 1), Some(&lease("w2")))
+            .await
+            .unwrap();
+        let failure = Failure::new("cancelled", "asked to");
+        assert_eq!(
+            store.request_cancel("r2", &failure).await.unwrap(),
+            CancelRequest::Signalled
+        );
+        let ids: Vec<String> = ["r1", "r2", "r3", "gone"].map(String::from).to_vec();
+        let renewed = store
+            .renew("w1", &ids, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(renewed.lost, ["r3", "gone"]);
+        assert_eq!(renewed.cancel, ["r2"]);
+        // Released runs are claimable at once.
+        store.release_runs("w1", &ids).await.unwrap();
+        let mut claimed: Vec<_> = store
+            .claim_runs("w3", 10, Duration::from_secs(60))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(r, f)| (r.run_id, f.epoch))
+            .collect();
+        claimed.sort();
+        assert_eq!(claimed, [("r1".to_owned(), 2), ("r2".to_owned(), 2)]);
+    }
+
+    #[tokio::test]
+    async fn request_cancel_ends_signals_or_refuses() {
+        let server = TestPostgres::start();
+        let store = open(&server).await;
+        let failure = Failure::new("cancelled", "asked to");
+        assert_eq!(
+            store.request_cancel("nope", &failure).await.unwrap(),
+            CancelRequest::NotRunning
+        );
+        // Held by a live worker: marked, and that worker is told.
+        store
+            .create_run(&new_run("held", 1), Some(&lease("w1")))
+            .await
+            .unwrap();
+        assert_eq!(
+            store.request_cancel("held", &failure).await.unwrap(),
+            CancelRequest::Signalled
+        );
+        assert_eq!(
+            store.run("held").await.unwrap().unwrap().status,
+            RunStatus::Running
+        );
+        // Held by nobody: ended here.
+        store.create_run(&new_run("free", 2), None).await.unwrap();
+        assert_eq!(
+            store.request_cancel("free", &failure).await.unwrap(),
+            CancelRequest::Ended
+        );
+        let run = store.run("free").await.unwrap().unwrap();
+        assert_eq!(
+            (run.status, run.error),
+            (RunStatus::Cancelled, Some(failure.clone()))
+        );
+        assert_eq!(
+            store.steps("free").await.unwrap()[0].status,
+            StepStatus::Cancelled
+        );
+        assert_eq!(
+            store.request_cancel("free", &failure).await.unwrap(),
+            CancelRequest::NotRunning
+        );
+        // Its lease expired: nobody drives it any more.
+        store
+            .create_run(
+                &new_run("expired", 3),
+                Some(&lease_for("w1", Duration::ZERO)),
+            )
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(
+            store.request_cancel("expired", &failure).await.unwrap(),
+            CancelRequest::Ended
+        );
+    }
+
+    #[tokio::test]
+    async fn every_worker_hears_the_notes() {
+        let server = TestPostgres::start();
+        let writer = open(&server).await;
+        let other = open(&server).await;
+        let mut rx = other.listen().expect("a shared store listens");
+        assert!(writer.shared() && writer.backend() == "postgres");
+
+        writer.create_run(&new_run("r1", 1), None).await.unwrap();
+        note(&mut rx, |n| *n == Note::Ready).await;
+        let (_, f) = writer
+            .claim_runs("w1", 1, Duration::from_secs(60))
+            .await
+            .unwrap()
+            .remove(0);
+        writer
+            .request_cancel("r1", &Failure::new("cancelled", "asked to"))
+            .await
+            .unwrap();
+        note(&mut rx, |n| *n == Note::Cancel("r1".into())).await;
+        writer
+            .append_event("r1", "run.started", &json!({}))
+            .await
+            .unwrap();
+        note(&mut rx, |n| *n == Note::Event).await;
+        writer
+            .run_finished("r1", RunStatus::Cancelled, None, None, &f)
+            .await
+            .unwrap();
+        note(&mut rx, |n| *n == Note::Finished("r1".into())).await;
+        assert!(writer.reopen_run("r1").await.unwrap());
+        note(&mut rx, |n| *n == Note::Ready).await;
+        writer
+            .claim_runs("w1", 1, Duration::from_secs(60))
+            .await
+            .unwrap();
+        writer.release_runs("w1", &["r1".into()]).await.unwrap();
+        note(&mut rx, |n| *n == Note::Ready).await;
+        writer
+            .abandon_run("r1", RunStatus::Failed, &Failure::new("x", "y"))
+            .await
+            .unwrap();
+        note(&mut rx, |n| *n == Note::Finished("r1".into())).await;
+    }
+
+    #[tokio::test]
+    async fn a_lost_listening_connection_is_reported_when_back() {
+        let server = TestPostgres::dedicated();
+        let store = open(&server).await;
+        let mut rx = store.listen().unwrap();
+        server.stop();
+        let err = store.run("r1").await.unwrap_err();
+        assert!(err.is_unavailable(), "{err:?}");
+        server.restart();
+        note(&mut rx, |n| *n == Note::Reconnected).await;
+        // And it hears notes again.
+        store.create_run(&new_run("r1", 1), None).await.unwrap();
+        note(&mut rx, |n| *n == Note::Ready).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn event_ids_appear_in_order_across_workers() {
+        let server = TestPostgres::start();
+        let store = open(&server).await;
+        store.create_run(&new_run("r1", 1), None).await.unwrap();
+        const WRITERS: usize = 4;
+        const EACH: usize = 50;
+        let mut writers = Vec::new();
+        for w in 0..WRITERS {
+            let store = open(&server).await;
+            writers.push(tokio::spawn(async move {
+                for i in 0..EACH {
+                    store
+                        .append_event("r1", "step.log", &json!({"w": w, "i": i}))
+                        .await
+                        .unwrap();
+                }
+            }));
+        }
+        // A reader that resumes after the last id it saw, as an SSE client
+        // with Last-Event-ID does: it must never find a gap.
+        let reader = open(&server).await;
+        let mut last = 0;
+        let mut seen = 0;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while seen < WRITERS * EACH {
+            assert!(Instant::now() < deadline, "saw {seen} events");
+            for event in reader.events(Some("r1"), last, 1000).await.unwrap() {
+                assert_eq!(event.id, last + 1, "an id was skipped");
+                last = event.id;
+                seen += 1;
+            }
+        }
+        for w in writers {
+            w.await.unwrap();
+        }
+        assert!(reader.events(None, last, 10).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn workers_heartbeat() {
+        let server = TestPostgres::start();
+        let store = open(&server).await;
+        for (id, steps) in [("w2", 1), ("w1", 3)] {
+            store
+                .heartbeat(&WorkerRow {
+                    id: id.into(),
+                    started_at: now_text(),
+                    last_heartbeat: String::new(),
+                    running_steps: steps,
+                })
+                .await
+                .unwrap();
+        }
+        store
+            .heartbeat(&WorkerRow {
+                id: "w1".into(),
+                started_at: now_text(),
+                last_heartbeat: String::new(),
+                running_steps: 5,
+            })
+            .await
+            .unwrap();
+        let workers = store.workers(Duration::from_secs(60)).await.unwrap();
+        let seen: Vec<_> = workers
+            .iter()
+            .map(|w| (w.id.as_str(), w.running_steps))
+            .collect();
+        assert_eq!(seen, [("w1", 5), ("w2", 1)]);
+        assert!(humantime::parse_rfc3339(&workers[0].last_heartbeat).is_ok());
+        server.psql("UPDATE workers SET heartbeat_ms = heartbeat_ms - 120000 WHERE id = 'w2'");
+        let seen: Vec<_> = store
+            .workers(Duration::from_secs(60))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|w| w.id)
+            .collect();
+        assert_eq!(seen, ["w1"]);
+    }
+
+    #[tokio::test]
+    async fn a_newer_schema_is_refused() {
+        let server = TestPostgres::start();
+        open(&server).await.close().await;
+        server.psql(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+             VALUES (9999, 'from the future', TRUE, '\\x00', 0)",
+        );
+        let err = PgStore::open(&server.url()).await.err().expect("refused");
+        assert!(matches!(err, StoreError::Open { .. }), "{err:?}");
+        assert!(
+            err.to_string().contains(
+                "the database's schema is newer than this wf-host (migration 9999); upgrade wf-host"
+            ),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_dead_database_fails_fast_without_showing_the_password() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let url = format!("postgres://wf:s3cret@127.0.0.1:{port}/wf");
+        let started = Instant::now();
+        let err = PgStore::open(&url).await.err().expect("no database there");
+        assert!(
+            started.elapsed() < Duration::from_secs(6),
+            "{:?}",
+            started.elapsed()
+        );
+        let message = err.to_string();
+        assert!(
+            message.contains(&format!("`postgres://wf@127.0.0.1:{port}/wf`")),
+            "{message}"
+        );
+        assert!(!message.contains("s3cret"), "{message}");
+    }
+
+    #[tokio::test]
+    async fn workers_opening_a_fresh_database_at_once_migrate_it_once() {
+        let server = TestPostgres::start();
+        let url = server.url();
+        let (a, b) = tokio::join!(PgStore::open(&url), PgStore::open(&url));
+        let (a, _b) = (a.unwrap(), b.unwrap());
+        assert_eq!(server.psql("SELECT count(*) FROM _sqlx_migrations"), "3");
+        assert!(!a.location().contains('@') || a.location().starts_with("postgres://postgres@"));
+    }
+}
