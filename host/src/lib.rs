@@ -11,7 +11,8 @@
 //!   and [`store`] keeps their runs durable (SQLite), so a restarted host
 //!   resumes them.
 //! - [`rpc`] is the JSON-RPC 2.0 server over HTTP; [`mcp`] offers exposed
-//!   workflows as tools of an MCP server.
+//!   workflows as tools of an MCP server; [`console`] is the web console it
+//!   serves at `/`.
 //! - [`fixture`] is an MCP server for tests.
 //! - [`scaffold`] starts node projects (`wf-host new`) and builds them
 //!   (`wf-host build`).
@@ -32,6 +33,7 @@
 mod bindings;
 pub mod capability;
 pub mod config;
+pub mod console;
 pub mod fixture;
 pub mod grants;
 pub mod mcp;
