@@ -586,8 +586,8 @@ async fn every_error_code_is_spec_exact() {
             json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32002, "message": "unknown run `run-0`"}}),
         ),
         (
-            r#"{"jsonrpc":"2.0","id":1,"method":"workflow.get","params":["a",true,"c"]}"#,
-            json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32602, "message": "expected at most 2 positional params (run_id, calls), got 3"}}),
+            r#"{"jsonrpc":"2.0","id":1,"method":"workflow.get","params":["a",true,false,"d"]}"#,
+            json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32602, "message": "expected at most 3 positional params (run_id, calls, logs), got 4"}}),
         ),
         (
             r#"{"jsonrpc":"2.0","id":1,"method":"capability.call","params":{"name":"nowhere.echo"}}"#,

@@ -247,11 +247,16 @@
     return el("pre", { class: "json", text: JSON.stringify(value, null, 2) });
   }
 
-  function debounce(fn, ms) {
+  // Calls `fn` once, `ms` after the first of a burst of calls: a busy event
+  // stream refreshes a view a few times a second, never not at all.
+  function coalesce(fn, ms) {
     let timer = null;
     return () => {
-      clearTimeout(timer);
-      timer = setTimeout(fn, ms);
+      if (timer !== null) return;
+      timer = setTimeout(() => {
+        timer = null;
+        fn();
+      }, ms);
     };
   }
 
@@ -325,7 +330,7 @@
     }
   }
 
-  const scheduleRunsRefresh = debounce(loadRuns, 300);
+  const scheduleRunsRefresh = coalesce(loadRuns, 300);
 
   function renderRuns(runs) {
     const rows = runs.map((run) =>
@@ -406,7 +411,7 @@
     }
   }
 
-  const scheduleRunRefresh = debounce(loadRun, 250);
+  const scheduleRunRefresh = coalesce(loadRun, 250);
 
   function renderRun(run) {
     lastRun = run;
