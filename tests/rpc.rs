@@ -466,6 +466,74 @@ async fn answer(state: &RpcState, body: &str) -> Option<Value> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workflow_get_gives_each_steps_needs_and_input_and_asked_its_logs() {
+    let echo = repo_root().join("plugins/echo.wasm");
+    let (state, _dir) = state_with(&format!(
+        r#"
+[[workflows.pair.steps]]
+id = "first"
+component = {echo:?}
+
+[[workflows.pair.steps]]
+id = "second"
+component = {echo:?}
+needs = ["first"]
+input = '{{copied: .steps.first.output}}'
+"#
+    ))
+    .await;
+    let call = |method: &str, params: Value| {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        let state = state.clone();
+        async move {
+            let reply = answer(&state, &body.to_string()).await.unwrap();
+            reply
+                .get("result")
+                .cloned()
+                .unwrap_or_else(|| panic!("{reply}"))
+        }
+    };
+    let started = call(
+        "workflow.start",
+        json!({"workflow": "pair", "input": {"x": 1}, "wait": true}),
+    )
+    .await;
+    assert_eq!(started["status"], "succeeded", "{started}");
+    let run_id = started["run_id"].clone();
+
+    let got = call("workflow.get", json!({"run_id": run_id})).await;
+    let steps = got["steps"].as_array().unwrap();
+    assert_eq!(steps[0]["id"], "first");
+    assert_eq!(steps[0]["needs"], json!([]));
+    assert_eq!(steps[0]["input"], json!({"x": 1}));
+    assert_eq!(steps[1]["needs"], json!(["first"]));
+    assert_eq!(steps[1]["input"], json!({"copied": {"x": 1}}));
+    assert!(steps.iter().all(|s| s.get("logs").is_none()), "{got}");
+
+    let got = call("workflow.get", json!({"run_id": run_id, "logs": true})).await;
+    for step in got["steps"].as_array().unwrap() {
+        let logs = step["logs"].as_array().unwrap();
+        assert_eq!(logs.len(), 1, "{step}");
+        assert_eq!(logs[0]["attempt"], 1);
+        assert_eq!(logs[0]["item"], 0);
+        assert!(logs[0]["at"].as_str().unwrap().ends_with('Z'));
+        let records = logs[0]["records"].as_array().unwrap();
+        assert_eq!(records[0]["level"], "info", "{step}");
+        assert!(
+            records[0]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("echo: ")
+        );
+    }
+
+    // The newest event's id: run.finished, after two steps' started, log
+    // and finished events and run.started.
+    let status = call("host.status", json!({})).await;
+    assert_eq!(status["state"]["last_event_id"], 8, "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_error_code_is_spec_exact() {
     let (state, _dir) = state().await;
     let cases = [
@@ -518,8 +586,8 @@ async fn every_error_code_is_spec_exact() {
             json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32002, "message": "unknown run `run-0`"}}),
         ),
         (
-            r#"{"jsonrpc":"2.0","id":1,"method":"workflow.get","params":["a",true,"c"]}"#,
-            json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32602, "message": "expected at most 2 positional params (run_id, calls), got 3"}}),
+            r#"{"jsonrpc":"2.0","id":1,"method":"workflow.get","params":["a",true,false,"d"]}"#,
+            json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32602, "message": "expected at most 3 positional params (run_id, calls, logs), got 4"}}),
         ),
         (
             r#"{"jsonrpc":"2.0","id":1,"method":"capability.call","params":{"name":"nowhere.echo"}}"#,

@@ -2,9 +2,10 @@
 # Runs every test, as on a fresh machine: installs the guest toolchains that are
 # missing (pip, npm, apt, cargo install; see plugins/build.sh), rebuilds every
 # guest component from source, installs the official-SDK MCP servers that
-# tests/interop.rs runs (tests/interop/setup.sh) and PostgreSQL for the store
-# tests (apt), then runs the Rust test suite, which runs every plugin's cases
-# against the fixture MCP server.
+# tests/interop.rs runs (tests/interop/setup.sh), PostgreSQL for the store and
+# worker tests (apt) and the headless Chromium that tests/console.rs drives
+# (tests/console-setup.sh), then runs the Rust test suite, which runs every
+# plugin's cases against the fixture MCP server.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ./plugins/build.sh --install
@@ -16,6 +17,7 @@ if ! compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null; then
 fi
 ./plugins/build.sh
 ./tests/interop/setup.sh
+./tests/console-setup.sh
 # The MCP conformance suite (tests/conformance.rs), pinned by its lock file.
 (cd tests/conformance && npm ci --no-audit --no-fund)
 cargo test --workspace

@@ -117,7 +117,13 @@ async fn measure(label: &str, workers: &[Worker]) -> Result {
     let urls: Vec<String> = workers.iter().map(|w| w.url.clone()).collect();
     // Warm every worker (component compile, pool of instances).
     for url in &urls {
-        rpc(&client, url, "workflow.start", json!({"workflow": "three", "input": 0, "wait": true})).await;
+        rpc(
+            &client,
+            url,
+            "workflow.start",
+            json!({"workflow": "three", "input": 0, "wait": true}),
+        )
+        .await;
     }
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
@@ -127,12 +133,24 @@ async fn measure(label: &str, workers: &[Worker]) -> Result {
             let mut ids = Vec::new();
             for n in (c..RUNS).step_by(CLIENTS) {
                 let url = &urls[n % urls.len()];
-                let r = rpc(&client, url, "workflow.start", json!({"workflow": "three", "input": n})).await;
+                let r = rpc(
+                    &client,
+                    url,
+                    "workflow.start",
+                    json!({"workflow": "three", "input": n}),
+                )
+                .await;
                 ids.push((url.clone(), r["run_id"].as_str().unwrap().to_owned()));
             }
             let mut records = Vec::new();
             for (url, id) in ids {
-                let done = rpc(&client, &url, "workflow.wait", json!({"run_id": id, "timeout_ms": 120000})).await;
+                let done = rpc(
+                    &client,
+                    &url,
+                    "workflow.wait",
+                    json!({"run_id": id, "timeout_ms": 120000}),
+                )
+                .await;
                 assert_eq!(done["status"], "succeeded", "{done}");
                 records.push(rpc(&client, &url, "workflow.get", json!({"run_id": id})).await);
             }
@@ -175,7 +193,13 @@ async fn main() {
     for n in 1..=3 {
         let url = pg.another_database();
         let workers: Vec<Worker> = (0..n).map(|_| Worker::start(&config, &url)).collect();
-        results.push(measure(&format!("PostgreSQL, {n} worker{}", if n > 1 { "s" } else { "" }), &workers).await);
+        results.push(
+            measure(
+                &format!("PostgreSQL, {n} worker{}", if n > 1 { "s" } else { "" }),
+                &workers,
+            )
+            .await,
+        );
         drop(workers);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

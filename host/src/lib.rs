@@ -11,7 +11,8 @@
 //!   and [`store`] keeps their runs durable (SQLite), so a restarted host
 //!   resumes them.
 //! - [`rpc`] is the JSON-RPC 2.0 server over HTTP; [`mcp`] offers exposed
-//!   workflows as tools of an MCP server.
+//!   workflows as tools of an MCP server; [`console`] is the web console it
+//!   serves at `/`.
 //! - [`trace`] makes the OpenTelemetry spans of runs, steps and capability
 //!   calls, exported over OTLP when an endpoint is configured.
 //! - [`fixture`] is an MCP server for tests.
@@ -34,6 +35,7 @@
 mod bindings;
 pub mod capability;
 pub mod config;
+pub mod console;
 pub mod fixture;
 pub mod grants;
 pub mod mcp;

@@ -59,14 +59,23 @@ pub async fn call(
     match method {
         "workflow.start" => workflow_start(state, params, parent).await,
         "workflow.get" => {
-            let p: GetParams = parse(params, &["run_id", "calls"])?;
-            Ok(json!(
-                state
+            let p: GetParams = parse(params, &["run_id", "calls", "logs"])?;
+            let mut record = state
+                .workflows
+                .get(&p.run_id, p.calls)
+                .await
+                .map_err(workflow_error)?;
+            if p.logs {
+                let mut logs = state
                     .workflows
-                    .get(&p.run_id, p.calls)
+                    .logs(&p.run_id)
                     .await
-                    .map_err(workflow_error)?
-            ))
+                    .map_err(workflow_error)?;
+                for step in record.steps.iter_mut().flatten() {
+                    step.logs = Some(logs.remove(&step.id).unwrap_or_default());
+                }
+            }
+            Ok(json!(record))
         }
         "workflow.wait" => {
             let p: WaitParams = parse(params, &["run_id", "timeout_ms"])?;
@@ -247,6 +256,8 @@ struct GetParams {
     run_id: String,
     #[serde(default)]
     calls: bool,
+    #[serde(default)]
+    logs: bool,
 }
 
 #[derive(Deserialize)]

@@ -161,6 +161,7 @@ pub fn router(state: RpcState, access: Access) -> Result<Router, ServeError> {
     Ok(Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .merge(guarded)
+        .merge(crate::console::router())
         .layer(middleware::from_fn_with_state(app, same_origin)))
 }
 /// Serves `router` on `listener` until `shutdown` resolves, then stops

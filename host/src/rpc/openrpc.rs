@@ -28,11 +28,16 @@ fn failure() -> Value {
 fn step_record() -> Value {
     json!({
         "type": "object",
-        "required": ["id", "status", "attempts"],
+        "required": ["id", "status", "attempts", "needs"],
         "properties": {
             "id": { "type": "string" },
             "status": { "enum": ["pending", "running", "succeeded", "failed", "skipped", "cancelled"] },
             "attempts": { "type": "integer", "minimum": 0 },
+            "needs": {
+                "type": "array", "items": { "type": "string" },
+                "description": "The steps this one waits for, in the definition the run started with: the edges of the run's graph."
+            },
+            "input": { "description": "Once the step started: its node's input, or a `for_each` step's items." },
             "started_at": { "type": "string", "format": "date-time" },
             "finished_at": { "type": "string", "format": "date-time" },
             "output": {},
@@ -58,6 +63,19 @@ fn step_record() -> Value {
                         "arguments": {}, "outcome": { "enum": ["ok", "error"] },
                         "error_code": { "type": "string" }, "duration_us": { "type": "integer" },
                         "at": { "type": "string", "format": "date-time" }
+                    }
+                }
+            },
+            "logs": {
+                "type": "array",
+                "description": "With `logs: true`: the log records of every node attempt, oldest first.",
+                "items": {
+                    "type": "object",
+                    "required": ["item", "attempt", "at", "records"],
+                    "properties": {
+                        "item": { "type": "integer" }, "attempt": { "type": "integer" },
+                        "at": { "type": "string", "format": "date-time" },
+                        "records": { "type": "array", "items": { "type": "object", "properties": { "level": { "type": "string" }, "message": { "type": "string" } } } }
                     }
                 }
             }
@@ -109,6 +127,7 @@ pub fn document() -> Value {
             method("workflow.get", "The run record with its steps.", vec![
                 param("run_id", true, string.clone(), ""),
                 param("calls", false, json!({ "type": "boolean" }), "Add each step's journal of capability calls."),
+                param("logs", false, json!({ "type": "boolean" }), "Add each step's log records, by attempt and item."),
             ], run_record()),
             method("workflow.wait", "The run record once finished, or the current one after `timeout_ms` (default 30000, at most 300000).", vec![
                 param("run_id", true, string.clone(), ""),
@@ -153,7 +172,8 @@ pub fn document() -> Value {
                     "workflows": { "type": "array" },
                     "state": { "type": "object", "properties": {
                         "backend": { "type": "string" }, "path": { "type": "string" },
-                        "runs_running": { "type": "integer" }, "runs_total": { "type": "integer" }
+                        "runs_running": { "type": "integer" }, "runs_total": { "type": "integer" },
+                        "last_event_id": { "type": "integer", "description": "The newest kept event's id: stream `/events` with `Last-Event-ID` set to it to get only what happens next." }
                     } }
                 }
             })),

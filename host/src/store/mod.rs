@@ -259,6 +259,9 @@ pub struct ListQuery {
 pub struct Counts {
     pub runs_running: u64,
     pub runs_total: u64,
+    /// The newest kept event's id (0 when there is none): a client that
+    /// wants only what happens next streams `/events` from it.
+    pub last_event_id: i64,
 }
 
 /// Why the store failed.

@@ -780,7 +780,8 @@ impl Store for PgStore {
 
     async fn counts(&self) -> Result<Counts, StoreError> {
         let row = sqlx::query(
-            "SELECT count(*) AS total, count(*) FILTER (WHERE status = 'running') AS running
+            "SELECT count(*) AS total, count(*) FILTER (WHERE status = 'running') AS running,
+                    (SELECT coalesce(max(id), 0)::bigint FROM events) AS last_event
              FROM runs",
         )
         .fetch_one(&self.pool)
@@ -788,6 +789,7 @@ impl Store for PgStore {
         Ok(Counts {
             runs_running: row.try_get::<i64, _>("running")? as u64,
             runs_total: row.try_get::<i64, _>("total")? as u64,
+            last_event_id: row.try_get("last_event")?,
         })
     }
 

@@ -639,13 +639,16 @@ impl Store for SqliteStore {
 
     async fn counts(&self) -> Result<Counts, StoreError> {
         let row = sqlx::query(
-            "SELECT count(*) AS total, coalesce(sum(status = 'running'), 0) AS running FROM runs",
+            "SELECT count(*) AS total, coalesce(sum(status = 'running'), 0) AS running,
+                    (SELECT coalesce(max(id), 0) FROM events) AS last_event
+             FROM runs",
         )
         .fetch_one(&self.pool)
         .await?;
         Ok(Counts {
             runs_running: row.try_get::<i64, _>("running")? as u64,
             runs_total: row.try_get::<i64, _>("total")? as u64,
+            last_event_id: row.try_get("last_event")?,
         })
     }
 

@@ -199,10 +199,16 @@ pub struct StepRecord {
     pub id: String,
     pub status: StepStatus,
     pub attempts: u32,
+    /// The steps this one waits for, from the definition the run started
+    /// with: the edges of the run's graph.
+    pub needs: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub started_at: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<String>,
+    /// Once the step started: its node's input, or a `for_each` step's items.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub output: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -212,9 +218,22 @@ pub struct StepRecord {
     /// Which worker ran each attempt.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub workers: Vec<AttemptWorker>,
+    /// With [`Workflows::logs`]: the log records of every attempt.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logs: Option<Vec<StepLog>>,
     /// While the step runs: the latest progress its capability calls reported.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub progress: Option<crate::capability::Progress>,
+}
+
+/// The log records one node attempt wrote (a `step.log` event).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepLog {
+    pub item: u32,
+    pub attempt: u32,
+    pub at: String,
+    /// `[{level, message}]`, as the node wrote them.
+    pub records: Value,
 }
 
 /// What `workflow.get` returns.
@@ -519,12 +538,14 @@ impl Workflows {
         let Counts {
             runs_running,
             runs_total,
+            last_event_id,
         } = self.store.counts().await?;
         Ok(json!({
             "backend": self.store.backend(),
             "path": self.store.location(),
             "runs_running": runs_running,
             "runs_total": runs_total,
+            "last_event_id": last_event_id,
         }))
     }
 
@@ -957,6 +978,11 @@ impl Workflows {
             .get(run_id)
             .map(|l| l.progress.lock().unwrap_or_else(|e| e.into_inner()).clone())
             .unwrap_or_default();
+        // The graph of the definition the run started with, not today's.
+        let mut needs: HashMap<String, Vec<String>> =
+            serde_json::from_value::<Spec>(run.definition.clone())
+                .map(|spec| spec.steps.into_iter().map(|s| (s.id, s.needs)).collect())
+                .unwrap_or_default();
         let mut steps = Vec::new();
         for row in self.store.steps(run_id).await? {
             let calls = if calls {
@@ -967,12 +993,15 @@ impl Workflows {
             steps.push(StepRecord {
                 status: row.status,
                 attempts: row.attempts,
+                needs: needs.remove(&row.step_id).unwrap_or_default(),
                 started_at: row.started_at,
                 finished_at: row.finished_at,
+                input: row.input,
                 output: row.output,
                 error: row.error,
                 calls,
                 workers: row.workers,
+                logs: None,
                 progress: (row.status == StepStatus::Running)
                     .then(|| progress.get(&row.step_id).cloned())
                     .flatten(),
@@ -982,6 +1011,44 @@ impl Workflows {
         let mut record = RunRecord::from(run);
         record.steps = Some(steps);
         Ok(record)
+    }
+
+    /// The log records of `run_id`'s node attempts, by step, oldest first
+    /// (read from its `step.log` events).
+    ///
+    /// # Errors
+    /// [`WorkflowError::Store`].
+    pub async fn logs(&self, run_id: &str) -> Result<HashMap<String, Vec<StepLog>>, WorkflowError> {
+        const PAGE: u32 = 500;
+        let mut logs: HashMap<String, Vec<StepLog>> = HashMap::new();
+        let mut after = 0;
+        loop {
+            let page = self.store.events(Some(run_id), after, PAGE).await?;
+            let full = page.len() == PAGE as usize;
+            for mut event in page {
+                after = event.id;
+                if event.kind != "step.log" {
+                    continue;
+                }
+                let number = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok());
+                let (Some(step), Some(item), Some(attempt)) = (
+                    event.data["step"].as_str().map(str::to_owned),
+                    number(&event.data["item"]),
+                    number(&event.data["attempt"]),
+                ) else {
+                    continue;
+                };
+                logs.entry(step).or_default().push(StepLog {
+                    item,
+                    attempt,
+                    at: event.at,
+                    records: event.data["records"].take(),
+                });
+            }
+            if !full {
+                return Ok(logs);
+            }
+        }
     }
 
     /// Ends a run nothing drives (see [`Store::abandon_run`]), and says so on

@@ -1,0 +1,747 @@
+// The wf-host console: runs, one run's step graph, connections.
+//
+// Every value that comes from the server (run inputs and outputs, errors,
+// logs, names) is shown with textContent or as an SVG text node, never
+// parsed as HTML: a run's data is whatever its caller or its nodes made it.
+//
+// The token is kept in sessionStorage (this tab only) and sent as an
+// Authorization header, never in a URL. The event stream is read with fetch,
+// since EventSource cannot send headers.
+"use strict";
+
+(() => {
+  const TOKEN_KEY = "wf-host.token";
+  const PAGE_SIZE = 20;
+  const RUN_STATUSES = ["running", "succeeded", "failed", "cancelled"];
+  const STEP_STATUSES = ["pending", "running", "succeeded", "failed", "skipped", "cancelled"];
+  const SVG = "http://www.w3.org/2000/svg";
+
+  const $ = (id) => document.getElementById(id);
+  const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+  let token = sessionStorage.getItem(TOKEN_KEY) || "";
+
+  // ---- requests
+
+  class Unauthorized extends Error {
+    constructor() {
+      super("the server wants a token");
+    }
+  }
+
+  function headers(extra) {
+    const h = Object.assign({}, extra);
+    if (token) h.Authorization = "Bearer " + token;
+    return h;
+  }
+
+  let rpcId = 0;
+
+  // One JSON-RPC call; its result, or an Error with the server's message.
+  async function rpc(method, params) {
+    const response = await fetch("/rpc", {
+      method: "POST",
+      headers: headers({ "Content-Type": "application/json" }),
+      body: JSON.stringify({ jsonrpc: "2.0", id: ++rpcId, method, params: params || {} }),
+      cache: "no-store",
+      credentials: "omit",
+    });
+    if (response.status === 401) throw new Unauthorized();
+    const text = await response.text();
+    let reply;
+    try {
+      reply = JSON.parse(text);
+    } catch {
+      throw new Error(`HTTP ${response.status}: ${text}`);
+    }
+    if (reply.error) throw new Error(reply.error.message);
+    return reply.result;
+  }
+
+  // Shows `error` in `element`, or the token form when the token is missing
+  // or wrong.
+  function fail(error, element) {
+    if (error instanceof Unauthorized) {
+      showLogin(token ? "The server refused this token." : "");
+      return;
+    }
+    if (element) element.textContent = String(error.message || error);
+  }
+
+  // ---- the event stream
+
+  // Follows a Server-Sent Events stream with fetch, reconnecting with
+  // Last-Event-ID so that nothing is missed.
+  class EventStream {
+    constructor(path, lastId, onEvent, onState) {
+      this.path = path;
+      this.lastId = lastId;
+      this.onEvent = onEvent;
+      this.onState = onState;
+      this.abort = new AbortController();
+      this.closed = false;
+      this.run();
+    }
+
+    close() {
+      this.closed = true;
+      this.abort.abort();
+    }
+
+    async run() {
+      let delay = 1000;
+      while (!this.closed) {
+        try {
+          const h = headers({ Accept: "text/event-stream" });
+          if (this.lastId !== null) h["Last-Event-ID"] = String(this.lastId);
+          const response = await fetch(this.path, {
+            headers: h,
+            signal: this.abort.signal,
+            cache: "no-store",
+            credentials: "omit",
+          });
+          if (response.status === 401) {
+            this.onState("offline");
+            fail(new Unauthorized());
+            return;
+          }
+          if (!response.ok || !response.body) throw new Error(`HTTP ${response.status}`);
+          this.onState("live");
+          delay = 1000;
+          await this.read(response.body);
+        } catch (e) {
+          if (this.closed) return;
+        }
+        this.onState("reconnecting");
+        await sleep(delay);
+        delay = Math.min(delay * 2, 15000);
+      }
+    }
+
+    async read(body) {
+      const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+      let buffer = "";
+      let kind = "message";
+      let id = null;
+      let data = [];
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) return;
+        buffer += value;
+        let end;
+        while ((end = buffer.indexOf("\n")) >= 0) {
+          const line = buffer.slice(0, end).replace(/\r$/, "");
+          buffer = buffer.slice(end + 1);
+          if (line === "") {
+            if (data.length > 0) {
+              if (id !== null) this.lastId = id;
+              let parsed = null;
+              try {
+                parsed = JSON.parse(data.join("\n"));
+              } catch {
+                // Not ours: skip it.
+              }
+              if (parsed) this.onEvent(kind, parsed);
+            }
+            kind = "message";
+            id = null;
+            data = [];
+            continue;
+          }
+          if (line.startsWith(":")) continue; // keep-alive
+          const colon = line.indexOf(":");
+          const field = colon < 0 ? line : line.slice(0, colon);
+          let text = colon < 0 ? "" : line.slice(colon + 1);
+          if (text.startsWith(" ")) text = text.slice(1);
+          if (field === "event") kind = text;
+          else if (field === "data") data.push(text);
+          else if (field === "id" && /^\d+$/.test(text)) id = Number(text);
+        }
+      }
+    }
+  }
+
+  let stream = null;
+
+  function setLive(state) {
+    const live = $("live");
+    live.dataset.state = state;
+    live.textContent = state;
+  }
+
+  function onEvent(kind, event) {
+    if (kind !== "step.progress") scheduleRunsRefresh();
+    if (event.run_id === openRunId) scheduleRunRefresh();
+  }
+
+  // ---- little helpers
+
+  function el(tag, props, ...children) {
+    const node = document.createElement(tag);
+    if (props) {
+      for (const [key, value] of Object.entries(props)) {
+        if (value === undefined || value === null) continue;
+        if (key === "class") node.className = value;
+        else if (key === "text") node.textContent = value;
+        else if (key.startsWith("data-")) node.setAttribute(key, value);
+        else node[key] = value;
+      }
+    }
+    for (const child of children) {
+      if (child === null || child === undefined) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  function svg(tag, attrs, ...children) {
+    const node = document.createElementNS(SVG, tag);
+    for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, String(value));
+    for (const child of children) node.append(child);
+    return node;
+  }
+
+  // A status known to the console, for class names; anything else is "unknown".
+  function known(status, statuses) {
+    return statuses.includes(status) ? status : "unknown";
+  }
+
+  function badge(status, statuses) {
+    const s = known(status, statuses);
+    return el("span", { class: "status status-" + s, "data-status": s, text: String(status) });
+  }
+
+  function when(text) {
+    if (!text) return "";
+    const date = new Date(text);
+    return isNaN(date) ? String(text) : date.toLocaleString();
+  }
+
+  function duration(ms) {
+    if (!(ms >= 0)) return "";
+    if (ms < 1000) return `${Math.round(ms)} ms`;
+    const s = ms / 1000;
+    if (s < 60) return `${s.toFixed(1)} s`;
+    const m = Math.floor(s / 60);
+    if (m < 60) return `${m} m ${String(Math.floor(s % 60)).padStart(2, "0")} s`;
+    return `${Math.floor(m / 60)} h ${String(m % 60).padStart(2, "0")} m`;
+  }
+
+  // The duration between two times; a running one ticks (see `tick`).
+  function durationCell(started, finished) {
+    const start = Date.parse(started);
+    if (isNaN(start)) return el("span", { class: "duration" });
+    if (finished) {
+      return el("span", { class: "duration", text: duration(Date.parse(finished) - start) });
+    }
+    return el("span", { class: "duration", "data-since": String(start), text: duration(Date.now() - start) });
+  }
+
+  function tick() {
+    for (const node of document.querySelectorAll("[data-since]")) {
+      node.textContent = duration(Date.now() - Number(node.dataset.since));
+    }
+  }
+
+  function json(value) {
+    return el("pre", { class: "json", text: JSON.stringify(value, null, 2) });
+  }
+
+  // Calls `fn` once, `ms` after the first of a burst of calls: a busy event
+  // stream refreshes a view a few times a second, never not at all.
+  function coalesce(fn, ms) {
+    let timer = null;
+    return () => {
+      if (timer !== null) return;
+      timer = setTimeout(() => {
+        timer = null;
+        fn();
+      }, ms);
+    };
+  }
+
+  // ---- views
+
+  const VIEWS = ["login", "runs-view", "run-view", "connections-view"];
+
+  function show(view) {
+    for (const id of VIEWS) $(id).hidden = id !== view;
+    $("nav-runs").classList.toggle("current", view === "runs-view" || view === "run-view");
+    $("nav-connections").classList.toggle("current", view === "connections-view");
+  }
+
+  function showLogin(message) {
+    if (stream) stream.close();
+    stream = null;
+    setLive("offline");
+    $("nav").hidden = true;
+    $("forget-token").hidden = true;
+    $("login-error").textContent = message || "";
+    show("login");
+    $("token").focus();
+  }
+
+  let openRunId = null;
+  let connectionsTimer = null;
+
+  function route() {
+    if (!stream) return; // not signed in yet
+    const hash = location.hash || "#/runs";
+    openRunId = null;
+    clearInterval(connectionsTimer);
+    const run = hash.match(/^#\/runs\/(.+)$/);
+    if (run) {
+      openRunId = decodeURIComponent(run[1]);
+      selectedStep = null;
+      show("run-view");
+      loadRun();
+    } else if (hash === "#/connections") {
+      show("connections-view");
+      loadConnections();
+      // Connections have no events: poll while they are shown.
+      connectionsTimer = setInterval(loadConnections, 5000);
+    } else {
+      show("runs-view");
+      loadRuns();
+    }
+  }
+
+  // ---- runs
+
+  let pages = [null]; // the cursor of each page seen; the first has none
+  let page = 0;
+  let nextCursor = null;
+
+  async function loadRuns() {
+    if ($("runs-view").hidden) return;
+    const params = { limit: PAGE_SIZE };
+    const workflow = $("filter-workflow").value;
+    const status = $("filter-status").value;
+    if (workflow) params.workflow = workflow;
+    if (status) params.status = status;
+    if (pages[page]) params.cursor = pages[page];
+    try {
+      const result = await rpc("workflow.list", params);
+      nextCursor = result.next_cursor || null;
+      renderRuns(result.runs || []);
+      $("runs-error").textContent = "";
+    } catch (e) {
+      fail(e, $("runs-error"));
+    }
+  }
+
+  const scheduleRunsRefresh = coalesce(loadRuns, 300);
+
+  function renderRuns(runs) {
+    const rows = runs.map((run) =>
+      el(
+        "tr",
+        { "data-run-id": run.run_id, "data-status": known(run.status, RUN_STATUSES) },
+        el("td", null, el("a", { href: "#/runs/" + encodeURIComponent(run.run_id), class: "run-link", text: run.run_id })),
+        el("td", { class: "workflow", text: run.workflow }),
+        el("td", null, badge(run.status, RUN_STATUSES)),
+        el("td", { text: when(run.started_at) }),
+        el("td", null, durationCell(run.started_at, run.finished_at)),
+      ),
+    );
+    $("runs-body").replaceChildren(...rows);
+    $("runs-empty").hidden = runs.length > 0;
+    $("prev-page").disabled = page === 0;
+    $("next-page").disabled = !nextCursor;
+    $("page-number").textContent = `page ${page + 1}`;
+  }
+
+  function firstPage() {
+    pages = [null];
+    page = 0;
+    loadRuns();
+  }
+
+  function fillWorkflows(names) {
+    for (const select of [$("start-workflow"), $("filter-workflow")]) {
+      const keep = select.value;
+      const options = select.id === "filter-workflow" ? [el("option", { value: "", text: "all" })] : [];
+      for (const name of names) options.push(el("option", { value: name, text: name }));
+      select.replaceChildren(...options);
+      if (names.includes(keep) || keep === "") select.value = keep;
+    }
+  }
+
+  async function startRun(event) {
+    event.preventDefault();
+    $("start-error").textContent = "";
+    $("start-result").replaceChildren();
+    let input;
+    try {
+      input = JSON.parse($("start-input").value || "null");
+    } catch (e) {
+      $("start-error").textContent = "The input is not JSON: " + e.message;
+      return;
+    }
+    $("start-button").disabled = true;
+    try {
+      const started = await rpc("workflow.start", { workflow: $("start-workflow").value, input });
+      $("start-result").replaceChildren(
+        "Started ",
+        el("a", { href: "#/runs/" + encodeURIComponent(started.run_id), text: started.run_id }),
+      );
+      firstPage();
+    } catch (e) {
+      fail(e, $("start-error"));
+    } finally {
+      $("start-button").disabled = false;
+    }
+  }
+
+  // ---- one run
+
+  let selectedStep = null;
+  let lastRun = null;
+
+  async function loadRun() {
+    const id = openRunId;
+    if (id === null) return;
+    try {
+      const run = await rpc("workflow.get", { run_id: id, calls: true, logs: true });
+      if (id !== openRunId) return; // another run was opened meanwhile
+      $("run-error").textContent = "";
+      renderRun(run);
+    } catch (e) {
+      fail(e, $("run-error"));
+    }
+  }
+
+  const scheduleRunRefresh = coalesce(loadRun, 250);
+
+  function renderRun(run) {
+    lastRun = run;
+    $("run-id").textContent = run.run_id;
+    const status = badge(run.status, RUN_STATUSES);
+    status.id = "run-status";
+    const summary = [
+      ["Workflow", run.workflow],
+      ["Status", status],
+      ["Started", when(run.started_at)],
+      ["Finished", when(run.finished_at)],
+      ["Duration", durationCell(run.started_at, run.finished_at)],
+      ["Definition", el("code", { text: String(run.definition_hash || "").slice(0, 12) })],
+    ];
+    $("run-summary").replaceChildren(...summary.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", null, v)]));
+    $("cancel-run").disabled = run.status !== "running";
+    $("retry-run").disabled = !(run.status === "failed" || run.status === "cancelled");
+    const steps = run.steps || [];
+    if (selectedStep !== null && !steps.some((s) => s.id === selectedStep)) selectedStep = null;
+    drawGraph(steps);
+    renderStep();
+    const data = [el("h3", { text: "Input" }), json(run.input)];
+    if (run.output !== undefined) data.push(el("h3", { text: "Output" }), json(run.output));
+    if (run.error) data.push(el("h3", { text: "Error" }), errorBox(run.error));
+    $("run-data").replaceChildren(...data);
+  }
+
+  function errorBox(error) {
+    return el("p", { class: "error-box" }, el("code", { text: String(error.code || "") }), " ", String(error.message || ""));
+  }
+
+  async function runAction(method, button) {
+    if (openRunId === null) return;
+    button.disabled = true;
+    $("run-error").textContent = "";
+    try {
+      renderRun(await rpc(method, { run_id: openRunId }));
+    } catch (e) {
+      fail(e, $("run-error"));
+    }
+    loadRun();
+  }
+
+  // Steps in columns by depth (a step sits right of everything it needs),
+  // edges from each need to the step.
+  const NODE_W = 170;
+  const NODE_H = 46;
+  const GAP_X = 60;
+  const GAP_Y = 18;
+  const PAD = 12;
+
+  function drawGraph(steps) {
+    const byId = new Map(steps.map((s) => [s.id, s]));
+    const depth = new Map();
+    const depthOf = (id, trail) => {
+      if (depth.has(id)) return depth.get(id);
+      if (trail.has(id)) return 0; // a cycle: definitions have none, but never loop
+      trail.add(id);
+      const needs = (byId.get(id).needs || []).filter((n) => byId.has(n));
+      const d = needs.length ? 1 + Math.max(...needs.map((n) => depthOf(n, trail))) : 0;
+      depth.set(id, d);
+      return d;
+    };
+    const columns = [];
+    for (const step of steps) {
+      const d = depthOf(step.id, new Set());
+      (columns[d] = columns[d] || []).push(step);
+    }
+    const position = new Map();
+    columns.forEach((column, x) =>
+      column.forEach((step, y) =>
+        position.set(step.id, { x: PAD + x * (NODE_W + GAP_X), y: PAD + y * (NODE_H + GAP_Y) }),
+      ),
+    );
+    const rows = Math.max(1, ...columns.map((c) => c.length));
+    const width = PAD * 2 + columns.length * NODE_W + Math.max(0, columns.length - 1) * GAP_X;
+    const height = PAD * 2 + rows * NODE_H + (rows - 1) * GAP_Y;
+    const graph = $("graph");
+    graph.setAttribute("viewBox", `0 0 ${width} ${height}`);
+    graph.setAttribute("width", width);
+    graph.setAttribute("height", height);
+
+    const defs = svg(
+      "defs",
+      {},
+      svg(
+        "marker",
+        { id: "arrow", viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" },
+        svg("path", { d: "M 0 0 L 10 5 L 0 10 z", class: "arrow" }),
+      ),
+    );
+    const edges = [];
+    for (const step of steps) {
+      const to = position.get(step.id);
+      for (const need of step.needs || []) {
+        const from = position.get(need);
+        if (!from) continue;
+        const x1 = from.x + NODE_W;
+        const y1 = from.y + NODE_H / 2;
+        const x2 = to.x;
+        const y2 = to.y + NODE_H / 2;
+        const mid = (x1 + x2) / 2;
+        edges.push(
+          svg("path", {
+            class: "edge",
+            d: `M ${x1} ${y1} C ${mid} ${y1}, ${mid} ${y2}, ${x2} ${y2}`,
+            "marker-end": "url(#arrow)",
+            "data-from": need,
+            "data-to": step.id,
+          }),
+        );
+      }
+    }
+    const nodes = steps.map((step) => {
+      const p = position.get(step.id);
+      const status = known(step.status, STEP_STATUSES);
+      const name = step.id.length > 22 ? step.id.slice(0, 21) + "…" : step.id;
+      const attempts = step.attempts === 1 ? "1 attempt" : `${step.attempts} attempts`;
+      const g = svg(
+        "g",
+        {
+          class: `step status-${status}` + (step.id === selectedStep ? " selected" : ""),
+          "data-step": step.id,
+          "data-status": status,
+          "data-attempts": step.attempts,
+          transform: `translate(${p.x} ${p.y})`,
+          tabindex: 0,
+          role: "button",
+        },
+        svg("title", {}, document.createTextNode(`${step.id}: ${step.status}`)),
+        svg("rect", { width: NODE_W, height: NODE_H, rx: 7 }),
+        svg("text", { x: 10, y: 19, class: "step-name" }, document.createTextNode(name)),
+        svg("text", { x: 10, y: 36, class: "step-meta" }, document.createTextNode(`${step.status} · ${attempts}`)),
+      );
+      const select = () => {
+        selectedStep = step.id;
+        drawGraph(steps);
+        renderStep();
+      };
+      g.addEventListener("click", select);
+      g.addEventListener("keydown", (e) => {
+        if (e.key === "Enter" || e.key === " ") {
+          e.preventDefault();
+          select();
+        }
+      });
+      return g;
+    });
+    graph.replaceChildren(defs, ...edges, ...nodes);
+  }
+
+  function renderStep() {
+    const box = $("step-detail");
+    const step = lastRun && (lastRun.steps || []).find((s) => s.id === selectedStep);
+    if (!step) {
+      box.hidden = true;
+      box.replaceChildren();
+      return;
+    }
+    box.hidden = false;
+    const facts = [
+      ["Status", badge(step.status, STEP_STATUSES)],
+      ["Attempts", String(step.attempts)],
+      ["Needs", (step.needs || []).join(", ") || "nothing"],
+      ["Started", when(step.started_at)],
+      ["Finished", when(step.finished_at)],
+      ["Duration", step.started_at ? durationCell(step.started_at, step.finished_at) : ""],
+    ];
+    if (step.progress) {
+      const p = step.progress;
+      const total = p.total !== undefined ? ` of ${p.total}` : "";
+      facts.push(["Progress", `${p.progress}${total}${p.message ? " — " + p.message : ""}`]);
+    }
+    const parts = [
+      el("h3", null, "Step ", el("code", { text: step.id })),
+      el("dl", { class: "summary" }, ...facts.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", null, v)])),
+    ];
+    if (step.input !== undefined) parts.push(el("h4", { text: "Input" }), json(step.input));
+    if (step.output !== undefined) parts.push(el("h4", { text: "Output" }), json(step.output));
+    if (step.error) parts.push(el("h4", { text: "Error" }), errorBox(step.error));
+    parts.push(el("h4", { text: "Logs" }), logList(step.logs || []));
+    parts.push(el("h4", { text: "Capability calls" }), callTable(step.calls || []));
+    box.replaceChildren(...parts);
+  }
+
+  function logList(logs) {
+    if (logs.length === 0) return el("p", { class: "muted", text: "No log records." });
+    const lines = [];
+    for (const entry of logs) {
+      const records = Array.isArray(entry.records) ? entry.records : [];
+      for (const record of records) {
+        lines.push(
+          el(
+            "li",
+            { class: "log" },
+            el("span", { class: "muted", text: `attempt ${entry.attempt}, item ${entry.item} ` }),
+            el("span", { class: "level", text: String(record.level || "") }),
+            " ",
+            el("span", { class: "message", text: String(record.message || "") }),
+          ),
+        );
+      }
+    }
+    return el("ul", { class: "logs" }, ...lines);
+  }
+
+  function callTable(calls) {
+    if (calls.length === 0) return el("p", { class: "muted", text: "No capability calls." });
+    const head = el(
+      "tr",
+      null,
+      ...["Attempt", "Item", "#", "Capability", "Outcome", "Duration", "At", "Arguments"].map((h) => el("th", { text: h })),
+    );
+    const rows = calls.map((call) =>
+      el(
+        "tr",
+        { class: "call" },
+        el("td", { text: String(call.attempt) }),
+        el("td", { text: String(call.item) }),
+        el("td", { text: String(call.seq) }),
+        el("td", null, el("code", { text: String(call.name) })),
+        el("td", { text: call.error_code ? `${call.outcome} (${call.error_code})` : String(call.outcome) }),
+        el("td", { text: duration(call.duration_us / 1000) }),
+        el("td", { text: when(call.at) }),
+        el("td", null, el("details", null, el("summary", { text: "show" }), json(call.arguments))),
+      ),
+    );
+    return el("table", { class: "calls" }, el("thead", null, head), el("tbody", null, ...rows));
+  }
+
+  // ---- connections
+
+  async function loadConnections() {
+    try {
+      const status = await rpc("host.status");
+      renderConnections(status);
+      $("connections-error").textContent = "";
+    } catch (e) {
+      fail(e, $("connections-error"));
+    }
+  }
+
+  function renderConnections(status) {
+    const connections = status.connections || [];
+    const rows = connections.map((c) =>
+      el(
+        "tr",
+        { "data-connection": c.id, "data-state": String(c.state) },
+        el("td", null, el("code", { text: c.id })),
+        el("td", { text: String(c.transport) }),
+        el("td", null, el("span", { class: "conn-state conn-" + String(c.state).replace(/[^a-z-]/g, ""), text: String(c.state) })),
+        el("td", { text: String(c.sessions_opened) }),
+        el("td", { text: String(c.calls) }),
+        el("td", { text: String(c.failures) }),
+        el("td", { text: c.notifications || "—" }),
+        el("td", { text: `${c.tools} tools, ${c.resources} resources, ${c.prompts} prompts` }),
+        el("td", { class: "last-error", text: c.last_error || "" }),
+      ),
+    );
+    $("connections-body").replaceChildren(...rows);
+    $("connections-empty").hidden = connections.length > 0;
+    const state = status.state || {};
+    const facts = [
+      ["Backend", state.backend],
+      ["Location", state.path],
+      ["Runs running", state.runs_running],
+      ["Runs kept", state.runs_total],
+    ];
+    $("state-summary").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: String(v ?? "") })]));
+  }
+
+  // ---- start
+
+  async function boot() {
+    $("boot-error").hidden = true;
+    let status;
+    try {
+      status = await rpc("host.status");
+    } catch (e) {
+      if (e instanceof Unauthorized) {
+        if (token) sessionStorage.removeItem(TOKEN_KEY);
+        showLogin(token ? "The server refused this token." : "");
+        token = "";
+      } else {
+        $("boot-error").hidden = false;
+        $("boot-error").textContent = "Cannot reach the server: " + e.message;
+      }
+      return;
+    }
+    fillWorkflows(status.workflows || []);
+    $("nav").hidden = false;
+    $("forget-token").hidden = !token;
+    if (stream) stream.close();
+    // From the newest kept event on: the list is read fresh, so only what
+    // happens next matters.
+    const last = status.state && Number.isInteger(status.state.last_event_id) ? status.state.last_event_id : null;
+    stream = new EventStream("/events", last, onEvent, setLive);
+    route();
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    $("login-form").addEventListener("submit", (e) => {
+      e.preventDefault();
+      token = $("token").value.trim();
+      $("token").value = "";
+      sessionStorage.setItem(TOKEN_KEY, token);
+      boot();
+    });
+    $("forget-token").addEventListener("click", () => {
+      sessionStorage.removeItem(TOKEN_KEY);
+      token = "";
+      showLogin("");
+    });
+    $("start-form").addEventListener("submit", startRun);
+    $("filter-workflow").addEventListener("change", firstPage);
+    $("filter-status").addEventListener("change", firstPage);
+    $("prev-page").addEventListener("click", () => {
+      if (page > 0) page -= 1;
+      loadRuns();
+    });
+    $("next-page").addEventListener("click", () => {
+      if (!nextCursor) return;
+      pages[page + 1] = nextCursor;
+      page += 1;
+      loadRuns();
+    });
+    $("cancel-run").addEventListener("click", () => runAction("workflow.cancel", $("cancel-run")));
+    $("retry-run").addEventListener("click", () => runAction("workflow.retry", $("retry-run")));
+    window.addEventListener("hashchange", route);
+    setInterval(tick, 1000);
+    boot();
+  });
+})();

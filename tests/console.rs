@@ -1,0 +1,481 @@
+//! The web console in a real browser: headless Chromium driven through
+//! chromedriver (WebDriver), against a real `wf-host serve` with a token.
+//! The console asks for the token, starts runs, follows them live, draws
+//! their step graph and cancels one; without the token its shell loads but
+//! every data request is refused.
+//!
+//! Needs the Debian packages `chromium` and `chromium-driver` (tests/run.sh
+//! and .ci/run install them). A screenshot of the console is left in
+//! `target/test-artifacts/`.
+
+mod common;
+
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::elements::Element;
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{Value, json};
+
+use common::serve::Serve;
+use common::*;
+
+const TOKEN: &str = "console-test-token";
+
+/// What the browser waits for at most: the first run compiles its nodes.
+const WAIT: Duration = Duration::from_secs(60);
+
+/// `pair`: two echo steps, `second` needing `first`. `nap`: a long upstream
+/// sleep, then a step that needs it, to be cancelled.
+fn config(dir: &Path) -> PathBuf {
+    let call = plugin("call");
+    let echo = plugin("echo");
+    let path = dir.join("wf.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"[connections.fixture]
+command = "wf-host"
+args = ["fixture-server"]
+
+[[workflows.pair.steps]]
+id = "first"
+component = {echo:?}
+
+[[workflows.pair.steps]]
+id = "second"
+component = {echo:?}
+needs = ["first"]
+input = '.steps.first.output'
+
+[[workflows.nap.steps]]
+id = "nap"
+component = {call:?}
+allow = ["fixture.sleep"]
+input = '{{capability: "fixture.sleep", arguments: {{ms: 120000}}}}'
+
+[[workflows.nap.steps]]
+id = "after"
+component = {echo:?}
+needs = ["nap"]
+"#
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// chromedriver on a free port, in its own process group with the Chromium
+/// it starts; the whole group is killed, and chromedriver reaped, on drop.
+struct ChromeDriver {
+    child: Child,
+    url: String,
+    /// The browser's fresh profile.
+    profile: tempfile::TempDir,
+}
+
+impl ChromeDriver {
+    async fn start() -> ChromeDriver {
+        let profile = tempfile::tempdir().unwrap();
+        let client = http_client();
+        // A port picked here may be taken before chromedriver binds it: then
+        // it exits, and another port is tried.
+        for _ in 0..5 {
+            let port = TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let mut child = Command::new("chromedriver")
+                .arg(format!("--port={port}"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .process_group(0)
+                .spawn()
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "cannot start chromedriver ({e}); install the Debian packages \
+                         `chromium` and `chromium-driver` (tests/run.sh does)"
+                    )
+                });
+            let url = format!("http://127.0.0.1:{port}");
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline && child.try_wait().unwrap().is_none() {
+                let ready = client
+                    .get(format!("{url}/status"))
+                    .send()
+                    .await
+                    .ok()
+                    .filter(|r| r.status().is_success());
+                if let Some(response) = ready {
+                    let status: Value = response.json().await.unwrap();
+                    if status["value"]["ready"] == json!(true) {
+                        return ChromeDriver {
+                            child,
+                            url,
+                            profile,
+                        };
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            kill_group(&mut child);
+        }
+        panic!("chromedriver did not start");
+    }
+
+    /// A new headless Chromium session.
+    async fn browser(&self) -> Client {
+        let args = [
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--window-size=1280,1000",
+        ]
+        .map(str::to_owned)
+        .into_iter()
+        .chain([format!("--user-data-dir={}", self.profile.path().display())])
+        .collect::<Vec<_>>();
+        let mut capabilities = serde_json::Map::new();
+        capabilities.insert("browserName".into(), json!("chrome"));
+        capabilities.insert("goog:chromeOptions".into(), json!({ "args": args }));
+        ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(capabilities)
+            .connect(&self.url)
+            .await
+            .expect("chromedriver starts a Chromium session")
+    }
+}
+
+fn kill_group(child: &mut Child) {
+    // chromedriver leads its own group (`process_group(0)`), so this kills
+    // the browser processes it started too.
+    let pgid = child.id() as libc::pid_t;
+    unsafe {
+        libc::killpg(pgid, libc::SIGKILL);
+    }
+    let _ = child.wait();
+}
+
+impl Drop for ChromeDriver {
+    fn drop(&mut self) {
+        kill_group(&mut self.child);
+    }
+}
+
+/// Where the screenshots go: `target/test-artifacts/`.
+fn artifacts() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("the target tmp dir is inside the target dir")
+        .join("test-artifacts");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The element `css` matches once it is there, or a panic that shows what
+/// the page said instead.
+async fn wait_for(c: &Client, css: &str) -> Element {
+    match c.wait().at_most(WAIT).for_element(Locator::Css(css)).await {
+        Ok(element) => element,
+        Err(e) => {
+            let text = c
+                .execute("return document.body.innerText", vec![])
+                .await
+                .unwrap_or_default();
+            let shot = c.screenshot().await.unwrap_or_default();
+            let path = artifacts().join("console-failure.png");
+            let _ = std::fs::write(&path, shot);
+            panic!(
+                "`{css}` did not appear ({e}); the page said:\n{}\n(screenshot: {})",
+                text.as_str().unwrap_or_default(),
+                path.display()
+            )
+        }
+    }
+}
+
+async fn click(c: &Client, css: &str) {
+    wait_for(c, css).await.click().await.unwrap();
+}
+
+/// Starts `workflow` on `input` with the console's form; the new run's id.
+async fn start_with_form(c: &Client, workflow: &str, input: &str) -> String {
+    click(c, "#nav-runs").await;
+    wait_for(c, "#runs-view:not([hidden])").await;
+    wait_for(c, "#start-workflow")
+        .await
+        .select_by_value(workflow)
+        .await
+        .unwrap();
+    let textarea = wait_for(c, "#start-input").await;
+    textarea.clear().await.unwrap();
+    textarea.send_keys(input).await.unwrap();
+    // The previous run's link goes away when the form is sent.
+    c.execute(
+        "document.getElementById('start-result').replaceChildren()",
+        vec![],
+    )
+    .await
+    .unwrap();
+    click(c, "#start-button").await;
+    wait_for(c, "#start-result a").await.text().await.unwrap()
+}
+
+/// The classes of the step's node in the graph, once it has `status`.
+async fn step_with_status(c: &Client, step: &str, status: &str) -> String {
+    let node = wait_for(
+        c,
+        &format!(r#"#graph g.step[data-step="{step}"][data-status="{status}"]"#),
+    )
+    .await;
+    node.attr("class").await.unwrap().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_starts_follows_and_cancels_runs() {
+    let serve = Serve::start(config, &["--token", TOKEN]);
+    let driver = ChromeDriver::start().await;
+    let c = driver.browser().await;
+    c.goto(&format!("{}/", serve.base)).await.unwrap();
+
+    // Asked for the token: the console's first data request got 401.
+    wait_for(&c, "#login:not([hidden])").await;
+    wait_for(&c, "#token").await.send_keys(TOKEN).await.unwrap();
+    click(&c, "#login-button").await;
+    wait_for(&c, "#runs-view:not([hidden])").await;
+    wait_for(&c, r#"#live[data-state="live"]"#).await;
+
+    // A run started from the form, with an input a page must not execute.
+    let hostile = r#"{"text": "<img src=x onerror=\"document.title='pwned'\">"}"#;
+    let pair = start_with_form(&c, "pair", hostile).await;
+    // It shows up in the list and, without a reload, turns succeeded: the
+    // list follows the event stream.
+    let row = format!(r#"#runs-body tr[data-run-id="{pair}"]"#);
+    wait_for(&c, &row).await;
+    wait_for(&c, &format!(r#"{row}[data-status="succeeded"]"#)).await;
+    let workflow = wait_for(&c, &format!("{row} td.workflow")).await;
+    assert_eq!(workflow.text().await.unwrap(), "pair");
+
+    // Its graph: two nodes coloured by status, one edge for `needs`.
+    click(&c, &format!("{row} a.run-link")).await;
+    wait_for(&c, "#run-view:not([hidden])").await;
+    wait_for(&c, r#"#run-status[data-status="succeeded"]"#).await;
+    let first = step_with_status(&c, "first", "succeeded").await;
+    assert!(
+        first.split(' ').any(|class| class == "status-succeeded"),
+        "{first}"
+    );
+    step_with_status(&c, "second", "succeeded").await;
+    wait_for(
+        &c,
+        r#"#graph path.edge[data-from="first"][data-to="second"]"#,
+    )
+    .await;
+    assert_eq!(
+        c.find_all(Locator::Css("#graph g.step"))
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_eq!(
+        c.find_all(Locator::Css("#graph path.edge"))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    assert!(
+        wait_for(&c, "#retry-run")
+            .await
+            .attr("disabled")
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    // A step's detail: its output shown as text, its log records.
+    click(&c, r#"#graph g.step[data-step="second"]"#).await;
+    let detail = wait_for(&c, "#step-detail:not([hidden])").await;
+    let text = detail.text().await.unwrap();
+    assert!(
+        text.contains(r#"<img src=x onerror=\"document.title='pwned'\">"#),
+        "{text}"
+    );
+    assert!(
+        detail
+            .find_all(Locator::Css("img"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_ne!(c.title().await.unwrap(), "pwned");
+    wait_for(&c, "#step-detail ul.logs li.log").await;
+    wait_for(&c, "#step-detail h4 + p.muted").await; // no capability calls
+
+    // A sleeping run, cancelled from its page.
+    let nap = start_with_form(&c, "nap", "{}").await;
+    click(&c, "#start-result a").await;
+    wait_for(
+        &c,
+        r#"#run-view:not([hidden]) #run-status[data-status="running"]"#,
+    )
+    .await;
+    step_with_status(&c, "nap", "running").await;
+    step_with_status(&c, "after", "pending").await;
+    // The step's capability call shows once it returns; while it runs, the
+    // step is what the graph shows.
+    click(&c, "#cancel-run:not([disabled])").await;
+    wait_for(&c, r#"#run-status[data-status="cancelled"]"#).await;
+    let cancelled = step_with_status(&c, "nap", "cancelled").await;
+    assert!(cancelled.contains("status-cancelled"), "{cancelled}");
+    step_with_status(&c, "after", "cancelled").await;
+    wait_for(&c, "#retry-run:not([disabled])").await;
+    let record = serve
+        .rpc("workflow.get", json!({"run_id": nap}), Some(TOKEN))
+        .await;
+    assert_eq!(record["result"]["status"], "cancelled", "{record}");
+
+    let shot = c.screenshot().await.unwrap();
+    assert!(shot.starts_with(b"\x89PNG"), "a PNG screenshot");
+    std::fs::write(artifacts().join("console.png"), shot).unwrap();
+
+    // The list, filtered by status and workflow.
+    click(&c, "#nav-runs").await;
+    wait_for(&c, &format!(r#"#runs-body tr[data-run-id="{nap}"]"#)).await;
+    wait_for(&c, "#filter-status")
+        .await
+        .select_by_value("cancelled")
+        .await
+        .unwrap();
+    wait_for(
+        &c,
+        &format!(r#"#runs-body tr[data-run-id="{nap}"]:only-child"#),
+    )
+    .await;
+    wait_for(&c, "#filter-status")
+        .await
+        .select_by_value("")
+        .await
+        .unwrap();
+    wait_for(&c, "#filter-workflow")
+        .await
+        .select_by_value("pair")
+        .await
+        .unwrap();
+    wait_for(
+        &c,
+        &format!(r#"#runs-body tr[data-run-id="{pair}"]:only-child"#),
+    )
+    .await;
+
+    // Connections: the fixture's session, from host.status.
+    click(&c, "#nav-connections").await;
+    let fixture = wait_for(
+        &c,
+        r#"#connections-body tr[data-connection="fixture"][data-state="ready"]"#,
+    )
+    .await;
+    let cells = fixture.find_all(Locator::Css("td")).await.unwrap();
+    assert_eq!(cells[3].text().await.unwrap(), "1", "sessions opened");
+    assert_eq!(cells[6].text().await.unwrap(), "live", "notifications");
+    std::fs::write(
+        artifacts().join("console-connections.png"),
+        c.screenshot().await.unwrap(),
+    )
+    .unwrap();
+
+    // The token went in headers only: no URL the page loaded carries it.
+    let urls = c
+        .execute(
+            "return performance.getEntriesByType('resource').map(e => e.name).concat([location.href])",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert!(!urls.to_string().contains(TOKEN), "{urls}");
+    assert!(urls.to_string().contains("/rpc"), "{urls}");
+
+    c.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_token_the_shell_loads_but_data_requests_are_refused() {
+    let serve = Serve::start(config, &["--token", TOKEN]);
+
+    // The shell and its assets: no token needed, strict headers.
+    for path in ["/", "/console/app.js", "/console/app.css"] {
+        let response = http_client()
+            .get(format!("{}{path}", serve.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200, "{path}");
+        let headers = response.headers();
+        let csp = headers["content-security-policy"].to_str().unwrap();
+        assert!(csp.contains("script-src 'self'"), "{csp}");
+        assert!(!csp.contains("unsafe-inline"), "{csp}");
+        assert_eq!(headers["x-content-type-options"], "nosniff");
+        assert_eq!(headers["referrer-policy"], "no-referrer");
+    }
+
+    // Its data requests: 401 without the token or with a wrong one.
+    for token in [None, Some("wrong")] {
+        let mut request = http_client()
+            .post(format!("{}/rpc", serve.base))
+            .header("Content-Type", "application/json")
+            .body(r#"{"jsonrpc":"2.0","id":1,"method":"host.status"}"#);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        assert_eq!(request.send().await.unwrap().status().as_u16(), 401);
+        for path in ["/events", "/metrics"] {
+            assert_eq!(serve.get(path, token).await.0, 401, "{path}");
+        }
+    }
+
+    // In the browser: the page loads, shows no data and asks for the token;
+    // a wrong one is refused and asked for again.
+    let driver = ChromeDriver::start().await;
+    let c = driver.browser().await;
+    c.goto(&format!("{}/", serve.base)).await.unwrap();
+    wait_for(&c, "#login:not([hidden])").await;
+    assert!(
+        c.find_all(Locator::Css("#runs-body tr"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        !wait_for(&c, "#runs-view")
+            .await
+            .is_displayed()
+            .await
+            .unwrap(),
+        "no runs without the token"
+    );
+    wait_for(&c, "#token")
+        .await
+        .send_keys("wrong")
+        .await
+        .unwrap();
+    click(&c, "#login-button").await;
+    let error = wait_for(&c, "#login-error").await;
+    let deadline = Instant::now() + WAIT;
+    while !error.text().await.unwrap().contains("refused") {
+        assert!(Instant::now() < deadline, "the wrong token is refused");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(wait_for(&c, "#login").await.is_displayed().await.unwrap());
+    c.close().await.unwrap();
+}
