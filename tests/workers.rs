@@ -39,9 +39,9 @@ input = '{{capability: "fixture.echo", arguments: {{text: "a-\(.input.n)"}}}}'
 [[workflows.three.steps]]
 id = "b"
 component = "{call}"
-allow = ["fixture.echo"]
+allow = ["fixture.sleep"]
 needs = ["a"]
-input = '{{capability: "fixture.echo", arguments: {{text: "b-\(.input.n)"}}}}'
+input = '{{capability: "fixture.sleep", arguments: {{ms: 150}}}}'
 [[workflows.three.steps]]
 id = "c"
 component = "{call}"
@@ -202,15 +202,21 @@ async fn three_workers_share_600_runs_and_a_killed_workers_steps_run_elsewhere()
     assert!(killed_finished > 0, "the killed worker had done some work");
     eprintln!("steps finished by worker: {finished_by:?}; steps re-run after the kill: {reran}");
 
-    // The witness: no step's call was made twice by live workers.
+    assert!(
+        reran > 0,
+        "the killed worker's running steps ran again elsewhere"
+    );
+
+    // The witness: no step's call was made twice by live workers. A step's
+    // calls carry the same idempotency key on every attempt.
     let mut by_step: BTreeMap<String, Vec<i64>> = BTreeMap::new();
     for c in read_witness(dir.path()) {
-        let text = c["arguments"]["text"]
+        let key = c["meta"]["wf-host/idempotency-key"]
             .as_str()
-            .unwrap_or_default()
+            .unwrap()
             .to_owned();
         by_step
-            .entry(text)
+            .entry(key)
             .or_default()
             .push(c["ppid"].as_i64().unwrap());
     }

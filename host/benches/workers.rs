@@ -8,6 +8,8 @@
 //! Every worker and the load generator share this machine's cores, so read the
 //! scaling as a lower bound.
 
+// The tests' throwaway PostgreSQL; the bench uses only part of it.
+#[allow(dead_code)]
 #[path = "../../tests/common/postgres.rs"]
 mod postgres;
 

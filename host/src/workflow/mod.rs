@@ -727,7 +727,15 @@ impl Workflows {
                 self.local_fence()
             };
             let rows = self.store.steps(&run.run_id).await?;
-            self.launch(def, nodes, run.clone(), rows, Duration::ZERO, fence, span);
+            self.launch(Launch {
+                def,
+                nodes,
+                run: run.clone(),
+                rows,
+                elapsed: Duration::ZERO,
+                fence,
+                span,
+            });
         }
         Ok(run.into())
     }
@@ -799,7 +807,15 @@ impl Workflows {
                     Duration::ZERO
                 };
                 let span = self.continued_span(&run, resumed).await;
-                self.launch(def, nodes, run, rows, elapsed, fence, span);
+                self.launch(Launch {
+                    def,
+                    nodes,
+                    run,
+                    rows,
+                    elapsed,
+                    fence,
+                    span,
+                });
                 Ok(())
             }
             Err(failure) => {
@@ -830,17 +846,17 @@ impl Workflows {
         span
     }
 
-    fn launch(
-        self: &Arc<Self>,
-        def: Definition,
-        nodes: HashMap<String, Node>,
-        run: RunRow,
-        rows: Vec<crate::store::StepRow>,
-        elapsed: Duration,
-        fence: Fence,
-        span: tracing::Span,
-    ) {
+    fn launch(self: &Arc<Self>, launch: Launch) {
         use std::sync::atomic::Ordering;
+        let Launch {
+            def,
+            nodes,
+            run,
+            rows,
+            elapsed,
+            fence,
+            span,
+        } = launch;
         let cancel = CancellationToken::new();
         let stop = self.shutdown.child_token();
         let (done_tx, done_rx) = watch::channel(false);
@@ -1249,6 +1265,19 @@ impl Workflows {
             self.tasks.wait().await;
         }
     }
+}
+
+/// What [`Workflows::launch`] needs to drive a run.
+struct Launch {
+    def: Definition,
+    nodes: HashMap<String, Node>,
+    run: RunRow,
+    /// The run's stored steps.
+    rows: Vec<crate::store::StepRow>,
+    /// How long the run has had already (its deadline counts from its start).
+    elapsed: Duration,
+    fence: Fence,
+    span: tracing::Span,
 }
 
 enum NodeError {
