@@ -17,7 +17,7 @@ use wf_host::store::postgres::PgStore;
 use wf_host::store::sqlite::SqliteStore;
 use wf_host::store::{
     AttemptWorker, CallRow, CancelRequest, Created, Failure, Fence, Lease, ListQuery, NewRun, Note,
-    RunRow, RunStatus, StepStatus, Store, StoreError, WorkerRow, now_ms, now_text,
+    RunRow, RunStatus, StepStatus, Store, StoreError, Transition, WorkerRow, now_ms, now_text,
 };
 
 /// A store under test and what keeps it alive (its file, its server).
@@ -88,7 +88,71 @@ every_backend!(
     runs_page_newest_first,
     a_failed_run_reopens,
     abandoning_a_run_cancels_its_unfinished_steps,
+    a_transition_records_the_write_and_its_event,
 );
+
+/// `Store::transition`: each write lands as its own method would, and its
+/// event is appended with the next id.
+async fn a_transition_records_the_write_and_its_event(b: Backend) {
+    let store = &b.store;
+    let mut run = new_run("r1", 1);
+    run.steps = vec!["a".into()];
+    store.create_run(&run, Some(&lease("w1"))).await.unwrap();
+    let f = fence("w1");
+    let before = store.last_event_id().await.unwrap();
+    let input = json!({"in": 1});
+    let output = json!({"out": 2});
+    let failure = Failure::new("unavailable", "try later");
+    let writes = [
+        Transition::StepStarted {
+            step_id: "a",
+            attempt: 1,
+            input: Some(&input),
+        },
+        Transition::StepAttempt {
+            step_id: "a",
+            attempt: 2,
+        },
+        Transition::StepFinished {
+            step_id: "a",
+            status: StepStatus::Succeeded,
+            output: Some(&output),
+            error: None,
+        },
+        Transition::RunFinished {
+            status: RunStatus::Failed,
+            output: None,
+            error: Some(&failure),
+        },
+    ];
+    let mut ids = Vec::new();
+    for (n, write) in writes.into_iter().enumerate() {
+        let event = store
+            .transition("r1", write, &f, "test", &json!({"n": n}))
+            .await
+            .unwrap();
+        assert_eq!(event.data, json!({"n": n}));
+        ids.push(event.id);
+    }
+    assert!(
+        ids[0] > before && ids.windows(2).all(|w| w[0] < w[1]),
+        "{ids:?}"
+    );
+    let step = &store.steps("r1").await.unwrap()[0];
+    assert_eq!(step.status, StepStatus::Succeeded);
+    assert_eq!(step.attempts, 2);
+    assert_eq!(step.input, Some(input));
+    assert_eq!(step.output, Some(output));
+    assert_eq!(
+        step.workers.iter().map(|w| w.attempt).collect::<Vec<_>>(),
+        [1, 2]
+    );
+    let run = store.run("r1").await.unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Failed);
+    assert_eq!(run.error, Some(failure));
+    let events = store.events(Some("r1"), before, 10).await.unwrap();
+    assert_eq!(events.iter().map(|e| e.id).collect::<Vec<_>>(), ids);
+}
 
 fn new_run(id: &str, created_ms: i64) -> NewRun {
     NewRun {

@@ -187,6 +187,31 @@ pub enum Note {
     Reconnected,
 }
 
+/// A fenced write of a driven run that has an event ([`Store::transition`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Transition<'a> {
+    StepStarted {
+        step_id: &'a str,
+        attempt: u32,
+        input: Option<&'a Value>,
+    },
+    StepAttempt {
+        step_id: &'a str,
+        attempt: u32,
+    },
+    StepFinished {
+        step_id: &'a str,
+        status: StepStatus,
+        output: Option<&'a Value>,
+        error: Option<&'a Failure>,
+    },
+    RunFinished {
+        status: RunStatus,
+        output: Option<&'a Value>,
+        error: Option<&'a Failure>,
+    },
+}
+
 /// What [`Store::renew`] found of the leases it renewed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Renewed {
@@ -406,6 +431,49 @@ pub trait Store: Send + Sync {
         kind: &str,
         data: &Value,
     ) -> Result<EventRow, StoreError>;
+    /// A fenced write and its event (`kind`, `data`): the write as its own
+    /// method does it, then the event appended, in one round trip to the
+    /// database where the backend can. Returns the event.
+    async fn transition(
+        &self,
+        run_id: &str,
+        write: Transition<'_>,
+        fence: &Fence,
+        kind: &str,
+        data: &Value,
+    ) -> Result<EventRow, StoreError> {
+        match write {
+            Transition::StepStarted {
+                step_id,
+                attempt,
+                input,
+            } => {
+                self.step_started(run_id, step_id, attempt, input, fence)
+                    .await?
+            }
+            Transition::StepAttempt { step_id, attempt } => {
+                self.step_attempt(run_id, step_id, attempt, fence).await?
+            }
+            Transition::StepFinished {
+                step_id,
+                status,
+                output,
+                error,
+            } => {
+                self.step_finished(run_id, step_id, status, output, error, fence)
+                    .await?
+            }
+            Transition::RunFinished {
+                status,
+                output,
+                error,
+            } => {
+                self.run_finished(run_id, status, output, error, fence)
+                    .await?
+            }
+        }
+        self.append_event(run_id, kind, data).await
+    }
     /// Up to `limit` events with an id past `after`, oldest first; of one run,
     /// or of all runs.
     async fn events(

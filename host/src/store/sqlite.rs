@@ -19,7 +19,7 @@ use sqlx::{ConnectOptions, Row};
 
 use super::{
     AttemptWorker, CallRow, Counts, Created, EventRow, Failure, Fence, Lease, ListQuery, NewRun,
-    RunRow, RunStatus, StepRow, StepStatus, Store, StoreError, now_ms, now_text,
+    RunRow, RunStatus, StepRow, StepStatus, Store, StoreError, Transition, now_ms, now_text,
 };
 
 /// `PRAGMA application_id` of a wf-host state file: "wfhs".
@@ -549,6 +549,106 @@ impl Store for SqliteStore {
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    async fn transition(
+        &self,
+        run_id: &str,
+        write: Transition<'_>,
+        fence: &Fence,
+        kind: &str,
+        data: &Value,
+    ) -> Result<EventRow, StoreError> {
+        // The write and the event's insert as one query of two statements:
+        // one round trip to SQLite's worker thread instead of two. Both use
+        // numbered parameters: ?1 run id, ?2 kind, ?3 data, ?4 now; the
+        // write's own from ?5.
+        macro_rules! with_event {
+            ($write:literal) => {
+                concat!(
+                    $write,
+                    "; INSERT INTO events (run_id, kind, data, at) VALUES (?1, ?2, ?3, ?4) RETURNING id"
+                )
+            };
+        }
+        let at = now_text();
+        let data_text = json_text(data);
+        let base = |sql: &'static str| {
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(run_id)
+                .bind(kind)
+                .bind(data_text.clone())
+                .bind(at.clone())
+        };
+        let query = match write {
+            Transition::StepStarted {
+                step_id,
+                attempt,
+                input,
+            } => base(with_event!(
+                "UPDATE steps SET status = 'running', attempts = ?6, input = ?7, output = NULL,
+                                  error_code = NULL, error_message = NULL,
+                                  started_at = ?4, finished_at = NULL,
+                                  workers = json_insert(coalesce(workers, '[]'), '$[#]',
+                                                        json_object('attempt', ?6, 'worker', ?8))
+                 WHERE run_id = ?1 AND step_id = ?5"
+            ))
+            .bind(step_id)
+            .bind(i64::from(attempt))
+            .bind(input.map(json_text))
+            .bind(fence.worker.to_string()),
+            Transition::StepAttempt { step_id, attempt } => base(with_event!(
+                "UPDATE steps SET attempts = max(attempts, ?6),
+                                  workers = json_insert(coalesce(workers, '[]'), '$[#]',
+                                                        json_object('attempt', ?6, 'worker', ?7))
+                 WHERE run_id = ?1 AND step_id = ?5"
+            ))
+            .bind(step_id)
+            .bind(i64::from(attempt))
+            .bind(fence.worker.to_string()),
+            Transition::StepFinished {
+                step_id,
+                status,
+                output,
+                error,
+            } => base(with_event!(
+                "UPDATE steps SET status = ?6, output = ?7, error_code = ?8, error_message = ?9,
+                                  finished_at = ?4
+                 WHERE run_id = ?1 AND step_id = ?5"
+            ))
+            .bind(step_id)
+            .bind(status.as_str())
+            .bind(output.map(json_text))
+            .bind(error.map(|e| e.code.clone()))
+            .bind(error.map(|e| e.message.clone())),
+            Transition::RunFinished {
+                status,
+                output,
+                error,
+            } => base(with_event!(
+                "UPDATE runs SET status = ?5, output = ?6, error_code = ?7, error_message = ?8,
+                                 finished_at = ?4, finished_ms = ?9
+                 WHERE run_id = ?1"
+            ))
+            .bind(status.as_str())
+            .bind(output.map(json_text))
+            .bind(error.map(|e| e.code.clone()))
+            .bind(error.map(|e| e.message.clone()))
+            .bind(now_ms()),
+        };
+        // All rows, so both statements run to the end.
+        let rows = query.fetch_all(&self.pool).await?;
+        let id: i64 = rows
+            .last()
+            .ok_or_else(|| StoreError::Corrupt("the event insert returned no id".into()))?
+            .try_get(0)?;
+        Ok(EventRow {
+            id,
+            run_id: run_id.to_owned(),
+            kind: kind.to_owned(),
+            data: data.clone(),
+            at,
+        })
     }
 
     async fn reopen_run(&self, run_id: &str) -> Result<bool, StoreError> {

@@ -23,7 +23,8 @@ use super::events::Events;
 use crate::capability::{CallJournal, JournalEntry, Progress, truncate_utf8};
 use crate::runtime::{Node, RunError, RunOptions, Runtime};
 use crate::store::{
-    CallRow, Failure, Fence, RunStatus, StepRow, StepStatus, Store, StoreError, now_text,
+    CallRow, Failure, Fence, RunStatus, StepRow, StepStatus, Store, StoreError, Transition,
+    now_text,
 };
 use crate::trace;
 
@@ -424,18 +425,16 @@ async fn transition(
     output: Option<Value>,
     error: Option<Failure>,
 ) -> Result<(), StoreError> {
-    ctx.store
-        .step_finished(
-            &ctx.run_id,
-            id,
-            status,
-            output.as_ref(),
-            error.as_ref(),
-            &ctx.fence,
-        )
-        .await?;
     let data = json!({"step": id, "status": status, "error": error});
-    ctx.events.emit(&ctx.run_id, "step.finished", data).await;
+    let write = Transition::StepFinished {
+        step_id: id,
+        status,
+        output: output.as_ref(),
+        error: error.as_ref(),
+    };
+    ctx.events
+        .transition(&ctx.run_id, write, &ctx.fence, "step.finished", data)
+        .await?;
     let state = states.get_mut(id).expect("every step has a state");
     state.status = status;
     state.output = output;
@@ -535,14 +534,14 @@ async fn finish(
             Err(f) => (RunStatus::Failed, None, Some(f)),
         },
     };
-    ctx.store
-        .run_finished(
-            &ctx.run_id,
-            status,
-            output.as_ref(),
-            error.as_ref(),
-            &ctx.fence,
-        )
+    let data = json!({"status": status, "error": error});
+    let write = Transition::RunFinished {
+        status,
+        output: output.as_ref(),
+        error: error.as_ref(),
+    };
+    ctx.events
+        .transition(&ctx.run_id, write, &ctx.fence, "run.finished", data)
         .await?;
     trace::record_status(
         &ctx.span,
@@ -550,14 +549,25 @@ async fn finish(
         status == RunStatus::Succeeded,
         error.as_ref().map(|e| e.message.as_str()),
     );
-    let data = json!({"status": status, "error": error});
-    ctx.events.emit(&ctx.run_id, "run.finished", data).await;
     Ok(Ending::Finished(status))
 }
 
-async fn step_started(ctx: &RunCtx, id: &str, attempt: u32) {
+/// Marks a step `running` in `attempt` with its input, with its event.
+async fn step_started(
+    ctx: &RunCtx,
+    id: &str,
+    attempt: u32,
+    input: &Value,
+) -> Result<(), StoreError> {
     let data = json!({"step": id, "attempt": attempt});
-    ctx.events.emit(&ctx.run_id, "step.started", data).await;
+    let write = Transition::StepStarted {
+        step_id: id,
+        attempt,
+        input: Some(input),
+    };
+    ctx.events
+        .transition(&ctx.run_id, write, &ctx.fence, "step.started", data)
+        .await
 }
 
 /// The `output` mapping, or the output of the one step nothing needs (an
@@ -603,14 +613,9 @@ async fn run_step(
             Ok(input) => input,
             Err(f) => return Outcome::Failed(f),
         };
-        if let Err(e) = ctx
-            .store
-            .step_started(&ctx.run_id, id, first_attempt, Some(&input), &ctx.fence)
-            .await
-        {
+        if let Err(e) = step_started(ctx, id, first_attempt, &input).await {
             return store_failure(e);
         }
-        step_started(ctx, id, first_attempt).await;
         return match run_item(ctx, step, None, &input, &attempts, stop, span).await {
             Ok(output) => Outcome::Succeeded(output),
             Err(outcome) => outcome,
@@ -633,14 +638,9 @@ async fn run_step(
     // The step's recorded input is its items; each item's input is mapped
     // only when the item runs.
     let all = Value::Array(items);
-    if let Err(e) = ctx
-        .store
-        .step_started(&ctx.run_id, id, first_attempt, Some(&all), &ctx.fence)
-        .await
-    {
+    if let Err(e) = step_started(ctx, id, first_attempt, &all).await {
         return store_failure(e);
     }
-    step_started(ctx, id, first_attempt).await;
     let Value::Array(items) = all else {
         unreachable!("built as an array above")
     };
@@ -821,11 +821,14 @@ async fn run_item(
         attempt = attempts.fetch_add(1, Ordering::Relaxed) + 1;
         tracing::info!(target: trace::TARGET, parent: span, code = %failure.code, attempt, "retry");
         span.record("wf.attempt", attempt);
-        ctx.store
-            .step_attempt(&ctx.run_id, &step.spec.id, attempt, &ctx.fence)
+        let data = json!({"step": step.spec.id, "attempt": attempt});
+        let write = Transition::StepAttempt {
+            step_id: &step.spec.id,
+            attempt,
+        };
+        ctx.events
+            .transition(&ctx.run_id, write, &ctx.fence, "step.started", data)
             .await
             .map_err(store_failure)?;
-        let data = json!({"step": step.spec.id, "attempt": attempt});
-        ctx.events.emit(&ctx.run_id, "step.started", data).await;
     }
 }

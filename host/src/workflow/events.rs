@@ -10,7 +10,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use tokio::sync::broadcast;
 
-use crate::store::{EventRow, Store, now_text};
+use crate::store::{EventRow, Fence, Store, StoreError, Transition, now_text};
 
 /// Live events buffered per subscriber; one that falls further behind
 /// catches up from the store.
@@ -61,6 +61,33 @@ impl Events {
             }
             Err(e) => tracing::warn!(run = run_id, kind, "cannot record the event: {e}"),
         }
+    }
+
+    /// Records a fenced write of a run and its event together
+    /// ([`Store::transition`]), then tells the live streams. Unlike
+    /// [`Events::emit`], a failure is the write's and is returned.
+    pub(crate) async fn transition(
+        &self,
+        run_id: &str,
+        write: Transition<'_>,
+        fence: &Fence,
+        kind: &str,
+        data: Value,
+    ) -> Result<(), StoreError> {
+        if self.shared {
+            self.store
+                .transition(run_id, write, fence, kind, &data)
+                .await?;
+            self.appended.notify_one();
+            return Ok(());
+        }
+        let _in_order = self.order.lock().await;
+        let row = self
+            .store
+            .transition(run_id, write, fence, kind, &data)
+            .await?;
+        let _ = self.live.send(row);
+        Ok(())
     }
 
     /// Tells the live streams only (progress: frequent, and stale at once).
