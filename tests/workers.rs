@@ -409,6 +409,48 @@ async fn cancel_through_one_worker_stops_a_step_running_on_another() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stopped_gracefully_hands_its_runs_over_at_once() {
+    let pg = TestPostgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    // A lease far longer than the test: only the release can move the run.
+    let config = config(dir.path(), "60s");
+    let url = pg.url();
+    let a_config = config.clone();
+    let mut a = Serve::start(move |_| a_config, &["--state", &url, "--grace", "200ms"]);
+    let b = worker(&config, &url);
+    let started = call(
+        &a,
+        "workflow.start",
+        json!({"workflow": "nap", "input": {"ms": 60000}}),
+    )
+    .await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    let a_pid = i64::from(a.child.id());
+    wait_until("A's sleep upstream", Duration::from_secs(20), || {
+        read_witness(dir.path()).iter().any(|c| c["ppid"] == a_pid)
+    })
+    .await;
+    let stopped = Instant::now();
+    signal(&a, libc::SIGTERM);
+    assert!(a.child.wait().unwrap().success());
+    let b_pid = i64::from(b.child.id());
+    wait_until("B's attempt upstream", Duration::from_secs(20), || {
+        read_witness(dir.path()).iter().any(|c| c["ppid"] == b_pid)
+    })
+    .await;
+    assert!(
+        stopped.elapsed() < Duration::from_secs(10),
+        "B took the run only after {:?}",
+        stopped.elapsed()
+    );
+    let run = call(&b, "workflow.get", json!({"run_id": run_id})).await;
+    assert_eq!(run["status"], "running", "{run}");
+    assert_eq!(run["steps"][0]["attempts"], 2, "{run}");
+    let cancelled = call(&b, "workflow.cancel", json!({"run_id": run_id})).await;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_status_lists_every_live_worker() {
     let pg = TestPostgres::start();
     let dir = tempfile::tempdir().unwrap();

@@ -8,8 +8,8 @@
 //! - [`pool`] holds one persistent MCP client session per connection and is
 //!   the backend behind every capability call.
 //! - [`workflow`] runs graphs of nodes (jq between steps, retries, deadlines),
-//!   and [`store`] keeps their runs durable (SQLite), so a restarted host
-//!   resumes them.
+//!   and [`store`] keeps their runs durable (SQLite, or PostgreSQL shared by
+//!   several workers), so a restarted host resumes them.
 //! - [`rpc`] is the JSON-RPC 2.0 server over HTTP; [`mcp`] offers exposed
 //!   workflows as tools of an MCP server; [`console`] is the web console it
 //!   serves at `/`.

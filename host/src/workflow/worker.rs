@@ -37,7 +37,7 @@ pub(crate) struct Worker {
     pub started_at: String,
     pub lease: Duration,
     /// A run can be claimed, or a local run ended (a slot is free).
-    pub wake: Notify,
+    pub wake: Arc<Notify>,
 }
 
 impl Worker {
@@ -46,7 +46,7 @@ impl Worker {
             id: worker_id().into(),
             started_at: now_text(),
             lease,
-            wake: Notify::new(),
+            wake: Arc::default(),
         }
     }
 
@@ -109,10 +109,11 @@ pub(crate) fn start_claimer(this: &Arc<Workflows>) {
                     backoff
                 }
             };
-            let worker = this.clone();
+            // Not holding the host while waiting: it may be dropped.
+            let wake = this.worker.wake.clone();
             drop(this);
             tokio::select! {
-                _ = worker.worker.wake.notified() => {}
+                _ = wake.notified() => {}
                 _ = tokio::time::sleep(wait) => {}
                 _ = closing.cancelled() => return,
             }
@@ -120,13 +121,13 @@ pub(crate) fn start_claimer(this: &Arc<Workflows>) {
     });
 }
 
-async fn renewer(this: Weak<Workflows>, closing: tokio_util::sync::CancellationToken) {
-    let Some(every) = this.upgrade().map(|t| t.worker.renew_every()) else {
+async fn renewer(weak: Weak<Workflows>, closing: tokio_util::sync::CancellationToken) {
+    let Some(every) = weak.upgrade().map(|t| t.worker.renew_every()) else {
         return;
     };
     let mut last_ok = tokio::time::Instant::now();
     loop {
-        let Some(this) = this.upgrade() else { return };
+        let Some(this) = weak.upgrade() else { return };
         let held = this.held_runs();
         if closing.is_cancelled() && held.is_empty() {
             return;
@@ -165,7 +166,22 @@ async fn renewer(this: Weak<Workflows>, closing: tokio_util::sync::CancellationT
             Err(e) => tracing::warn!("cannot renew leases: {e}"),
         }
         drop(this);
-        tokio::time::sleep(every).await;
+        if closing.is_cancelled() {
+            // Shutting down: renew while runs finish, and end soon after the
+            // last one.
+            let until = tokio::time::Instant::now() + every;
+            while tokio::time::Instant::now() < until {
+                if weak.upgrade().is_none_or(|t| t.held_runs().is_empty()) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        } else {
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = closing.cancelled() => {}
+            }
+        }
     }
 }
 
