@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 
 const RUNS: usize = 600;
 const CLIENTS: usize = 16;
+const IDLE_RUNS: usize = 100;
 
 struct Worker {
     child: Child,
@@ -110,6 +111,41 @@ struct Result {
     runs_per_s: f64,
     p50_ms: f64,
     p99_ms: f64,
+    /// Claim-to-start with one run at a time (no queue behind other runs).
+    idle_p50_ms: f64,
+    idle_p99_ms: f64,
+}
+
+fn percentiles(mut latencies: Vec<f64>) -> (f64, f64) {
+    latencies.sort_by(f64::total_cmp);
+    let pct = |p: f64| latencies[((latencies.len() - 1) as f64 * p) as usize];
+    (pct(0.50), pct(0.99))
+}
+
+/// A run's creation to its first step's start.
+fn claim_to_start(run: &Value) -> f64 {
+    ms(run["steps"][0]["started_at"].as_str().unwrap()) - ms(run["started_at"].as_str().unwrap())
+}
+
+/// `IDLE_RUNS` runs one at a time, through the workers in turn.
+async fn idle_latency(client: &reqwest::Client, urls: &[String]) -> Vec<f64> {
+    let mut latencies = Vec::new();
+    for n in 0..IDLE_RUNS {
+        let url = &urls[n % urls.len()];
+        let run = rpc(
+            client,
+            url,
+            "workflow.start",
+            json!({"workflow": "three", "input": n, "wait": true}),
+        )
+        .await;
+        assert_eq!(run["status"], "succeeded", "{run}");
+        let id = run["run_id"].as_str().unwrap();
+        latencies.push(claim_to_start(
+            &rpc(client, url, "workflow.get", json!({"run_id": id})).await,
+        ));
+    }
+    latencies
 }
 
 /// Starts `RUNS` runs through the workers in turn from `CLIENTS` concurrent
@@ -162,18 +198,19 @@ async fn measure(label: &str, workers: &[Worker]) -> Result {
     let mut latencies = Vec::new();
     while let Some(records) = tasks.join_next().await {
         for run in records.unwrap() {
-            let first = run["steps"][0]["started_at"].as_str().unwrap();
-            latencies.push(ms(first) - ms(run["started_at"].as_str().unwrap()));
+            latencies.push(claim_to_start(&run));
         }
     }
     let elapsed = started.elapsed();
-    latencies.sort_by(f64::total_cmp);
-    let pct = |p: f64| latencies[((latencies.len() - 1) as f64 * p) as usize];
+    let (p50_ms, p99_ms) = percentiles(latencies);
+    let (idle_p50_ms, idle_p99_ms) = percentiles(idle_latency(&client, &urls).await);
     Result {
         label: label.to_owned(),
         runs_per_s: RUNS as f64 / elapsed.as_secs_f64(),
-        p50_ms: pct(0.50),
-        p99_ms: pct(0.99),
+        p50_ms,
+        p99_ms,
+        idle_p50_ms,
+        idle_p99_ms,
     }
 }
 
@@ -207,16 +244,20 @@ async fn main() {
     }
     let base = results[1].runs_per_s;
     println!("{RUNS} runs of a three-step echo workflow, {CLIENTS} clients");
-    println!("| setup | runs/s | vs PostgreSQL, 1 worker | claim-to-start p50 | p99 |");
+    println!(
+        "| setup | runs/s | vs PostgreSQL, 1 worker | claim-to-start p50 / p99 under load | one run at a time p50 / p99 |"
+    );
     println!("|---|---|---|---|---|");
     for r in &results {
         println!(
-            "| {} | {:.0} | {:.2}× | {:.1} ms | {:.1} ms |",
+            "| {} | {:.0} | {:.2}× | {:.1} / {:.1} ms | {:.1} / {:.1} ms |",
             r.label,
             r.runs_per_s,
             r.runs_per_s / base,
             r.p50_ms,
-            r.p99_ms
+            r.p99_ms,
+            r.idle_p50_ms,
+            r.idle_p99_ms
         );
     }
 }
