@@ -151,7 +151,7 @@ async fn a_core_module_is_rejected_with_how_to_wrap_it() {
 async fn a_component_for_another_world_names_the_missing_export() {
     let (runtime, _cache) = runtime();
     let err = runtime
-        .load_bytes("empty.wasm", b"(component)")
+        .load_bytes("empty.wasm", &wat_to_binary("(component)"))
         .err()
         .expect("must fail");
     assert!(matches!(err, LoadError::WrongWorld { .. }), "{err:?}");
@@ -167,7 +167,7 @@ async fn a_component_with_a_foreign_import_names_it() {
     let err = runtime
         .load_bytes(
             "foreign.wasm",
-            br#"(component (import "acme:kv/store@1.0.0" (instance)))"#,
+            &wat_to_binary(r#"(component (import "acme:kv/store@1.0.0" (instance)))"#),
         )
         .err()
         .expect("must fail");
@@ -504,14 +504,14 @@ async fn a_many_memory_component_is_held_to_one_max_memory() {
     // One 60 MiB memory fits; four of them (240 MiB in all) do not, though
     // each alone is under the limit.
     let one = runtime
-        .load_bytes("one.wasm", many_memories(1, 960, false).as_bytes())
+        .load_bytes("one.wasm", &wat_to_binary(&many_memories(1, 960, false)))
         .unwrap();
     assert_eq!(
         expect_ok(&runtime.run(&one, "{}", RunOptions::default()).await),
         "null"
     );
     let four = runtime
-        .load_bytes("four.wasm", many_memories(4, 960, false).as_bytes())
+        .load_bytes("four.wasm", &wat_to_binary(&many_memories(4, 960, false)))
         .unwrap();
     let report = runtime.run(&four, "{}", RunOptions::default()).await;
     assert_eq!(report.result, Err(RunError::MemoryLimit(max_memory)));
@@ -531,7 +531,7 @@ async fn a_full_instance_pool_is_busy_not_a_trap_and_the_next_run_succeeds() {
         Arc::new(wf_host::capability::NoBackend),
     );
     let spin = runtime
-        .load_bytes("spin.wasm", many_memories(2, 1, true).as_bytes())
+        .load_bytes("spin.wasm", &wat_to_binary(&many_memories(2, 1, true)))
         .unwrap();
     let cancel = tokio_util::sync::CancellationToken::new();
     let one_run = || async {
@@ -893,7 +893,7 @@ async fn a_run_never_sees_what_the_previous_run_left_in_memory() {
             assert!(!runtime.pagemap_scan());
         }
         let node = runtime
-            .load_bytes("residue.wasm", RESIDUE.as_bytes())
+            .load_bytes("residue.wasm", &wat_to_binary(RESIDUE))
             .unwrap();
         eprintln!(
             "pagemap_scan asked: {pagemap_scan}, in use: {}",
