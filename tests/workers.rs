@@ -451,6 +451,51 @@ async fn a_worker_stopped_gracefully_hands_its_runs_over_at_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_retried_through_any_worker_is_claimed_and_runs_again() {
+    let pg = TestPostgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), "30s");
+    let url = pg.url();
+    let a = worker(&config, &url);
+    let b = worker(&config, &url);
+    let started = call(
+        &a,
+        "workflow.start",
+        json!({"workflow": "nap", "input": {"ms": 60000}}),
+    )
+    .await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    let sleeps = || {
+        read_witness(dir.path())
+            .iter()
+            .filter(|c| c["tool"] == "sleep")
+            .count()
+    };
+    wait_until("the first sleep upstream", Duration::from_secs(20), || {
+        sleeps() == 1
+    })
+    .await;
+    let cancelled = call(&a, "workflow.cancel", json!({"run_id": run_id})).await;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    // Retried through the other worker: reopened unclaimed, then claimed by
+    // whichever worker has a free slot.
+    let retried = call(&b, "workflow.retry", json!({"run_id": run_id})).await;
+    assert_eq!(retried["status"], "running", "{retried}");
+    wait_until(
+        "the retried sleep upstream",
+        Duration::from_secs(20),
+        || sleeps() == 2,
+    )
+    .await;
+    let run = call(&a, "workflow.get", json!({"run_id": run_id})).await;
+    assert_eq!(run["status"], "running", "{run}");
+    assert_eq!(run["steps"][0]["status"], "running", "{run}");
+    assert_eq!(run["steps"][0]["attempts"], 2, "{run}");
+    let cancelled = call(&a, "workflow.cancel", json!({"run_id": run_id})).await;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_status_lists_every_live_worker() {
     let pg = TestPostgres::start();
     let dir = tempfile::tempdir().unwrap();
