@@ -17,7 +17,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fantoccini::elements::Element;
+use fantoccini::error::CmdError;
 use fantoccini::{Client, ClientBuilder, Locator};
+use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
 use common::serve::Serve;
@@ -204,8 +206,42 @@ async fn wait_for(c: &Client, css: &str) -> Element {
     }
 }
 
+/// Finds `css` and does `act` with it, finding it again when the page
+/// replaced it in between: the runs list, the graph and the connections
+/// table are re-rendered live, so an element found a moment ago may be gone
+/// (WebDriver's "stale element reference").
+async fn with<T>(
+    c: &Client,
+    css: &str,
+    act: impl Fn(Element) -> BoxFuture<'static, Result<T, CmdError>>,
+) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match act(wait_for(c, css).await).await {
+            Ok(value) => return value,
+            Err(e) if e.is_stale_element_reference() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("`{css}`: {e}"),
+        }
+    }
+}
+
 async fn click(c: &Client, css: &str) {
-    wait_for(c, css).await.click().await.unwrap();
+    with(c, css, |e| {
+        Box::pin(async move { e.click().await.map(|_| ()) })
+    })
+    .await
+}
+
+/// The text of `css`, read from one rendering of it.
+async fn text_of(c: &Client, css: &str) -> String {
+    with(c, css, |e| Box::pin(async move { e.text().await })).await
+}
+
+/// The attribute `name` of `css`, read from one rendering of it.
+async fn attr_of(c: &Client, css: &str, name: &'static str) -> Option<String> {
+    with(c, css, move |e| Box::pin(async move { e.attr(name).await })).await
 }
 
 /// Starts `workflow` on `input` with the console's form; the new run's id.
@@ -228,17 +264,18 @@ async fn start_with_form(c: &Client, workflow: &str, input: &str) -> String {
     .await
     .unwrap();
     click(c, "#start-button").await;
-    wait_for(c, "#start-result a").await.text().await.unwrap()
+    text_of(c, "#start-result a").await
 }
 
 /// The classes of the step's node in the graph, once it has `status`.
 async fn step_with_status(c: &Client, step: &str, status: &str) -> String {
-    let node = wait_for(
+    attr_of(
         c,
         &format!(r#"#graph g.step[data-step="{step}"][data-status="{status}"]"#),
+        "class",
     )
-    .await;
-    node.attr("class").await.unwrap().unwrap_or_default()
+    .await
+    .unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -263,8 +300,7 @@ async fn the_console_starts_follows_and_cancels_runs() {
     let row = format!(r#"#runs-body tr[data-run-id="{pair}"]"#);
     wait_for(&c, &row).await;
     wait_for(&c, &format!(r#"{row}[data-status="succeeded"]"#)).await;
-    let workflow = wait_for(&c, &format!("{row} td.workflow")).await;
-    assert_eq!(workflow.text().await.unwrap(), "pair");
+    assert_eq!(text_of(&c, &format!("{row} td.workflow")).await, "pair");
 
     // Its graph: two nodes coloured by status, one edge for `needs`.
     click(&c, &format!("{row} a.run-link")).await;
@@ -295,30 +331,20 @@ async fn the_console_starts_follows_and_cancels_runs() {
             .len(),
         1
     );
-    assert!(
-        wait_for(&c, "#retry-run")
-            .await
-            .attr("disabled")
-            .await
-            .unwrap()
-            .is_some()
-    );
+    assert!(attr_of(&c, "#retry-run", "disabled").await.is_some());
 
     // A step's detail: its output shown as text, its log records.
     click(&c, r#"#graph g.step[data-step="second"]"#).await;
-    let detail = wait_for(&c, "#step-detail:not([hidden])").await;
-    let text = detail.text().await.unwrap();
+    let text = text_of(&c, "#step-detail:not([hidden])").await;
     assert!(
         text.contains(r#"<img src=x onerror=\"document.title='pwned'\">"#),
         "{text}"
     );
-    assert!(
-        detail
-            .find_all(Locator::Css("img"))
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    let images = with(&c, "#step-detail:not([hidden])", |detail| {
+        Box::pin(async move { Ok(detail.find_all(Locator::Css("img")).await?.len()) })
+    })
+    .await;
+    assert_eq!(images, 0, "the hostile input stayed text");
     assert_ne!(c.title().await.unwrap(), "pwned");
     wait_for(&c, "#step-detail ul.logs li.log").await;
     wait_for(&c, "#step-detail h4 + p.muted").await; // no capability calls
@@ -381,14 +407,22 @@ async fn the_console_starts_follows_and_cancels_runs() {
 
     // Connections: the fixture's session, from host.status.
     click(&c, "#nav-connections").await;
-    let fixture = wait_for(
+    let cells = with(
         &c,
         r#"#connections-body tr[data-connection="fixture"][data-state="ready"]"#,
+        |row| {
+            Box::pin(async move {
+                let mut texts = Vec::new();
+                for cell in row.find_all(Locator::Css("td")).await? {
+                    texts.push(cell.text().await?);
+                }
+                Ok(texts)
+            })
+        },
     )
     .await;
-    let cells = fixture.find_all(Locator::Css("td")).await.unwrap();
-    assert_eq!(cells[3].text().await.unwrap(), "1", "sessions opened");
-    assert_eq!(cells[6].text().await.unwrap(), "live", "notifications");
+    assert_eq!(cells[3], "1", "sessions opened");
+    assert_eq!(cells[6], "live", "notifications");
     std::fs::write(
         artifacts().join("console-connections.png"),
         c.screenshot().await.unwrap(),
