@@ -63,6 +63,30 @@ input = '{{capability: "fixture.sleep", arguments: {{ms: .input.ms}}}}'
     path
 }
 
+/// A fresh database and two workers on it, sharing a config with `lease`
+/// (and its witness file) in the returned dir.
+fn two_workers(lease: &str) -> (TestPostgres, tempfile::TempDir, Serve, Serve) {
+    let pg = TestPostgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), lease);
+    let url = pg.url();
+    let a = worker(&config, &url);
+    let b = worker(&config, &url);
+    (pg, dir, a, b)
+}
+
+/// Starts the `nap` workflow (one upstream sleep of `ms`) through `serve`;
+/// the run's id.
+async fn start_nap(serve: &Serve, ms: u64) -> String {
+    let started = call(
+        serve,
+        "workflow.start",
+        json!({"workflow": "nap", "input": {"ms": ms}}),
+    )
+    .await;
+    started["run_id"].as_str().unwrap().to_owned()
+}
+
 /// A worker on `url`, serving `config` from the shared temp dir.
 fn worker(config: &Path, url: &str) -> Serve {
     let config = config.to_owned();
@@ -232,19 +256,8 @@ async fn three_workers_share_600_runs_and_a_killed_workers_steps_run_elsewhere()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_paused_past_its_lease_does_not_commit_its_stale_result() {
-    let pg = TestPostgres::start();
-    let dir = tempfile::tempdir().unwrap();
-    let config = config(dir.path(), "1s");
-    let url = pg.url();
-    let a = worker(&config, &url);
-    let b = worker(&config, &url);
-    let started = call(
-        &a,
-        "workflow.start",
-        json!({"workflow": "nap", "input": {"ms": 3000}}),
-    )
-    .await;
-    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    let (_pg, dir, a, b) = two_workers("1s");
+    let run_id = start_nap(&a, 3000).await;
     let a_pid = i64::from(a.child.id());
     wait_until("A's call upstream", Duration::from_secs(20), || {
         read_witness(dir.path()).iter().any(|c| c["ppid"] == a_pid)
@@ -317,20 +330,9 @@ async fn a_worker_paused_past_its_lease_does_not_commit_its_stale_result() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_on_one_worker_returns_promptly_when_another_finishes_the_run() {
-    let pg = TestPostgres::start();
-    let dir = tempfile::tempdir().unwrap();
-    let config = config(dir.path(), "30s");
-    let url = pg.url();
-    let a = worker(&config, &url);
-    let b = worker(&config, &url);
+    let (_pg, _dir, a, b) = two_workers("30s");
     for _ in 0..3 {
-        let started = call(
-            &a,
-            "workflow.start",
-            json!({"workflow": "nap", "input": {"ms": 700}}),
-        )
-        .await;
-        let run_id = started["run_id"].as_str().unwrap().to_owned();
+        let run_id = start_nap(&a, 700).await;
         let done = call(
             &b,
             "workflow.wait",
@@ -358,19 +360,8 @@ async fn wait_on_one_worker_returns_promptly_when_another_finishes_the_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_through_one_worker_stops_a_step_running_on_another() {
-    let pg = TestPostgres::start();
-    let dir = tempfile::tempdir().unwrap();
-    let config = config(dir.path(), "30s");
-    let url = pg.url();
-    let a = worker(&config, &url);
-    let b = worker(&config, &url);
-    let started = call(
-        &a,
-        "workflow.start",
-        json!({"workflow": "nap", "input": {"ms": 60000}}),
-    )
-    .await;
-    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    let (_pg, dir, a, b) = two_workers("30s");
+    let run_id = start_nap(&a, 60000).await;
     wait_until("the sleep upstream", Duration::from_secs(20), || {
         read_witness(dir.path())
             .iter()
@@ -418,13 +409,7 @@ async fn a_worker_stopped_gracefully_hands_its_runs_over_at_once() {
     let a_config = config.clone();
     let mut a = Serve::start(move |_| a_config, &["--state", &url, "--grace", "200ms"]);
     let b = worker(&config, &url);
-    let started = call(
-        &a,
-        "workflow.start",
-        json!({"workflow": "nap", "input": {"ms": 60000}}),
-    )
-    .await;
-    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    let run_id = start_nap(&a, 60000).await;
     let a_pid = i64::from(a.child.id());
     wait_until("A's sleep upstream", Duration::from_secs(20), || {
         read_witness(dir.path()).iter().any(|c| c["ppid"] == a_pid)
@@ -452,19 +437,8 @@ async fn a_worker_stopped_gracefully_hands_its_runs_over_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_retried_through_any_worker_is_claimed_and_runs_again() {
-    let pg = TestPostgres::start();
-    let dir = tempfile::tempdir().unwrap();
-    let config = config(dir.path(), "30s");
-    let url = pg.url();
-    let a = worker(&config, &url);
-    let b = worker(&config, &url);
-    let started = call(
-        &a,
-        "workflow.start",
-        json!({"workflow": "nap", "input": {"ms": 60000}}),
-    )
-    .await;
-    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    let (_pg, dir, a, b) = two_workers("30s");
+    let run_id = start_nap(&a, 60000).await;
     let sleeps = || {
         read_witness(dir.path())
             .iter()
@@ -497,12 +471,7 @@ async fn a_run_retried_through_any_worker_is_claimed_and_runs_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_status_lists_every_live_worker() {
-    let pg = TestPostgres::start();
-    let dir = tempfile::tempdir().unwrap();
-    let config = config(dir.path(), "30s");
-    let url = pg.url();
-    let a = worker(&config, &url);
-    let b = worker(&config, &url);
+    let (_pg, _dir, a, b) = two_workers("30s");
     let status = call(&a, "host.status", json!({})).await;
     assert_eq!(status["state"]["backend"], "postgres", "{status}");
     let me = status["worker"]["id"].as_str().unwrap();
@@ -527,13 +496,7 @@ async fn a_database_that_goes_away_pauses_runs_and_fails_none() {
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path(), "1s");
     let a = worker(&config, &pg.url());
-    let started = call(
-        &a,
-        "workflow.start",
-        json!({"workflow": "nap", "input": {"ms": 1500}}),
-    )
-    .await;
-    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    let run_id = start_nap(&a, 1500).await;
     wait_until("the sleep upstream", Duration::from_secs(20), || {
         read_witness(dir.path())
             .iter()
