@@ -17,7 +17,7 @@ mod oauth;
 pub mod pin;
 mod session;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -312,7 +312,16 @@ fn drift(catalog: &Catalog, pinned: &BTreeMap<String, String>) -> Vec<Drift> {
 /// token (rmcp gives every request one). Per connection, across its sessions.
 #[derive(Default)]
 pub(crate) struct ProgressRoutes {
-    routes: Mutex<HashMap<ProgressToken, Route>>,
+    routes: Mutex<Routes>,
+}
+
+#[derive(Default)]
+struct Routes {
+    by_token: HashMap<ProgressToken, Route>,
+    /// Routes of finished calls, oldest first, each with its end: they are
+    /// dropped from the front once they have lingered, so a call costs the
+    /// same however many calls finished in the last second.
+    ended: VecDeque<(Instant, ProgressToken)>,
 }
 
 /// Where one call's reports go: a tick that restarts its timeout, and the
@@ -321,18 +330,21 @@ pub(crate) struct ProgressRoutes {
 struct Route {
     tick: watch::Sender<u64>,
     sink: Option<ProgressSink>,
-    ended: Option<Instant>,
 }
 
 const ROUTE_LINGER: Duration = Duration::from_secs(1);
 
 impl ProgressRoutes {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Routes> {
+        self.routes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Never blocks: this runs in the notification handler (the sink must
     /// return at once too).
     pub(crate) fn deliver(&self, token: &ProgressToken, progress: Progress) {
         let sink = {
-            let routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
-            let Some(route) = routes.get(token) else {
+            let routes = self.lock();
+            let Some(route) = routes.by_token.get(token) else {
                 return;
             };
             route.tick.send_modify(|n| *n += 1);
@@ -350,24 +362,24 @@ impl ProgressRoutes {
         tick: watch::Sender<u64>,
         sink: Option<ProgressSink>,
     ) -> RouteGuard {
-        let mut routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
+        let mut routes = self.lock();
         let now = Instant::now();
-        routes.retain(|_, r| {
-            r.ended
-                .is_none_or(|at| now.duration_since(at) < ROUTE_LINGER)
-        });
-        routes.insert(
-            token.clone(),
-            Route {
-                tick,
-                sink,
-                ended: None,
-            },
-        );
+        while let Some((ended, _)) = routes.ended.front()
+            && now.duration_since(*ended) >= ROUTE_LINGER
+        {
+            let (_, gone) = routes.ended.pop_front().expect("just seen");
+            routes.by_token.remove(&gone);
+        }
+        routes.by_token.insert(token.clone(), Route { tick, sink });
         RouteGuard {
             routes: self.clone(),
             token,
         }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().by_token.len()
     }
 }
 
@@ -378,15 +390,8 @@ struct RouteGuard {
 
 impl Drop for RouteGuard {
     fn drop(&mut self) {
-        if let Some(route) = self
-            .routes
-            .routes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get_mut(&self.token)
-        {
-            route.ended = Some(Instant::now());
-        }
+        let token = self.token.clone();
+        self.routes.lock().ended.push_back((Instant::now(), token));
     }
 }
 
@@ -1109,4 +1114,47 @@ impl Pool {
 
 fn to_json(value: impl serde::Serialize) -> Result<Value, rmcp::ServiceError> {
     Ok(serde_json::to_value(value).unwrap_or(Value::Null))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token(n: i64) -> ProgressToken {
+        ProgressToken(rmcp::model::NumberOrString::Number(n))
+    }
+
+    #[test]
+    fn a_finished_route_lingers_then_goes_and_a_live_one_stays() {
+        let routes = Arc::new(ProgressRoutes::default());
+        let (tick, ticks) = watch::channel(0);
+        let live = routes.register(token(1), tick, None);
+        let finished: Vec<_> = (2..=4)
+            .map(|n| routes.register(token(n), watch::channel(0).0, None))
+            .collect();
+        drop(finished);
+        assert_eq!(routes.len(), 4, "finished routes linger");
+
+        std::thread::sleep(ROUTE_LINGER + Duration::from_millis(50));
+        let next = routes.register(token(5), watch::channel(0).0, None);
+        assert_eq!(
+            routes.len(),
+            2,
+            "the lingered routes are gone; the live ones stay"
+        );
+
+        routes.deliver(
+            &token(1),
+            Progress {
+                progress: 1.0,
+                total: None,
+                message: None,
+            },
+        );
+        assert!(
+            ticks.has_changed().unwrap(),
+            "the live route still delivers"
+        );
+        drop((live, next));
+    }
 }

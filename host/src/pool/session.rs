@@ -13,7 +13,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use std::panic::AssertUnwindSafe;
+
 use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use rmcp::model::{
     ClientCapabilities, ClientConfig, ClientRequest, Implementation, PingRequest,
     ProgressNotificationParam, ProtocolVersion, ServerNotification, SubscriptionFilter,
@@ -612,7 +616,10 @@ impl Owner {
     ) {
         let mut quit = Some(running.cancellation_token());
         let mut done = Box::pin(running.waiting());
-        let mut inflight: JoinSet<Ended> = JoinSet::new();
+        // The operations in flight, polled by this task itself: a reply from
+        // the server wakes this task, which answers the caller, with no task
+        // of its own per operation to schedule in between.
+        let mut inflight: FuturesUnordered<BoxFuture<'static, Ended>> = FuturesUnordered::new();
         let mut refresher = self.spawn_refresher(0);
         // At most one health check at a time, polled beside dispatch: a slow
         // ping must not hold up the operations queued behind it.
@@ -657,14 +664,12 @@ impl Owner {
                     }
                     None => accepting = false,
                 },
-                Some(ended) = inflight.join_next() => {
+                Some(ended) = inflight.next() => {
                     last_activity = tokio::time::Instant::now();
                     match ended {
-                        Ok(Ended::Done) => {}
-                        Ok(Ended::Expired) => break EXPIRED.to_owned(),
-                        Ok(Ended::TransportError) => self.check_health(&mut health),
-                        Err(e) if e.is_panic() => tracing::error!("an operation panicked: {e}"),
-                        Err(_) => {}
+                        Ended::Done => {}
+                        Ended::Expired => break EXPIRED.to_owned(),
+                        Ended::TransportError => self.check_health(&mut health),
                     }
                 }
                 _ = relist.tick() => self.dirty.mark(catalog::ALL),
@@ -710,10 +715,10 @@ impl Owner {
         }
         // The operations reply themselves on `died`; wait for them briefly.
         let _ = tokio::time::timeout(Duration::from_secs(1), async {
-            while inflight.join_next().await.is_some() {}
+            while inflight.next().await.is_some() {}
         })
         .await;
-        inflight.abort_all();
+        drop(inflight);
 
         // Close the service and wait for it, so a child process is reaped.
         if let Some(quit) = quit.take() {
@@ -736,7 +741,7 @@ impl Owner {
         }
     }
 
-    fn start(&self, op: Operation, inflight: &mut JoinSet<Ended>) {
+    fn start(&self, op: Operation, inflight: &mut FuturesUnordered<BoxFuture<'static, Ended>>) {
         let Operation {
             meta,
             run,
@@ -755,8 +760,7 @@ impl Owner {
         let counters = self.counters.clone();
         let connection = self.settings.id.to_string();
         let mut death = self.death.subscribe();
-        inflight.spawn(
-            async move {
+        let op = async move {
                 counters.calls.fetch_add(1, Ordering::Relaxed);
                 let call = with_progress(timeout, run(peer), progress);
                 // Dropping `call` (caller gone, session died) drops the rmcp
@@ -788,8 +792,15 @@ impl Owner {
                 let _ = reply.send(result);
                 ended
             }
-            .instrument(span),
-        );
+            .instrument(span);
+        // A panicking operation drops its reply (its caller gets an error),
+        // not the session.
+        inflight.push(Box::pin(AssertUnwindSafe(op).catch_unwind().map(|ended| {
+            ended.unwrap_or_else(|_| {
+                tracing::error!("an operation panicked");
+                Ended::Done
+            })
+        })));
     }
 
     /// Starts a health check unless one is already running.
