@@ -17,6 +17,9 @@
 //!    backend that answers at once (f) or from another task (g), and the
 //!    backend call as seen from inside (a) (a').
 //!
+//! For profiling part 3, `WF_BENCH_ONLY=<0..6>` runs one of its modes ((a) is
+//! 0) and `WF_BENCH_ROUNDS=N` sets its rounds.
+//!
 //! `WF_BENCH_RUNTIME=current-thread` runs everything on a current-thread tokio
 //! runtime instead of the default multi-thread one.
 
@@ -93,7 +96,7 @@ fn main() {
     }
     .expect("tokio runtime");
     println!(
-        "configuration: tokio {} (enable_all; the bench loop runs in block_on), wf-host {}",
+        "configuration: tokio {} (enable_all; the bench loop runs in a spawned task, as a request handler does), wf-host {}",
         if current_thread {
             "current-thread".to_owned()
         } else {
@@ -104,12 +107,20 @@ fn main() {
     println!(
         "  pool: stdio connections with default settings; fresh and bare clients: rmcp TokioChildProcess, protocol 2025-11-25, stderr discarded"
     );
+    // The loop runs in a task, not in `block_on` itself: in `wf-host serve`
+    // every call comes from a task on a worker thread (an RPC handler, a
+    // workflow step), and a `block_on` future on the main thread pays a
+    // cross-thread wake-up per answer that no caller there pays.
     rt.block_on(async {
-        let servers = servers().await;
-        let pool = pool_for(&servers);
-        pooled_vs_fresh(&pool, &servers).await;
-        node_vs_bare(&pool).await;
-        pool.shutdown().await;
+        tokio::spawn(async {
+            let servers = servers().await;
+            let pool = pool_for(&servers);
+            pooled_vs_fresh(&pool, &servers).await;
+            node_vs_bare(&pool).await;
+            pool.shutdown().await;
+        })
+        .await
+        .unwrap();
     });
 }
 
@@ -536,10 +547,23 @@ async fn node_vs_bare(pool: &Pool) {
         "(g) (f), answer from another task",
     ];
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); names.len()];
-    for round in 0..NODE_ROUNDS {
+    // For profiling: `WF_BENCH_ONLY=<mode index>` runs one mode, and
+    // `WF_BENCH_ROUNDS` sets the rounds.
+    let only: Option<usize> = std::env::var("WF_BENCH_ONLY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|m| *m < names.len());
+    let rounds = std::env::var("WF_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(NODE_ROUNDS);
+    for round in 0..rounds {
         // Rotate the order so no mode always runs first in a round.
         for k in 0..names.len() {
             let mode = (round + k) % names.len();
+            if only.is_some_and(|m| m != mode) {
+                continue;
+            }
             for _ in 0..NODE_PER_ROUND {
                 let d = match mode {
                     0 => run_node().await,
@@ -558,8 +582,12 @@ async fn node_vs_bare(pool: &Pool) {
 
     println!();
     println!(
-        "3. fixture.echo from a node vs a bare client ({NODE_ROUNDS} interleaved rounds x {NODE_PER_ROUND})"
+        "3. fixture.echo from a node vs a bare client ({rounds} interleaved rounds x {NODE_PER_ROUND})"
     );
+    if let Some(mode) = only {
+        Stats::of(&mut samples[mode]).print(names[mode]);
+        return;
+    }
     let stats: Vec<Stats> = samples.iter_mut().map(|s| Stats::of(s)).collect();
     for (name, s) in names.iter().zip(&stats) {
         s.print(name);
