@@ -1,5 +1,5 @@
 //! The store backends. The tests at the top run against every backend
-//! (SQLite in memory and in a file, PostgreSQL); those in `shared` are about
+//! (the in-memory store, SQLite in memory and in a file, PostgreSQL); those in `shared` are about
 //! what only a shared store does (leases, fencing, notes) and run on
 //! PostgreSQL.
 
@@ -13,6 +13,7 @@ use serde_json::json;
 use tokio::sync::broadcast;
 
 use common::postgres::TestPostgres;
+use wf_host::store::memory::MemoryStore;
 use wf_host::store::postgres::PgStore;
 use wf_host::store::sqlite::SqliteStore;
 use wf_host::store::{
@@ -28,6 +29,14 @@ struct Backend {
 }
 
 impl Backend {
+    async fn memory() -> Backend {
+        Backend {
+            store: Arc::new(MemoryStore::new()),
+            _file: None,
+            _server: None,
+        }
+    }
+
     async fn sqlite_memory() -> Backend {
         Backend {
             store: Arc::new(SqliteStore::open(":memory:").await.unwrap()),
@@ -59,6 +68,12 @@ impl Backend {
 /// Runs each named test (an `async fn(Backend)`) against every backend.
 macro_rules! every_backend {
     ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(super::Backend::memory().await).await;
+            })*
+        }
         mod sqlite_memory {
             $(#[tokio::test]
             async fn $name() {
@@ -89,7 +104,80 @@ every_backend!(
     a_failed_run_reopens,
     abandoning_a_run_cancels_its_unfinished_steps,
     a_transition_records_the_write_and_its_event,
+    a_pruned_run_takes_its_events_and_calls_and_ids_are_not_reused,
 );
+
+/// Pruning deletes a run's steps, calls and events with it; the event stream
+/// of the other runs is untouched, pages by `limit`, and a new event never
+/// gets a deleted one's id.
+async fn a_pruned_run_takes_its_events_and_calls_and_ids_are_not_reused(b: Backend) {
+    let store = &b.store;
+    let f = fence("w");
+    for (i, id) in ["r1", "r2"].iter().enumerate() {
+        let mut run = new_run(id, i as i64);
+        run.steps = vec!["a".into()];
+        store.create_run(&run, Some(&lease("w"))).await.unwrap();
+    }
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        for run in ["r1", "r2"] {
+            let e = store
+                .append_event(run, "test", &json!({"n": n}))
+                .await
+                .unwrap();
+            ids.push((run, e.id));
+        }
+    }
+    let call = CallRow {
+        run_id: "r1".into(),
+        step_id: "a".into(),
+        item: 0,
+        attempt: 1,
+        seq: 1,
+        name: "fixture.echo".into(),
+        arguments: json!({}),
+        outcome: "ok".into(),
+        error_code: None,
+        duration_us: 1,
+        at: now_text(),
+    };
+    store.record_call(&call, &f).await.unwrap();
+    let first_two = store.events(None, 0, 2).await.unwrap();
+    assert_eq!(
+        first_two.iter().map(|e| e.id).collect::<Vec<_>>(),
+        [ids[0].1, ids[1].1],
+        "the stream pages by limit, oldest first"
+    );
+
+    store
+        .run_finished("r1", RunStatus::Succeeded, None, None, &f)
+        .await
+        .unwrap();
+    assert_eq!(store.prune(0, 0).await.unwrap(), 1);
+    assert!(store.events(Some("r1"), 0, 100).await.unwrap().is_empty());
+    assert!(store.calls("r1", "a").await.unwrap().is_empty());
+    let left: Vec<i64> = store
+        .events(None, 0, 100)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    let r2: Vec<i64> = ids
+        .iter()
+        .filter(|(r, _)| *r == "r2")
+        .map(|(_, id)| *id)
+        .collect();
+    assert_eq!(left, r2, "only the kept run's events are left");
+    assert_eq!(
+        store.events(Some("r2"), r2[0], 1).await.unwrap()[0].id,
+        r2[1],
+        "a run's events page from `after`"
+    );
+    let newest = ids.iter().map(|(_, id)| *id).max().unwrap();
+    let next = store.append_event("r2", "test", &json!({})).await.unwrap();
+    assert!(next.id > newest, "{} reuses an id up to {newest}", next.id);
+}
 
 /// `Store::transition`: each write lands as its own method would, and its
 /// event is appended with the next id.

@@ -83,13 +83,16 @@ fn main() {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     rt.block_on(async {
-        let modes = [
+        let mut modes = vec![
             (
                 "sqlite",
                 state(dir.path(), dir.path().join("state.db").display().to_string()).await,
             ),
             ("memory", state(dir.path(), ":memory:".into()).await),
         ];
+        if let Ok(only) = std::env::var("WF_BENCH_STATE") {
+            modes.retain(|(name, _)| *name == only);
+        }
         let mut samples: Vec<Vec<Vec<Duration>>> = vec![vec![Vec::new(); modes.len()]; CHAINS.len()];
         for (_, state) in &modes {
             for chain in CHAINS {
@@ -126,10 +129,12 @@ fn main() {
                     us(s[s.len() * 99 / 100]),
                 );
             }
-            println!(
-                "  {chain:>2} steps  ratio sqlite / memory (median): {:.2}x",
-                medians[0].as_secs_f64() / medians[1].as_secs_f64()
-            );
+            if let [sqlite, memory] = medians[..] {
+                println!(
+                    "  {chain:>2} steps  ratio sqlite / memory (median): {:.2}x",
+                    sqlite.as_secs_f64() / memory.as_secs_f64()
+                );
+            }
         }
         for (_, state) in &modes {
             state.workflows.shutdown(Duration::from_secs(5)).await;

@@ -1,11 +1,12 @@
 //! Durable state: runs, their steps, and a journal of every capability call.
 //!
 //! The engine talks to a [`Store`]; all SQL lives in the backends. SQLite
-//! ([`sqlite::SqliteStore`]) is the embedded default; `:memory:` keeps nothing
-//! past the process. PostgreSQL ([`postgres::PgStore`]) is *shared*: several
+//! ([`sqlite::SqliteStore`]) is the embedded default; `:memory:`
+//! ([`memory::MemoryStore`]) keeps nothing past the process. PostgreSQL ([`postgres::PgStore`]) is *shared*: several
 //! workers (`wf-host serve` processes) use one database, each run driven by the
 //! worker that holds its lease.
 
+pub mod memory;
 pub mod postgres;
 pub mod sqlite;
 
@@ -134,6 +135,23 @@ pub struct StepRow {
     pub finished_at: Option<String>,
     /// Which worker ran each attempt, oldest first.
     pub workers: Vec<AttemptWorker>,
+}
+
+impl StepRow {
+    /// A step that has not run yet, as [`Store::create_run`] stores it.
+    pub fn pending(step_id: String) -> StepRow {
+        StepRow {
+            step_id,
+            status: StepStatus::Pending,
+            attempts: 0,
+            input: None,
+            output: None,
+            error: None,
+            started_at: None,
+            finished_at: None,
+            workers: Vec::new(),
+        }
+    }
 }
 
 /// The worker that ran one attempt of a step.

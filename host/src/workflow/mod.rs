@@ -23,11 +23,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::runtime::{LoadError, Node, Runtime};
+use crate::store::memory::MemoryStore;
 use crate::store::postgres::PgStore;
 use crate::store::sqlite::SqliteStore;
 use crate::store::{
     AttemptWorker, CallRow, CancelRequest, Counts, Created, Failure, Fence, Lease, ListQuery,
-    NewRun, Note, RunRow, RunStatus, StepStatus, Store, StoreError, now_ms, now_text,
+    NewRun, Note, RunRow, RunStatus, StepRow, StepStatus, Store, StoreError, now_ms, now_text,
 };
 use crate::trace::{self, TraceParent};
 pub use definition::{Definition, DefinitionError, Spec};
@@ -355,6 +356,8 @@ impl Workflows {
         let loaded = Loaded::from_config(config, &runtime)?;
         let store: Arc<dyn Store> = if is_postgres_url(&options.state) {
             Arc::new(PgStore::open(&options.state).await?)
+        } else if options.state == ":memory:" {
+            Arc::new(MemoryStore::new())
         } else {
             Arc::new(SqliteStore::open(&options.state).await?)
         };
@@ -726,7 +729,8 @@ impl Workflows {
             } else {
                 self.local_fence()
             };
-            let rows = self.store.steps(&run.run_id).await?;
+            // Every step of a new run is pending: no need to read them back.
+            let rows = new.steps.into_iter().map(StepRow::pending).collect();
             self.launch(Launch {
                 def,
                 nodes,

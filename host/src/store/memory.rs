@@ -1,0 +1,500 @@
+//! The in-memory store (`state = ":memory:"`): runs, steps, calls and events
+//! in the process, gone with it.
+//!
+//! It keeps what the SQLite store keeps and answers every query the same way
+//! (`tests/store.rs` runs the same tests on both), without a database: a write
+//! is a map update under a lock, where SQLite's `:memory:` costs a round trip
+//! to its worker thread. It has one worker, like SQLite.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+use super::sqlite::{cursor_of, parse_cursor};
+use super::{
+    AttemptWorker, CallRow, Counts, Created, EventRow, Failure, Fence, Lease, ListQuery, NewRun,
+    RunRow, RunStatus, StepRow, StepStatus, Store, StoreError, Transition, now_ms, now_text,
+};
+
+/// The in-memory store.
+#[derive(Default)]
+pub struct MemoryStore {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    runs: HashMap<String, RunEntry>,
+    /// `(created_ms, run_id)` of every run: the order `list_runs` pages in.
+    by_created: BTreeSet<(i64, String)>,
+    /// `(workflow, idempotency key)` to run id.
+    by_key: HashMap<(String, String), String>,
+    /// Every kept event by id; ids are never reused, as with SQLite's
+    /// `AUTOINCREMENT`.
+    events: BTreeMap<i64, EventRow>,
+    last_event: i64,
+}
+
+struct RunEntry {
+    row: RunRow,
+    finished_ms: Option<i64>,
+    /// In definition order.
+    steps: Vec<StepRow>,
+    /// By step, then `(attempt, item, seq)`.
+    calls: HashMap<String, BTreeMap<(u32, u32, u32), CallRow>>,
+    /// Ids of this run's events, ascending.
+    events: Vec<i64>,
+}
+
+impl RunEntry {
+    fn step(&mut self, step_id: &str) -> Option<&mut StepRow> {
+        self.steps.iter_mut().find(|s| s.step_id == step_id)
+    }
+}
+
+impl MemoryStore {
+    pub fn new() -> MemoryStore {
+        MemoryStore::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every update below leaves the state whole before it can panic.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl State {
+    /// Applies `write` to the run, if it exists (an update of a missing run
+    /// changes nothing, as SQL's `UPDATE … WHERE` would).
+    fn apply(&mut self, run_id: &str, write: Transition<'_>, fence: &Fence) {
+        let Some(run) = self.runs.get_mut(run_id) else {
+            return;
+        };
+        match write {
+            Transition::StepStarted {
+                step_id,
+                attempt,
+                input,
+            } => {
+                if let Some(step) = run.step(step_id) {
+                    step.status = StepStatus::Running;
+                    step.attempts = attempt;
+                    step.input = input.cloned();
+                    step.output = None;
+                    step.error = None;
+                    step.started_at = Some(now_text());
+                    step.finished_at = None;
+                    step.workers.push(AttemptWorker {
+                        attempt,
+                        worker: fence.worker.to_string(),
+                    });
+                }
+            }
+            Transition::StepAttempt { step_id, attempt } => {
+                if let Some(step) = run.step(step_id) {
+                    step.attempts = step.attempts.max(attempt);
+                    step.workers.push(AttemptWorker {
+                        attempt,
+                        worker: fence.worker.to_string(),
+                    });
+                }
+            }
+            Transition::StepFinished {
+                step_id,
+                status,
+                output,
+                error,
+            } => {
+                if let Some(step) = run.step(step_id) {
+                    step.status = status;
+                    step.output = output.cloned();
+                    step.error = error.cloned();
+                    step.finished_at = Some(now_text());
+                }
+            }
+            Transition::RunFinished {
+                status,
+                output,
+                error,
+            } => {
+                run.row.status = status;
+                run.row.output = output.cloned();
+                run.row.error = error.cloned();
+                run.row.finished_at = Some(now_text());
+                run.finished_ms = Some(now_ms());
+            }
+        }
+    }
+
+    /// Appends an event; an event of a run that is not kept is not kept
+    /// either (SQLite's foreign key refuses it).
+    fn append(&mut self, run_id: &str, kind: &str, data: &Value) -> Result<EventRow, StoreError> {
+        let Some(run) = self.runs.get_mut(run_id) else {
+            return Err(StoreError::Corrupt(format!(
+                "an event of run `{run_id}`, which is not stored"
+            )));
+        };
+        self.last_event += 1;
+        let event = EventRow {
+            id: self.last_event,
+            run_id: run_id.to_owned(),
+            kind: kind.to_owned(),
+            data: data.clone(),
+            at: now_text(),
+        };
+        run.events.push(event.id);
+        self.events.insert(event.id, event.clone());
+        Ok(event)
+    }
+
+    fn remove_run(&mut self, run_id: &str) {
+        let Some(run) = self.runs.remove(run_id) else {
+            return;
+        };
+        self.by_created
+            .remove(&(run.row.created_ms, run.row.run_id.clone()));
+        if let Some(key) = run.row.idempotency_key {
+            self.by_key.remove(&(run.row.workflow, key));
+        }
+        for id in run.events {
+            self.events.remove(&id);
+        }
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+
+    fn location(&self) -> String {
+        ":memory:".into()
+    }
+
+    async fn create_run(
+        &self,
+        new: &NewRun,
+        _lease: Option<&Lease>,
+    ) -> Result<Created, StoreError> {
+        let run = &new.run;
+        let mut state = self.lock();
+        let key = run
+            .idempotency_key
+            .as_ref()
+            .map(|k| (run.workflow.clone(), k.clone()));
+        let existing = key
+            .as_ref()
+            .and_then(|k| state.by_key.get(k))
+            .and_then(|id| state.runs.get(id))
+            .or_else(|| state.runs.get(&run.run_id));
+        if let Some(existing) = existing {
+            return Ok(Created::Existing(Box::new(existing.row.clone())));
+        }
+        if let Some(key) = key {
+            state.by_key.insert(key, run.run_id.clone());
+        }
+        state
+            .by_created
+            .insert((run.created_ms, run.run_id.clone()));
+        let steps = new.steps.iter().cloned().map(StepRow::pending).collect();
+        state.runs.insert(
+            run.run_id.clone(),
+            RunEntry {
+                row: run.clone(),
+                finished_ms: None,
+                steps,
+                calls: HashMap::new(),
+                events: Vec::new(),
+            },
+        );
+        Ok(Created::New)
+    }
+
+    async fn run(&self, run_id: &str) -> Result<Option<RunRow>, StoreError> {
+        Ok(self.lock().runs.get(run_id).map(|r| r.row.clone()))
+    }
+
+    async fn steps(&self, run_id: &str) -> Result<Vec<StepRow>, StoreError> {
+        Ok(self
+            .lock()
+            .runs
+            .get(run_id)
+            .map(|r| r.steps.clone())
+            .unwrap_or_default())
+    }
+
+    async fn calls(&self, run_id: &str, step_id: &str) -> Result<Vec<CallRow>, StoreError> {
+        Ok(self
+            .lock()
+            .runs
+            .get(run_id)
+            .and_then(|r| r.calls.get(step_id))
+            .map(|calls| calls.values().cloned().collect())
+            .unwrap_or_default())
+    }
+
+    async fn list_runs(
+        &self,
+        query: &ListQuery,
+    ) -> Result<(Vec<RunRow>, Option<String>), StoreError> {
+        let after = query.cursor.as_deref().map(parse_cursor).transpose()?;
+        let limit = query.limit.clamp(1, 1000) as usize;
+        let state = self.lock();
+        let newest_first = match &after {
+            Some(after) => state.by_created.range(..after.clone()).rev(),
+            None => state.by_created.range(..).rev(),
+        };
+        let mut runs: Vec<RunRow> = newest_first
+            .filter_map(|(_, id)| state.runs.get(id))
+            .map(|r| &r.row)
+            .filter(|r| query.workflow.as_ref().is_none_or(|w| *w == r.workflow))
+            .filter(|r| query.status.is_none_or(|s| s == r.status))
+            .take(limit + 1)
+            .cloned()
+            .collect();
+        let next = if runs.len() > limit {
+            runs.truncate(limit);
+            runs.last().map(cursor_of)
+        } else {
+            None
+        };
+        Ok((runs, next))
+    }
+
+    async fn unfinished_runs(&self) -> Result<Vec<RunRow>, StoreError> {
+        let state = self.lock();
+        Ok(state
+            .by_created
+            .iter()
+            .filter_map(|(_, id)| state.runs.get(id))
+            .filter(|r| r.row.status == RunStatus::Running)
+            .map(|r| r.row.clone())
+            .collect())
+    }
+
+    async fn step_started(
+        &self,
+        run_id: &str,
+        step_id: &str,
+        attempt: u32,
+        input: Option<&Value>,
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
+        let write = Transition::StepStarted {
+            step_id,
+            attempt,
+            input,
+        };
+        self.lock().apply(run_id, write, fence);
+        Ok(())
+    }
+
+    async fn step_attempt(
+        &self,
+        run_id: &str,
+        step_id: &str,
+        attempt: u32,
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
+        let write = Transition::StepAttempt { step_id, attempt };
+        self.lock().apply(run_id, write, fence);
+        Ok(())
+    }
+
+    async fn step_finished(
+        &self,
+        run_id: &str,
+        step_id: &str,
+        status: StepStatus,
+        output: Option<&Value>,
+        error: Option<&Failure>,
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
+        let write = Transition::StepFinished {
+            step_id,
+            status,
+            output,
+            error,
+        };
+        self.lock().apply(run_id, write, fence);
+        Ok(())
+    }
+
+    async fn run_finished(
+        &self,
+        run_id: &str,
+        status: RunStatus,
+        output: Option<&Value>,
+        error: Option<&Failure>,
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
+        let write = Transition::RunFinished {
+            status,
+            output,
+            error,
+        };
+        self.lock().apply(run_id, write, fence);
+        Ok(())
+    }
+
+    async fn transition(
+        &self,
+        run_id: &str,
+        write: Transition<'_>,
+        fence: &Fence,
+        kind: &str,
+        data: &Value,
+    ) -> Result<EventRow, StoreError> {
+        let mut state = self.lock();
+        state.apply(run_id, write, fence);
+        state.append(run_id, kind, data)
+    }
+
+    async fn reopen_run(&self, run_id: &str) -> Result<bool, StoreError> {
+        let mut state = self.lock();
+        let Some(run) = state.runs.get_mut(run_id) else {
+            return Ok(false);
+        };
+        if !matches!(run.row.status, RunStatus::Failed | RunStatus::Cancelled) {
+            return Ok(false);
+        }
+        run.row.status = RunStatus::Running;
+        run.row.output = None;
+        run.row.error = None;
+        run.row.finished_at = None;
+        run.finished_ms = None;
+        for step in &mut run.steps {
+            if matches!(step.status, StepStatus::Failed | StepStatus::Cancelled) {
+                step.status = StepStatus::Pending;
+                step.error = None;
+                step.finished_at = None;
+            }
+        }
+        Ok(true)
+    }
+
+    async fn record_call(&self, call: &CallRow, _fence: &Fence) -> Result<(), StoreError> {
+        let mut state = self.lock();
+        let Some(run) = state.runs.get_mut(&call.run_id) else {
+            return Err(StoreError::Corrupt(format!(
+                "a call of run `{}`, which is not stored",
+                call.run_id
+            )));
+        };
+        run.calls
+            .entry(call.step_id.clone())
+            .or_default()
+            .insert((call.attempt, call.item, call.seq), call.clone());
+        Ok(())
+    }
+
+    async fn abandon_run(
+        &self,
+        run_id: &str,
+        status: RunStatus,
+        failure: &Failure,
+    ) -> Result<(), StoreError> {
+        let mut state = self.lock();
+        let Some(run) = state.runs.get_mut(run_id) else {
+            return Ok(());
+        };
+        if run.row.status != RunStatus::Running {
+            return Ok(());
+        }
+        let at = now_text();
+        run.row.status = status;
+        run.row.error = Some(failure.clone());
+        run.row.finished_at = Some(at.clone());
+        run.finished_ms = Some(now_ms());
+        for step in &mut run.steps {
+            if matches!(step.status, StepStatus::Pending | StepStatus::Running) {
+                step.status = StepStatus::Cancelled;
+                step.error = Some(failure.clone());
+                step.finished_at = Some(at.clone());
+            }
+        }
+        Ok(())
+    }
+
+    async fn counts(&self) -> Result<Counts, StoreError> {
+        let state = self.lock();
+        Ok(Counts {
+            runs_running: state
+                .runs
+                .values()
+                .filter(|r| r.row.status == RunStatus::Running)
+                .count() as u64,
+            runs_total: state.runs.len() as u64,
+            last_event_id: state.events.keys().next_back().copied().unwrap_or(0),
+        })
+    }
+
+    async fn append_event(
+        &self,
+        run_id: &str,
+        kind: &str,
+        data: &Value,
+    ) -> Result<EventRow, StoreError> {
+        self.lock().append(run_id, kind, data)
+    }
+
+    async fn events(
+        &self,
+        run_id: Option<&str>,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<EventRow>, StoreError> {
+        let state = self.lock();
+        let limit = limit as usize;
+        Ok(match run_id {
+            None => state
+                .events
+                .range(after.saturating_add(1)..)
+                .take(limit)
+                .map(|(_, e)| e.clone())
+                .collect(),
+            Some(run_id) => {
+                let Some(run) = state.runs.get(run_id) else {
+                    return Ok(Vec::new());
+                };
+                let from = run.events.partition_point(|id| *id <= after);
+                run.events[from..]
+                    .iter()
+                    .take(limit)
+                    .filter_map(|id| state.events.get(id).cloned())
+                    .collect()
+            }
+        })
+    }
+
+    async fn last_event_id(&self) -> Result<i64, StoreError> {
+        Ok(self.lock().events.keys().next_back().copied().unwrap_or(0))
+    }
+
+    async fn prune(&self, keep_runs: u64, finished_before_ms: i64) -> Result<u64, StoreError> {
+        let mut state = self.lock();
+        // Finished runs, newest first by when they finished (as SQLite orders
+        // them: a missing time sorts last).
+        let mut finished: Vec<(Option<i64>, String)> = state
+            .runs
+            .values()
+            .filter(|r| r.row.status.is_finished())
+            .map(|r| (r.finished_ms, r.row.run_id.clone()))
+            .collect();
+        finished.sort_unstable_by(|a, b| b.cmp(a));
+        let keep = usize::try_from(keep_runs).unwrap_or(usize::MAX);
+        let doomed: Vec<String> = finished
+            .into_iter()
+            .enumerate()
+            .filter(|(rank, (ms, _))| *rank >= keep || ms.is_some_and(|ms| ms < finished_before_ms))
+            .map(|(_, (_, id))| id)
+            .collect();
+        for id in &doomed {
+            state.remove_run(id);
+        }
+        Ok(doomed.len() as u64)
+    }
+}
