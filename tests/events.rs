@@ -128,6 +128,23 @@ async fn a_subscriber_sees_every_event_in_order_and_a_reconnect_misses_nothing()
             .any(|(_, kind, d)| kind == "step.log" && d["data"]["step"] == "copy"),
         "node logs are events too"
     );
+    // A step's log sits between its start and its end.
+    for (i, (_, kind, d)) in live.iter().enumerate() {
+        if kind != "step.log" {
+            continue;
+        }
+        let step = d["data"]["step"].as_str().unwrap();
+        let at = |what: &str| {
+            live.iter()
+                .position(|(_, k, d)| k == what && d["data"]["step"] == step)
+                .unwrap()
+        };
+        assert!(
+            at("step.started") < i && i < at("step.finished"),
+            "{step}'s log at {i}: {:?}",
+            live.iter().map(|(_, k, _)| k).collect::<Vec<_>>()
+        );
+    }
 
     // After the run: the same events replayed, then the stream closes.
     let replay = stream(&serve, &format!("/runs/{run_id}/events"), None).await;

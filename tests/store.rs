@@ -180,7 +180,8 @@ async fn a_pruned_run_takes_its_events_and_calls_and_ids_are_not_reused(b: Backe
 }
 
 /// `Store::transition`: each write lands as its own method would, and its
-/// event is appended with the next id.
+/// event is appended with the next id; a finished step's log event just
+/// before its own.
 async fn a_transition_records_the_write_and_its_event(b: Backend) {
     let store = &b.store;
     let mut run = new_run("r1", 1);
@@ -191,6 +192,7 @@ async fn a_transition_records_the_write_and_its_event(b: Backend) {
     let input = json!({"in": 1});
     let output = json!({"out": 2});
     let failure = Failure::new("unavailable", "try later");
+    let log = json!({"step": "a", "records": [{"level": "info", "message": "hi"}]});
     let writes = [
         Transition::StepStarted {
             step_id: "a",
@@ -206,6 +208,7 @@ async fn a_transition_records_the_write_and_its_event(b: Backend) {
             status: StepStatus::Succeeded,
             output: Some(&output),
             error: None,
+            log: Some(&log),
         },
         Transition::RunFinished {
             status: RunStatus::Failed,
@@ -215,12 +218,18 @@ async fn a_transition_records_the_write_and_its_event(b: Backend) {
     ];
     let mut ids = Vec::new();
     for (n, write) in writes.into_iter().enumerate() {
-        let event = store
+        let events = store
             .transition("r1", write, &f, "test", &json!({"n": n}))
             .await
             .unwrap();
-        assert_eq!(event.data, json!({"n": n}));
-        ids.push(event.id);
+        let kinds: Vec<(&str, &serde_json::Value)> =
+            events.iter().map(|e| (e.kind.as_str(), &e.data)).collect();
+        if n == 2 {
+            assert_eq!(kinds, [("step.log", &log), ("test", &json!({"n": n}))]);
+        } else {
+            assert_eq!(kinds, [("test", &json!({"n": n}))]);
+        }
+        ids.extend(events.iter().map(|e| e.id));
     }
     assert!(
         ids[0] > before && ids.windows(2).all(|w| w[0] < w[1]),

@@ -610,6 +610,38 @@ retry = { max_attempts = 5, initial = "100ms", max = "1s", multiplier = 2.0 }
         elapsed < Duration::from_millis(1500),
         "retried too slowly: {elapsed:?}"
     );
+    // Each attempt's log comes after its start and before the next
+    // attempt's; the last one's is stored with the step's end.
+    let events = host
+        .workflows
+        .events(Some(&run.run_id), 0, 100)
+        .await
+        .unwrap();
+    let outline: Vec<String> = events
+        .iter()
+        .map(|e| match e.kind.as_str() {
+            "step.started" => format!("started {}", e.data["attempt"]),
+            "step.log" => format!(
+                "log {} {}",
+                e.data["attempt"], e.data["records"][0]["message"]
+            ),
+            other => other.to_owned(),
+        })
+        .collect();
+    assert_eq!(
+        outline,
+        [
+            "run.started",
+            "started 1",
+            "log 1 \"count 1\"",
+            "started 2",
+            "log 2 \"count 2\"",
+            "started 3",
+            "log 3 \"count 3\"",
+            "step.finished",
+            "run.finished",
+        ]
+    );
     host.close().await;
 }
 

@@ -15,7 +15,8 @@ use serde_json::Value;
 use super::sqlite::{cursor_of, parse_cursor};
 use super::{
     AttemptWorker, CallRow, Counts, Created, EventRow, Failure, Fence, Lease, ListQuery, NewRun,
-    RunRow, RunStatus, StepRow, StepStatus, Store, StoreError, Transition, now_ms, now_text,
+    RunRow, RunStatus, STEP_LOG, StepRow, StepStatus, Store, StoreError, Transition, now_ms,
+    now_text,
 };
 
 /// The in-memory store.
@@ -106,6 +107,7 @@ impl State {
                 status,
                 output,
                 error,
+                log: _,
             } => {
                 if let Some(step) = run.step(step_id) {
                     step.status = status;
@@ -318,6 +320,7 @@ impl Store for MemoryStore {
             status,
             output,
             error,
+            log: None,
         };
         self.lock().apply(run_id, write, fence);
         Ok(())
@@ -347,10 +350,15 @@ impl Store for MemoryStore {
         fence: &Fence,
         kind: &str,
         data: &Value,
-    ) -> Result<EventRow, StoreError> {
+    ) -> Result<Vec<EventRow>, StoreError> {
         let mut state = self.lock();
+        let mut appended = Vec::with_capacity(2);
+        if let Transition::StepFinished { log: Some(log), .. } = write {
+            appended.push(state.append(run_id, STEP_LOG, log)?);
+        }
         state.apply(run_id, write, fence);
-        state.append(run_id, kind, data)
+        appended.push(state.append(run_id, kind, data)?);
+        Ok(appended)
     }
 
     async fn reopen_run(&self, run_id: &str) -> Result<bool, StoreError> {

@@ -222,6 +222,9 @@ pub enum Transition<'a> {
         status: StepStatus,
         output: Option<&'a Value>,
         error: Option<&'a Failure>,
+        /// The data of a `step.log` event (the records of the step's last
+        /// attempt), appended just before the transition's own event.
+        log: Option<&'a Value>,
     },
     RunFinished {
         status: RunStatus,
@@ -451,7 +454,9 @@ pub trait Store: Send + Sync {
     ) -> Result<EventRow, StoreError>;
     /// A fenced write and its event (`kind`, `data`): the write as its own
     /// method does it, then the event appended, in one round trip to the
-    /// database where the backend can. Returns the event.
+    /// database where the backend can. Returns the events appended, in id
+    /// order: a step's `step.log` (see [`Transition::StepFinished`]), then the
+    /// transition's own.
     async fn transition(
         &self,
         run_id: &str,
@@ -459,7 +464,8 @@ pub trait Store: Send + Sync {
         fence: &Fence,
         kind: &str,
         data: &Value,
-    ) -> Result<EventRow, StoreError> {
+    ) -> Result<Vec<EventRow>, StoreError> {
+        let mut appended = Vec::with_capacity(2);
         match write {
             Transition::StepStarted {
                 step_id,
@@ -477,7 +483,11 @@ pub trait Store: Send + Sync {
                 status,
                 output,
                 error,
+                log,
             } => {
+                if let Some(log) = log {
+                    appended.push(self.append_event(run_id, STEP_LOG, log).await?);
+                }
                 self.step_finished(run_id, step_id, status, output, error, fence)
                     .await?
             }
@@ -490,7 +500,8 @@ pub trait Store: Send + Sync {
                     .await?
             }
         }
-        self.append_event(run_id, kind, data).await
+        appended.push(self.append_event(run_id, kind, data).await?);
+        Ok(appended)
     }
     /// Up to `limit` events with an id past `after`, oldest first; of one run,
     /// or of all runs.
@@ -569,6 +580,9 @@ pub trait Store: Send + Sync {
         Ok(Vec::new())
     }
 }
+
+/// The kind of the event that carries a node's log records.
+pub const STEP_LOG: &str = "step.log";
 
 /// One event of a run: `run.started`, `step.started`, `step.log`,
 /// `step.finished`, `run.finished` (and `step.progress`, which is not kept).

@@ -19,7 +19,8 @@ use sqlx::{ConnectOptions, Row};
 
 use super::{
     AttemptWorker, CallRow, Counts, Created, EventRow, Failure, Fence, Lease, ListQuery, NewRun,
-    RunRow, RunStatus, StepRow, StepStatus, Store, StoreError, Transition, now_ms, now_text,
+    RunRow, RunStatus, STEP_LOG, StepRow, StepStatus, Store, StoreError, Transition, now_ms,
+    now_text,
 };
 
 /// `PRAGMA application_id` of a wf-host state file: "wfhs".
@@ -558,7 +559,7 @@ impl Store for SqliteStore {
         fence: &Fence,
         kind: &str,
         data: &Value,
-    ) -> Result<EventRow, StoreError> {
+    ) -> Result<Vec<EventRow>, StoreError> {
         // The write and the event's insert as one query of two statements:
         // one round trip to SQLite's worker thread instead of two. Both use
         // numbered parameters: ?1 run id, ?2 kind, ?3 data, ?4 now; the
@@ -580,6 +581,7 @@ impl Store for SqliteStore {
                 .bind(data_text.clone())
                 .bind(at.clone())
         };
+        let mut log_data = None;
         let query = match write {
             Transition::StepStarted {
                 step_id,
@@ -611,16 +613,38 @@ impl Store for SqliteStore {
                 status,
                 output,
                 error,
-            } => base(with_event!(
-                "UPDATE steps SET status = ?6, output = ?7, error_code = ?8, error_message = ?9,
-                                  finished_at = ?4
-                 WHERE run_id = ?1 AND step_id = ?5"
-            ))
-            .bind(step_id)
-            .bind(status.as_str())
-            .bind(output.map(json_text))
-            .bind(error.map(|e| e.code.clone()))
-            .bind(error.map(|e| e.message.clone())),
+                log,
+            } => {
+                let query = match log {
+                    None => base(with_event!(
+                        "UPDATE steps SET status = ?6, output = ?7, error_code = ?8,
+                                          error_message = ?9, finished_at = ?4
+                         WHERE run_id = ?1 AND step_id = ?5"
+                    )),
+                    // The step's log event first (?10 its data), then the
+                    // step's own.
+                    Some(log) => {
+                        log_data = Some(log);
+                        base(with_event!(
+                            "UPDATE steps SET status = ?6, output = ?7, error_code = ?8,
+                                              error_message = ?9, finished_at = ?4
+                             WHERE run_id = ?1 AND step_id = ?5;
+                             INSERT INTO events (run_id, kind, data, at)
+                             VALUES (?1, 'step.log', ?10, ?4) RETURNING id"
+                        ))
+                    }
+                };
+                let query = query
+                    .bind(step_id)
+                    .bind(status.as_str())
+                    .bind(output.map(json_text))
+                    .bind(error.map(|e| e.code.clone()))
+                    .bind(error.map(|e| e.message.clone()));
+                match log {
+                    Some(log) => query.bind(json_text(log)),
+                    None => query,
+                }
+            }
             Transition::RunFinished {
                 status,
                 output,
@@ -636,19 +660,33 @@ impl Store for SqliteStore {
             .bind(error.map(|e| e.message.clone()))
             .bind(now_ms()),
         };
-        // All rows, so both statements run to the end.
+        // All rows, so every statement runs to the end: one id per event
+        // inserted, in order.
         let rows = query.fetch_all(&self.pool).await?;
-        let id: i64 = rows
-            .last()
-            .ok_or_else(|| StoreError::Corrupt("the event insert returned no id".into()))?
-            .try_get(0)?;
-        Ok(EventRow {
+        let ids = rows
+            .iter()
+            .map(|row| row.try_get::<i64, _>(0))
+            .collect::<Result<Vec<_>, _>>()?;
+        let expected = 1 + usize::from(log_data.is_some());
+        if ids.len() != expected {
+            return Err(StoreError::Corrupt(format!(
+                "the event inserts returned {} ids, not {expected}",
+                ids.len()
+            )));
+        }
+        let event = |id, kind: &str, data: &Value| EventRow {
             id,
             run_id: run_id.to_owned(),
             kind: kind.to_owned(),
             data: data.clone(),
-            at,
-        })
+            at: at.clone(),
+        };
+        let mut appended = Vec::with_capacity(2);
+        if let Some(log) = log_data {
+            appended.push(event(ids[0], STEP_LOG, log));
+        }
+        appended.push(event(ids[ids.len() - 1], kind, data));
+        Ok(appended)
     }
 
     async fn reopen_run(&self, run_id: &str) -> Result<bool, StoreError> {

@@ -23,8 +23,8 @@ use super::events::Events;
 use crate::capability::{CallJournal, JournalEntry, Progress, truncate_utf8};
 use crate::runtime::{Node, RunError, RunOptions, Runtime};
 use crate::store::{
-    CallRow, Failure, Fence, RunStatus, StepRow, StepStatus, Store, StoreError, Transition,
-    now_text,
+    CallRow, Failure, Fence, RunStatus, STEP_LOG, StepRow, StepStatus, Store, StoreError,
+    Transition, now_text,
 };
 use crate::trace;
 
@@ -274,6 +274,7 @@ pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending
             StepStatus::Failed,
             None,
             Some(error),
+            None,
         )
         .await?;
     }
@@ -283,7 +284,7 @@ pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending
         .map(|t| Instant::now() + t.saturating_sub(ctx.elapsed));
     let stop_token = CancellationToken::new();
     let mut stop: Option<Stop> = None;
-    let mut running: JoinSet<(String, Outcome)> = JoinSet::new();
+    let mut running: JoinSet<(String, Outcome, Option<Value>)> = JoinSet::new();
 
     loop {
         if stop.is_none() {
@@ -295,7 +296,7 @@ pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending
         tokio::select! {
             joined = running.join_next() => {
                 let Some(joined) = joined else { continue };
-                let (id, outcome) = match joined {
+                let (id, outcome, log) = match joined {
                     Ok(done) => done,
                     Err(e) => {
                         // A panic in a step is a host bug; fail the run loudly
@@ -304,7 +305,7 @@ pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending
                         return Err(StoreError::Corrupt(format!("a step task failed: {e}")));
                     }
                 };
-                record(&ctx, &mut states, &id, outcome, stop).await?;
+                record(&ctx, &mut states, &id, outcome, stop, log).await?;
             }
             _ = ctx.cancel.cancelled(), if stop.is_none() => {
                 stop = Some(Stop::Cancelled);
@@ -338,7 +339,7 @@ async fn sleep_until(deadline: Option<Instant>) {
 async fn launch_ready(
     ctx: &Arc<RunCtx>,
     states: &mut HashMap<String, StepState>,
-    running: &mut JoinSet<(String, Outcome)>,
+    running: &mut JoinSet<(String, Outcome, Option<Value>)>,
     stop_token: &CancellationToken,
 ) -> Result<(), StoreError> {
     // Steps are in an order where needs come first, so one pass settles chains.
@@ -364,11 +365,20 @@ async fn launch_ready(
                 "need-failed",
                 format!("not run: step `{need}` did not succeed"),
             );
-            transition(ctx, states, id, StepStatus::Cancelled, None, Some(error)).await?;
+            transition(
+                ctx,
+                states,
+                id,
+                StepStatus::Cancelled,
+                None,
+                Some(error),
+                None,
+            )
+            .await?;
             continue;
         }
         if needs.iter().any(|(_, s)| *s == StepStatus::Skipped) {
-            transition(ctx, states, id, StepStatus::Skipped, None, None).await?;
+            transition(ctx, states, id, StepStatus::Skipped, None, None, None).await?;
             continue;
         }
         // jq sees every finished step; a step without expressions needs only
@@ -389,10 +399,11 @@ async fn launch_ready(
         let span = trace::step_span(&ctx.span, &id, first_attempt);
         running.spawn(async move {
             let started = Instant::now();
-            let outcome = run_step(&ctx, &step, data, first_attempt, &stop, &span).await;
+            let mut log = None;
+            let outcome = run_step(&ctx, &step, data, first_attempt, &stop, &span, &mut log).await;
             crate::metrics::metrics().step_finished(&ctx.def.name, &id, started.elapsed());
             outcome.trace(&span);
-            (id, outcome)
+            (id, outcome, log)
         });
     }
     Ok(())
@@ -416,7 +427,8 @@ fn context(input: &Value, states: &HashMap<String, StepState>, only: Option<&[St
 }
 
 /// Moves a step to a finished `status`: stored first, then the scheduler's
-/// view, so nothing acts on a transition that is not durable.
+/// view, so nothing acts on a transition that is not durable. `log` is the
+/// `step.log` event of its last attempt, stored with it.
 async fn transition(
     ctx: &RunCtx,
     states: &mut HashMap<String, StepState>,
@@ -424,6 +436,7 @@ async fn transition(
     status: StepStatus,
     output: Option<Value>,
     error: Option<Failure>,
+    log: Option<Value>,
 ) -> Result<(), StoreError> {
     let data = json!({"step": id, "status": status, "error": error});
     let write = Transition::StepFinished {
@@ -431,6 +444,7 @@ async fn transition(
         status,
         output: output.as_ref(),
         error: error.as_ref(),
+        log: log.as_ref(),
     };
     ctx.events
         .transition(&ctx.run_id, write, &ctx.fence, "step.finished", data)
@@ -449,13 +463,24 @@ async fn record(
     id: &str,
     outcome: Outcome,
     stop: Option<Stop>,
+    log: Option<Value>,
 ) -> Result<(), StoreError> {
+    // The log goes with the step's transition; where there is none, alone.
+    let alone = async |log: Option<Value>| {
+        if let Some(log) = log {
+            ctx.events.emit(&ctx.run_id, STEP_LOG, log).await;
+        }
+    };
     let (status, output, error) = match outcome {
-        Outcome::Lost(e) => return Err(e),
+        Outcome::Lost(e) => {
+            alone(log).await;
+            return Err(e);
+        }
         Outcome::Succeeded(output) => (StepStatus::Succeeded, Some(output), None),
         Outcome::Skipped => (StepStatus::Skipped, None, None),
         Outcome::Failed(f) => (StepStatus::Failed, None, Some(f)),
         Outcome::Interrupted if stop == Some(Stop::Shutdown) => {
+            alone(log).await;
             // Left `running` in the store: the next start runs it again.
             states.get_mut(id).expect("every step has a state").status = StepStatus::Running;
             return Ok(());
@@ -470,7 +495,7 @@ async fn record(
             (StepStatus::Cancelled, None, Some(f))
         }
     };
-    transition(ctx, states, id, status, output, error).await
+    transition(ctx, states, id, status, output, error, log).await
 }
 
 /// Settles the steps that never ran and records how the run ended.
@@ -488,7 +513,16 @@ async fn finish(
                 }
                 _ => Failure::new("cancelled", "not run: the run was cancelled"),
             };
-            transition(ctx, states, id, StepStatus::Cancelled, None, Some(error)).await?;
+            transition(
+                ctx,
+                states,
+                id,
+                StepStatus::Cancelled,
+                None,
+                Some(error),
+                None,
+            )
+            .await?;
         }
     }
     let single = ctx.def.steps.len() == 1;
@@ -593,6 +627,7 @@ async fn run_step(
     first_attempt: u32,
     stop: &CancellationToken,
     span: &tracing::Span,
+    log: &mut Option<Value>,
 ) -> Outcome {
     let id = &step.spec.id;
     let data = Arc::new(data);
@@ -616,7 +651,7 @@ async fn run_step(
         if let Err(e) = step_started(ctx, id, first_attempt, &input).await {
             return store_failure(e);
         }
-        return match run_item(ctx, step, None, &input, &attempts, stop, span).await {
+        return match run_item(ctx, step, None, &input, &attempts, stop, span, Some(log)).await {
             Ok(output) => Outcome::Succeeded(output),
             Err(outcome) => outcome,
         };
@@ -667,7 +702,17 @@ async fn run_step(
                 item_data["index"] = json!(index);
                 let result = match step_input(&step, &item_data, Some(index)).await {
                     Ok(input) => {
-                        run_item(&ctx, &step, Some(index), &input, &attempts, &stop, &span).await
+                        run_item(
+                            &ctx,
+                            &step,
+                            Some(index),
+                            &input,
+                            &attempts,
+                            &stop,
+                            &span,
+                            None,
+                        )
+                        .await
                     }
                     Err(f) => Err(Outcome::Failed(f)),
                 };
@@ -740,6 +785,11 @@ async fn step_input(step: &Step, data: &Value, item: Option<usize>) -> Result<Va
 }
 
 /// Runs the node on one input, retrying as the step's policy says.
+///
+/// An attempt's log records become a `step.log` event. With `deferred`, the
+/// last attempt's is left there, to be stored with the step's transition (one
+/// write fewer); earlier attempts' are emitted before their retry.
+#[allow(clippy::too_many_arguments)]
 async fn run_item(
     ctx: &RunCtx,
     step: &Step,
@@ -748,6 +798,7 @@ async fn run_item(
     attempts: &AtomicU32,
     stop: &CancellationToken,
     span: &tracing::Span,
+    mut deferred: Option<&mut Option<Value>>,
 ) -> Result<Value, Outcome> {
     let node = &ctx.nodes[&step.spec.id];
     let text = input.to_string();
@@ -788,7 +839,10 @@ async fn run_item(
             let report = ctx.runtime.run(node, &text, opts).await;
             if !report.logs.is_empty() {
                 let data = json!({"step": step.spec.id, "item": item, "attempt": attempt, "records": report.logs});
-                ctx.events.emit(&ctx.run_id, "step.log", data).await;
+                match deferred.as_deref_mut() {
+                    Some(slot) => *slot = Some(data),
+                    None => ctx.events.emit(&ctx.run_id, STEP_LOG, data).await,
+                }
             }
             report.result
         };
@@ -808,6 +862,10 @@ async fn run_item(
         };
         if !step.spec.retry.retries(&failure.code, tries) {
             return Err(Outcome::Failed(failure));
+        }
+        // Retrying: this attempt's log comes before the next one starts.
+        if let Some(data) = deferred.as_deref_mut().and_then(Option::take) {
+            ctx.events.emit(&ctx.run_id, STEP_LOG, data).await;
         }
         let delay: Duration = step.spec.retry.delay(tries);
         tracing::info!(

@@ -82,11 +82,13 @@ impl Events {
             return Ok(());
         }
         let _in_order = self.order.lock().await;
-        let row = self
+        let rows = self
             .store
             .transition(run_id, write, fence, kind, &data)
             .await?;
-        let _ = self.live.send(row);
+        for row in rows {
+            let _ = self.live.send(row);
+        }
         Ok(())
     }
 

@@ -3,7 +3,7 @@
 //!
 //! Input `{"fail_until": N, "code": "unavailable", "value": …}`: calls
 //! `fixture.counter`; while the count is below N it fails with `code`, then
-//! returns `{"count": count, "value": value}`.
+//! returns `{"count": count, "value": value}`. Each attempt logs its count.
 
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -27,6 +27,7 @@ fn run(input: Input) -> Result<Value, wf_sdk::Error> {
     let count = result.into_json()["structuredContent"]["count"]
         .as_u64()
         .ok_or_else(|| wf_sdk::Error::new("bad-counter", "counter returned no count"))?;
+    wf_sdk::info!("count {count}");
     if count < input.fail_until {
         return Err(wf_sdk::Error::new(
             input.code,
