@@ -201,7 +201,7 @@ async fn workflow_start(
     let record = if p.wait {
         state
             .workflows
-            .wait(&record.run_id, MAX_WAIT)
+            .wait_run(&record.run_id, MAX_WAIT)
             .await
             .map_err(workflow_error)?
     } else {

@@ -315,11 +315,18 @@ impl Store for SqliteStore {
         // One worker: every run is this process's, without a lease.
         let run = &new.run;
         let mut tx = self.pool.begin().await?;
-        let inserted = sqlx::query(
+        // The run and all its steps in one query (the steps from a JSON array
+        // of their ids, positions from its indexes). The steps are inserted
+        // only when the run was: `changes()` is the run insert's count.
+        let steps = serde_json::to_string(&new.steps).expect("step ids are strings");
+        let inserted = !sqlx::query(
             "INSERT INTO runs (run_id, workflow, status, input, definition, definition_hash,
                                idempotency_key, created_ms, started_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
-             ON CONFLICT DO NOTHING",
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+             ON CONFLICT DO NOTHING
+             RETURNING 1;
+             INSERT INTO steps (run_id, step_id, position, status)
+             SELECT ?1, value, key, 'pending' FROM json_each(?10) WHERE changes() = 1",
         )
         .bind(&run.run_id)
         .bind(&run.workflow)
@@ -330,10 +337,11 @@ impl Store for SqliteStore {
         .bind(&run.idempotency_key)
         .bind(run.created_ms)
         .bind(&run.started_at)
-        .execute(&mut *tx)
+        .bind(steps)
+        .fetch_all(&mut *tx)
         .await?
-        .rows_affected();
-        if inserted == 0 {
+        .is_empty();
+        if !inserted {
             let existing = sqlx::query(
                 "SELECT * FROM runs WHERE workflow = ? AND idempotency_key = ? OR run_id = ?",
             )
@@ -344,16 +352,6 @@ impl Store for SqliteStore {
             .await?;
             tx.rollback().await?;
             return Ok(Created::Existing(Box::new(run_row(&existing)?)));
-        }
-        for (position, step) in new.steps.iter().enumerate() {
-            sqlx::query(
-                "INSERT INTO steps (run_id, step_id, position, status) VALUES (?, ?, ?, 'pending')",
-            )
-            .bind(&run.run_id)
-            .bind(step)
-            .bind(position as i64)
-            .execute(&mut *tx)
-            .await?;
         }
         tx.commit().await?;
         Ok(Created::New)

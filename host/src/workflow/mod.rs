@@ -1118,6 +1118,39 @@ impl Workflows {
     /// # Errors
     /// [`WorkflowError::UnknownRun`], [`WorkflowError::Store`].
     pub async fn wait(&self, run_id: &str, timeout: Duration) -> Result<RunRecord, WorkflowError> {
+        self.wait_then(run_id, timeout, true).await
+    }
+
+    /// [`Workflows::wait`], returning the run without its steps (one read of
+    /// the store instead of two, for a caller that shows only the run).
+    ///
+    /// # Errors
+    /// As [`Workflows::wait`].
+    pub async fn wait_run(
+        &self,
+        run_id: &str,
+        timeout: Duration,
+    ) -> Result<RunRecord, WorkflowError> {
+        self.wait_then(run_id, timeout, false).await
+    }
+
+    async fn wait_then(
+        &self,
+        run_id: &str,
+        timeout: Duration,
+        steps: bool,
+    ) -> Result<RunRecord, WorkflowError> {
+        let read = async || {
+            if steps {
+                return self.get(run_id, false).await;
+            }
+            let run = self
+                .store
+                .run(run_id)
+                .await?
+                .ok_or_else(|| WorkflowError::UnknownRun(run_id.to_owned()))?;
+            Ok(RunRecord::from(run))
+        };
         let done = self
             .live
             .lock()
@@ -1129,16 +1162,16 @@ impl Workflows {
                 _ = tokio::time::timeout(timeout, done.wait_for(|d| *d)) => {}
                 _ = self.closing.cancelled() => {}
             }
-            return self.get(run_id, false).await;
+            return read().await;
         }
         let Some(mut notes) = self.store.listen() else {
-            return self.get(run_id, false).await;
+            return read().await;
         };
         // Driven by another worker (or by nobody yet): its end comes as a
         // note; the poll covers a note missed while the listener reconnected.
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            let record = self.get(run_id, false).await?;
+            let record = read().await?;
             let now = tokio::time::Instant::now();
             if record.status.is_finished() || now >= deadline || self.closing.is_cancelled() {
                 return Ok(record);
