@@ -260,7 +260,7 @@ fn new_run(id: &str, created_ms: i64) -> NewRun {
             input: json!(null),
             output: None,
             error: None,
-            definition: json!({}),
+            definition: Arc::new(json!({})),
             definition_hash: "h".into(),
             idempotency_key: None,
             created_ms,

@@ -10,6 +10,9 @@
 #   ROUNDS=1                 measured rounds; each round runs wf-host then wasmtime
 #   WF_PORT=7878 WT_PORT=8081  loopback ports
 #   WF_HOST=target/release/wf-host   wf-host binary (built with cargo if missing)
+#   WF_STATE=                where wf-host keeps runs: by default a fresh SQLite file in
+#                            a temp dir (durable, as `serve` is by default); WF_STATE=:memory:
+#                            keeps them in the process, like wasmtime serve keeps nothing
 #   WASMTIME=wasmtime        wasmtime binary (48.x)
 #   WRK_OUT_DIR=             if set, keep each measured run's full wrk output there
 #   RUST_LOG=                wf-host's log filter; by default it logs the echo node's one
@@ -117,7 +120,8 @@ rpc_start() {
 rpc_ok() { rpc_start | grep -q '"succeeded"'; }
 hello_ok() { [ "$(curl -sS --max-time 10 "http://127.0.0.1:$WT_PORT/")" = hello ]; }
 
-"$WF_HOST" serve --config "$here/bench.toml" --listen "127.0.0.1:$WF_PORT" >"$work/wf-host.log" 2>&1 &
+"$WF_HOST" serve --config "$here/bench.toml" --state "${WF_STATE:-$work/state.db}" \
+    --listen "127.0.0.1:$WF_PORT" >"$work/wf-host.log" 2>&1 &
 wf_pid=$!
 "$WASMTIME" serve -Scli --addr "127.0.0.1:$WT_PORT" "$HELLO" >"$work/wasmtime.log" 2>&1 &
 wt_pid=$!
@@ -187,6 +191,7 @@ done
 
 echo
 echo "wrk -t$THREADS -c$CONNECTIONS -d$DURATION --latency, 127.0.0.1, $(nproc) cores shared by wrk and the server"
+echo "wf-host state: ${WF_STATE:-a SQLite file (fresh, in a temp dir)}"
 echo "$wt_version; $(wrk -v 2>&1 | head -n1 | cut -d' ' -f1-2)"
 echo
 echo "| round | server | req/s | p50 ms | p99 ms | req/s vs wasmtime |"

@@ -114,7 +114,7 @@ pub struct RunRow {
     pub output: Option<Value>,
     pub error: Option<Failure>,
     /// The spec the run started with, as JSON.
-    pub definition: Value,
+    pub definition: Arc<Value>,
     pub definition_hash: String,
     pub idempotency_key: Option<String>,
     pub created_ms: i64,

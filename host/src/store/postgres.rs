@@ -326,7 +326,7 @@ fn run_row(row: &PgRow) -> Result<RunRow, StoreError> {
         input: parse_json(row.try_get("input")?)?.unwrap_or(Value::Null),
         output: parse_json(row.try_get("output")?)?,
         error: failure(row.try_get("error_code")?, row.try_get("error_message")?),
-        definition: parse_json(row.try_get("definition")?)?.unwrap_or(Value::Null),
+        definition: Arc::new(parse_json(row.try_get("definition")?)?.unwrap_or(Value::Null)),
         definition_hash: row.try_get("definition_hash")?,
         idempotency_key: row.try_get("idempotency_key")?,
         created_ms: row.try_get("created_ms")?,

@@ -266,6 +266,8 @@ pub struct Step {
 pub struct Definition {
     pub name: String,
     pub spec: Arc<Spec>,
+    /// `spec` as JSON, as every run of it stores it.
+    pub spec_json: Arc<serde_json::Value>,
     pub hash: String,
     /// In an order where every step comes after its needs.
     pub steps: Vec<Step>,
@@ -401,6 +403,7 @@ impl Definition {
             name: name.to_owned(),
             hash: spec.hash(),
             timeout: spec.timeout_ms.map(Duration::from_millis),
+            spec_json: Arc::new(serde_json::to_value(&spec).expect("a spec is plain data")),
             spec: Arc::new(spec),
             steps,
             output,

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
@@ -692,7 +692,7 @@ impl Workflows {
             input,
             output: None,
             error: None,
-            definition: serde_json::to_value(&*def.spec).expect("a spec is plain data"),
+            definition: def.spec_json.clone(),
             definition_hash: def.hash.clone(),
             idempotency_key,
             created_ms,
@@ -778,7 +778,7 @@ impl Workflows {
         fence: Fence,
     ) -> Result<(), WorkflowError> {
         let rows = self.store.steps(&run.run_id).await?;
-        let prepared = serde_json::from_value::<Spec>(run.definition.clone())
+        let prepared = Spec::deserialize(&*run.definition)
             .map_err(|e| {
                 Failure::new(
                     "definition-changed",
@@ -999,10 +999,9 @@ impl Workflows {
             .map(|l| l.progress.lock().unwrap_or_else(|e| e.into_inner()).clone())
             .unwrap_or_default();
         // The graph of the definition the run started with, not today's.
-        let mut needs: HashMap<String, Vec<String>> =
-            serde_json::from_value::<Spec>(run.definition.clone())
-                .map(|spec| spec.steps.into_iter().map(|s| (s.id, s.needs)).collect())
-                .unwrap_or_default();
+        let mut needs: HashMap<String, Vec<String>> = Spec::deserialize(&*run.definition)
+            .map(|spec| spec.steps.into_iter().map(|s| (s.id, s.needs)).collect())
+            .unwrap_or_default();
         let mut steps = Vec::new();
         for row in self.store.steps(run_id).await? {
             let calls = if calls {
