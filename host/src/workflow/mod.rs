@@ -28,7 +28,8 @@ use crate::store::postgres::PgStore;
 use crate::store::sqlite::SqliteStore;
 use crate::store::{
     AttemptWorker, CallRow, CancelRequest, Counts, Created, Failure, Fence, Lease, ListQuery,
-    NewRun, Note, RunRow, RunStatus, StepRow, StepStatus, Store, StoreError, now_ms, now_text,
+    NewRun, Note, RunRow, RunStatus, STEP_LOG, StepRow, StepStatus, Store, StoreError, now_ms,
+    now_text,
 };
 use crate::trace::{self, TraceParent};
 pub use definition::{Definition, DefinitionError, Spec};
@@ -981,16 +982,20 @@ impl Workflows {
         }
     }
 
+    /// The run as stored, or [`WorkflowError::UnknownRun`].
+    async fn stored_run(&self, run_id: &str) -> Result<RunRow, WorkflowError> {
+        self.store
+            .run(run_id)
+            .await?
+            .ok_or_else(|| WorkflowError::UnknownRun(run_id.to_owned()))
+    }
+
     /// The record of `run_id` with its steps, and their calls when `calls`.
     ///
     /// # Errors
     /// [`WorkflowError::UnknownRun`], [`WorkflowError::Store`].
     pub async fn get(&self, run_id: &str, calls: bool) -> Result<RunRecord, WorkflowError> {
-        let run = self
-            .store
-            .run(run_id)
-            .await?
-            .ok_or_else(|| WorkflowError::UnknownRun(run_id.to_owned()))?;
+        let run = self.stored_run(run_id).await?;
         let progress: HashMap<String, crate::capability::Progress> = self
             .live
             .lock()
@@ -1046,7 +1051,7 @@ impl Workflows {
             let full = page.len() == PAGE as usize;
             for mut event in page {
                 after = event.id;
-                if event.kind != "step.log" {
+                if event.kind != STEP_LOG {
                     continue;
                 }
                 let number = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok());
@@ -1143,12 +1148,7 @@ impl Workflows {
             if steps {
                 return self.get(run_id, false).await;
             }
-            let run = self
-                .store
-                .run(run_id)
-                .await?
-                .ok_or_else(|| WorkflowError::UnknownRun(run_id.to_owned()))?;
-            Ok(RunRecord::from(run))
+            Ok(RunRecord::from(self.stored_run(run_id).await?))
         };
         let done = self
             .live
@@ -1244,22 +1244,14 @@ impl Workflows {
         if self.tasks.is_closed() {
             return Err(WorkflowError::ShuttingDown);
         }
-        let run = self
-            .store
-            .run(run_id)
-            .await?
-            .ok_or_else(|| WorkflowError::UnknownRun(run_id.to_owned()))?;
+        let run = self.stored_run(run_id).await?;
         if !self.store.reopen_run(run_id).await? {
             return Err(WorkflowError::NotRetryable {
                 run_id: run_id.to_owned(),
                 status: run.status.as_str().to_owned(),
             });
         }
-        let run = self
-            .store
-            .run(run_id)
-            .await?
-            .ok_or_else(|| WorkflowError::UnknownRun(run_id.to_owned()))?;
+        let run = self.stored_run(run_id).await?;
         let data = json!({"workflow": run.workflow, "retry": true});
         self.events.emit(run_id, "run.started", data).await;
         if self.store.shared() {
