@@ -267,16 +267,7 @@ pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending
             "crashed",
             format!("the host stopped {attempts} times while this step ran; not trying again"),
         );
-        transition(
-            &ctx,
-            &mut states,
-            &id,
-            StepStatus::Failed,
-            None,
-            Some(error),
-            None,
-        )
-        .await?;
+        settle(&ctx, &mut states, &id, StepStatus::Failed, Some(error)).await?;
     }
     let deadline = ctx
         .def
@@ -365,20 +356,11 @@ async fn launch_ready(
                 "need-failed",
                 format!("not run: step `{need}` did not succeed"),
             );
-            transition(
-                ctx,
-                states,
-                id,
-                StepStatus::Cancelled,
-                None,
-                Some(error),
-                None,
-            )
-            .await?;
+            settle(ctx, states, id, StepStatus::Cancelled, Some(error)).await?;
             continue;
         }
         if needs.iter().any(|(_, s)| *s == StepStatus::Skipped) {
-            transition(ctx, states, id, StepStatus::Skipped, None, None, None).await?;
+            settle(ctx, states, id, StepStatus::Skipped, None).await?;
             continue;
         }
         // jq sees every finished step; a step without expressions needs only
@@ -456,6 +438,18 @@ async fn transition(
     Ok(())
 }
 
+/// Settles a step without running it (it can no longer run, or is not to):
+/// a [`transition`] with no output and no log.
+async fn settle(
+    ctx: &RunCtx,
+    states: &mut HashMap<String, StepState>,
+    id: &str,
+    status: StepStatus,
+    error: Option<Failure>,
+) -> Result<(), StoreError> {
+    transition(ctx, states, id, status, None, error, None).await
+}
+
 /// Stores how a step ended and updates the scheduler's view.
 async fn record(
     ctx: &RunCtx,
@@ -513,16 +507,7 @@ async fn finish(
                 }
                 _ => Failure::new("cancelled", "not run: the run was cancelled"),
             };
-            transition(
-                ctx,
-                states,
-                id,
-                StepStatus::Cancelled,
-                None,
-                Some(error),
-                None,
-            )
-            .await?;
+            settle(ctx, states, id, StepStatus::Cancelled, Some(error)).await?;
         }
     }
     let single = ctx.def.steps.len() == 1;
