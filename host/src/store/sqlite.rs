@@ -580,7 +580,11 @@ impl Store for SqliteStore {
                 .bind(data_text.clone())
                 .bind(at.clone())
         };
-        let mut log_data = None;
+        // A finished step's log event, inserted before the transition's own.
+        let log = match write {
+            Transition::StepFinished { log, .. } => log,
+            _ => None,
+        };
         let query = match write {
             Transition::StepStarted {
                 step_id,
@@ -612,7 +616,7 @@ impl Store for SqliteStore {
                 status,
                 output,
                 error,
-                log,
+                log: _,
             } => {
                 let query = match log {
                     None => base(with_event!(
@@ -622,16 +626,13 @@ impl Store for SqliteStore {
                     )),
                     // The step's log event first (?10 its data), then the
                     // step's own.
-                    Some(log) => {
-                        log_data = Some(log);
-                        base(with_event!(
-                            "UPDATE steps SET status = ?6, output = ?7, error_code = ?8,
-                                              error_message = ?9, finished_at = ?4
-                             WHERE run_id = ?1 AND step_id = ?5;
-                             INSERT INTO events (run_id, kind, data, at)
-                             VALUES (?1, 'step.log', ?10, ?4) RETURNING id"
-                        ))
-                    }
+                    Some(_) => base(with_event!(
+                        "UPDATE steps SET status = ?6, output = ?7, error_code = ?8,
+                                          error_message = ?9, finished_at = ?4
+                         WHERE run_id = ?1 AND step_id = ?5;
+                         INSERT INTO events (run_id, kind, data, at)
+                         VALUES (?1, 'step.log', ?10, ?4) RETURNING id"
+                    )),
                 };
                 let query = query
                     .bind(step_id)
@@ -666,7 +667,7 @@ impl Store for SqliteStore {
             .iter()
             .map(|row| row.try_get::<i64, _>(0))
             .collect::<Result<Vec<_>, _>>()?;
-        let expected = 1 + usize::from(log_data.is_some());
+        let expected = 1 + usize::from(log.is_some());
         if ids.len() != expected {
             return Err(StoreError::Corrupt(format!(
                 "the event inserts returned {} ids, not {expected}",
@@ -681,7 +682,7 @@ impl Store for SqliteStore {
             at: at.clone(),
         };
         let mut appended = Vec::with_capacity(2);
-        if let Some(log) = log_data {
+        if let Some(log) = log {
             appended.push(event(ids[0], STEP_LOG, log));
         }
         appended.push(event(ids[ids.len() - 1], kind, data));
