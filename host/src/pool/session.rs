@@ -8,12 +8,11 @@
 //! once with the reason.
 
 use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-
-use std::panic::AssertUnwindSafe;
 
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
@@ -608,6 +607,10 @@ enum Ended {
     Expired,
 }
 
+/// An owner's operations in flight, each ending in what it means for the
+/// session.
+type Inflight = FuturesUnordered<BoxFuture<'static, Ended>>;
+
 impl Owner {
     async fn run(
         mut self,
@@ -619,7 +622,7 @@ impl Owner {
         // The operations in flight, polled by this task itself: a reply from
         // the server wakes this task, which answers the caller, with no task
         // of its own per operation to schedule in between.
-        let mut inflight: FuturesUnordered<BoxFuture<'static, Ended>> = FuturesUnordered::new();
+        let mut inflight = Inflight::new();
         let mut refresher = self.spawn_refresher(0);
         // At most one health check at a time, polled beside dispatch: a slow
         // ping must not hold up the operations queued behind it.
@@ -741,7 +744,7 @@ impl Owner {
         }
     }
 
-    fn start(&self, op: Operation, inflight: &mut FuturesUnordered<BoxFuture<'static, Ended>>) {
+    fn start(&self, op: Operation, inflight: &mut Inflight) {
         let Operation {
             meta,
             run,
@@ -761,38 +764,38 @@ impl Owner {
         let connection = self.settings.id.to_string();
         let mut death = self.death.subscribe();
         let op = async move {
-                counters.calls.fetch_add(1, Ordering::Relaxed);
-                let call = with_progress(timeout, run(peer), progress);
-                // Dropping `call` (caller gone, session died) drops the rmcp
-                // request future, which sends `notifications/cancelled`.
-                let (result, ended) = tokio::select! {
-                    r = call => match r {
-                        Some(Ok(value)) => (Ok(value), Ended::Done),
-                        Some(Err(e)) => classify(&connection, e),
-                        None => (Err(PoolError::Timeout { connection, operation: meta.operation, after: timeout }), Ended::Done),
-                    },
-                    _ = reply.closed() => {
-                        tracing::debug!("caller went away; request cancelled");
-                        return Ended::Done;
-                    }
-                    reason = death.wait_for(Option::is_some) => {
-                        // Even when the session died of a 404, this request may
-                        // have been processed: only the one that got the 404
-                        // itself (`classify`) is known not to be, and may be
-                        // replayed. This one fails.
-                        let reason = reason.ok().and_then(|r| r.clone()).unwrap_or_else(|| "session closed".into());
-                        (Err(PoolError::SessionClosed { connection, reason }), Ended::Done)
-                    }
-                };
-                if let Err(e) = &result {
-                    counters.failures.fetch_add(1, Ordering::Relaxed);
-                    counters.set_last_error(&e.to_string());
-                    tracing::debug!(error = %e, "operation failed");
+            counters.calls.fetch_add(1, Ordering::Relaxed);
+            let call = with_progress(timeout, run(peer), progress);
+            // Dropping `call` (caller gone, session died) drops the rmcp
+            // request future, which sends `notifications/cancelled`.
+            let (result, ended) = tokio::select! {
+                r = call => match r {
+                    Some(Ok(value)) => (Ok(value), Ended::Done),
+                    Some(Err(e)) => classify(&connection, e),
+                    None => (Err(PoolError::Timeout { connection, operation: meta.operation, after: timeout }), Ended::Done),
+                },
+                _ = reply.closed() => {
+                    tracing::debug!("caller went away; request cancelled");
+                    return Ended::Done;
                 }
-                let _ = reply.send(result);
-                ended
+                reason = death.wait_for(Option::is_some) => {
+                    // Even when the session died of a 404, this request may
+                    // have been processed: only the one that got the 404
+                    // itself (`classify`) is known not to be, and may be
+                    // replayed. This one fails.
+                    let reason = reason.ok().and_then(|r| r.clone()).unwrap_or_else(|| "session closed".into());
+                    (Err(PoolError::SessionClosed { connection, reason }), Ended::Done)
+                }
+            };
+            if let Err(e) = &result {
+                counters.failures.fetch_add(1, Ordering::Relaxed);
+                counters.set_last_error(&e.to_string());
+                tracing::debug!(error = %e, "operation failed");
             }
-            .instrument(span);
+            let _ = reply.send(result);
+            ended
+        }
+        .instrument(span);
         // A panicking operation drops its reply (its caller gets an error),
         // not the session.
         inflight.push(Box::pin(AssertUnwindSafe(op).catch_unwind().map(|ended| {

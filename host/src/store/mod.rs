@@ -2,9 +2,10 @@
 //!
 //! The engine talks to a [`Store`]; all SQL lives in the backends. SQLite
 //! ([`sqlite::SqliteStore`]) is the embedded default; `:memory:`
-//! ([`memory::MemoryStore`]) keeps nothing past the process. PostgreSQL ([`postgres::PgStore`]) is *shared*: several
-//! workers (`wf-host serve` processes) use one database, each run driven by the
-//! worker that holds its lease.
+//! ([`memory::MemoryStore`]) keeps nothing past the process. PostgreSQL
+//! ([`postgres::PgStore`]) is *shared*: several workers (`wf-host serve`
+//! processes) use one database, each run driven by the worker that holds its
+//! lease.
 
 pub mod memory;
 pub mod postgres;
