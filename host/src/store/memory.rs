@@ -151,6 +151,12 @@ impl State {
         Ok(event)
     }
 
+    /// The newest kept event's id, `0` when none is kept (not `last_event`:
+    /// pruning may have taken the newest).
+    fn newest_event(&self) -> i64 {
+        self.events.keys().next_back().copied().unwrap_or(0)
+    }
+
     fn remove_run(&mut self, run_id: &str) {
         let Some(run) = self.runs.remove(run_id) else {
             return;
@@ -436,7 +442,7 @@ impl Store for MemoryStore {
                 .filter(|r| r.row.status == RunStatus::Running)
                 .count() as u64,
             runs_total: state.runs.len() as u64,
-            last_event_id: state.events.keys().next_back().copied().unwrap_or(0),
+            last_event_id: state.newest_event(),
         })
     }
 
@@ -479,7 +485,7 @@ impl Store for MemoryStore {
     }
 
     async fn last_event_id(&self) -> Result<i64, StoreError> {
-        Ok(self.lock().events.keys().next_back().copied().unwrap_or(0))
+        Ok(self.lock().newest_event())
     }
 
     async fn prune(&self, keep_runs: u64, finished_before_ms: i64) -> Result<u64, StoreError> {
