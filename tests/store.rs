@@ -105,7 +105,114 @@ every_backend!(
     abandoning_a_run_cancels_its_unfinished_steps,
     a_transition_records_the_write_and_its_event,
     a_pruned_run_takes_its_events_and_calls_and_ids_are_not_reused,
+    concurrent_writes_each_get_their_own_result_and_a_bad_one_fails_alone,
 );
+
+/// Many writers at once (SQLite commits them in groups): every run, step
+/// and event lands with its own ids, the log shows each run's events in the
+/// order they were written, and a write that cannot be made (an event of an
+/// unknown run) fails alone, without taking the others with it.
+async fn concurrent_writes_each_get_their_own_result_and_a_bad_one_fails_alone(b: Backend) {
+    const RUNS: usize = 40;
+    let store = &b.store;
+    let before = store.last_event_id().await.unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    for r in 0..RUNS {
+        let store = store.clone();
+        tasks.spawn(async move {
+            let id = format!("run-{r:02}");
+            let mut run = new_run(&id, 1000 + r as i64);
+            run.steps = vec!["a".into(), "b".into()];
+            let created = store.create_run(&run, Some(&lease("w1"))).await.unwrap();
+            assert!(matches!(created, Created::New));
+            let f = fence("w1");
+            let mut ids = Vec::new();
+            let started = store
+                .append_event(&id, "run.started", &json!({"r": r}))
+                .await;
+            ids.push(started.unwrap().id);
+            for step in ["a", "b"] {
+                let input = json!({"r": r, "step": step});
+                let log = json!({"step": step, "r": r});
+                for write in [
+                    Transition::StepStarted {
+                        step_id: step,
+                        attempt: 1,
+                        input: Some(&input),
+                    },
+                    Transition::StepFinished {
+                        step_id: step,
+                        status: StepStatus::Succeeded,
+                        output: Some(&input),
+                        error: None,
+                        log: Some(&log),
+                    },
+                ] {
+                    let events = store
+                        .transition(&id, write, &f, "step", &json!({"r": r, "step": step}))
+                        .await
+                        .unwrap();
+                    ids.extend(events.iter().map(|e| e.id));
+                }
+            }
+            let finished = Transition::RunFinished {
+                status: RunStatus::Succeeded,
+                output: Some(&json!(r)),
+                error: None,
+            };
+            let events = store
+                .transition(&id, finished, &f, "run.finished", &json!({"r": r}))
+                .await
+                .unwrap();
+            ids.extend(events.iter().map(|e| e.id));
+            (id, ids)
+        });
+        if r == RUNS / 2 {
+            let store = b.store.clone();
+            tasks.spawn(async move {
+                let bad = store.append_event("no-such-run", "x", &json!({})).await;
+                assert!(bad.is_err(), "an event of an unknown run: {bad:?}");
+                (String::new(), Vec::new())
+            });
+        }
+    }
+    let mut all_ids = HashSet::new();
+    let mut finished = 0;
+    while let Some(done) = tasks.join_next().await {
+        let (id, ids) = done.unwrap();
+        if id.is_empty() {
+            continue;
+        }
+        finished += 1;
+        // run.started, two events per step transition, run.finished.
+        assert_eq!(ids.len(), 1 + 2 * 3 + 1, "{id}: {ids:?}");
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "{id}: {ids:?}");
+        let logged: Vec<i64> = store
+            .events(Some(&id), before, 100)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.id)
+            .collect();
+        assert_eq!(logged, ids, "{id}");
+        let run = store.run(&id).await.unwrap().unwrap();
+        assert_eq!(run.status, RunStatus::Succeeded);
+        let steps = store.steps(&id).await.unwrap();
+        assert!(
+            steps.iter().all(|s| s.status == StepStatus::Succeeded),
+            "{steps:?}"
+        );
+        for id in ids {
+            assert!(all_ids.insert(id), "event id {id} given twice");
+        }
+    }
+    assert_eq!(finished, RUNS);
+    assert_eq!(all_ids.len(), RUNS * 8);
+    // The whole log, in id order, holds exactly these events.
+    let log = store.events(None, before, 1000).await.unwrap();
+    assert_eq!(log.len(), all_ids.len());
+    assert!(log.iter().all(|e| all_ids.contains(&e.id)));
+}
 
 /// Pruning deletes a run's steps, calls and events with it; the event stream
 /// of the other runs is untouched, pages by `limit`, and a new event never

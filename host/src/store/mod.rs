@@ -7,6 +7,7 @@
 //! processes) use one database, each run driven by the worker that holds its
 //! lease.
 
+mod group_commit;
 pub mod memory;
 pub mod postgres;
 pub mod sqlite;
@@ -368,6 +369,17 @@ pub trait Store: Send + Sync {
     /// other's runs through [`Store::listen`].
     fn shared(&self) -> bool {
         false
+    }
+    /// Whether live event streams are fed from the event log (by a task that
+    /// reads what was appended) rather than as each event is appended.
+    ///
+    /// Needed where other workers append too ([`Store::shared`]), and worth it
+    /// where an append waits on I/O: feeding streams as events are appended
+    /// keeps them in id order by appending one event at a time, which would
+    /// make every run wait for every other run's writes. The log must show
+    /// events in id order: a reader never sees an id before a smaller one.
+    fn feeds_from_log(&self) -> bool {
+        self.shared()
     }
 
     /// Inserts a run and its pending steps, or finds the run that used the

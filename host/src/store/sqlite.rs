@@ -18,6 +18,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{ConnectOptions, Row};
 
+use super::group_commit::{Write, Writer};
 use super::{
     AttemptWorker, CallRow, Counts, Created, EventRow, Failure, Fence, Lease, ListQuery, NewRun,
     RunRow, RunStatus, STEP_LOG, StepRow, StepStatus, Store, StoreError, Transition, now_ms,
@@ -30,8 +31,18 @@ const APPLICATION_ID: i64 = 0x7766_6873;
 const FOREIGN: &str = "it holds another application's database, not wf-host state; move it away or pick another `state` path";
 
 /// The SQLite store.
+///
+/// Reads use a pool of connections; every write goes through one connection
+/// owned by a [`Writer`], which commits concurrent writes together (see
+/// [`super::group_commit`]). One writing connection also means writers never
+/// wait on SQLite's lock, where a busy writer sleeps a millisecond or more.
 pub struct SqliteStore {
+    /// For reads.
     pool: SqlitePool,
+    /// Its one connection, for the writes that are not grouped (a migration,
+    /// a retry, pruning). The writer uses it too.
+    writes: SqlitePool,
+    writer: Writer,
     location: String,
     /// An exclusive lock on `<file>.lock` while this store is open: two hosts
     /// on one state file would both resume the same runs.
@@ -53,11 +64,14 @@ impl SqliteStore {
             let pool = SqlitePoolOptions::new()
                 .max_connections(1)
                 .min_connections(1)
+                .test_before_acquire(false)
                 .idle_timeout(None)
                 .max_lifetime(None)
                 .connect_with(options)
                 .await?;
             let store = SqliteStore {
+                writes: pool.clone(),
+                writer: Writer::start(pool.clone()),
                 pool,
                 location: location.to_owned(),
                 _lock: None,
@@ -139,13 +153,18 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Normal)
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(10));
-        let pool = SqlitePoolOptions::new()
-            .max_connections(4)
-            .connect_with(options)
+        // A connection to a file in this process does not go away: testing
+        // one before each use would cost a round trip to its thread.
+        let writes = SqlitePoolOptions::new()
+            .max_connections(1)
+            .test_before_acquire(false)
+            .connect_with(options.clone())
             .await
             .map_err(|e| open_err(e.to_string()))?;
         let store = SqliteStore {
-            pool,
+            pool: writes.clone(),
+            writer: Writer::start(writes.clone()),
+            writes,
             location: location.to_owned(),
             _lock: Some(lock),
         };
@@ -153,21 +172,29 @@ impl SqliteStore {
             StoreError::Db(e) => open_err(e.to_string()),
             other => other,
         })?;
-        Ok(store)
+        // Readers only once the file is ours and migrated.
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .test_before_acquire(false)
+            .connect_with(options)
+            .await
+            .map_err(|e| open_err(e.to_string()))?;
+        Ok(SqliteStore { pool, ..store })
     }
 
-    /// Checks that the database is ours (or empty), then migrates it.
+    /// Checks that the database is ours (or empty), then migrates it, on the
+    /// writing connection.
     async fn prepare(&self) -> Result<(), StoreError> {
         let open_err = |message: String| StoreError::Open {
             path: self.location.clone(),
             message,
         };
         let app_id: i64 = sqlx::query_scalar("PRAGMA application_id")
-            .fetch_one(&self.pool)
+            .fetch_one(&self.writes)
             .await?;
         if app_id != APPLICATION_ID {
             let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM sqlite_master")
-                .fetch_one(&self.pool)
+                .fetch_one(&self.writes)
                 .await?;
             if app_id != 0 || tables > 0 {
                 return Err(open_err(FOREIGN.into()));
@@ -175,17 +202,17 @@ impl SqliteStore {
             sqlx::query(sqlx::AssertSqlSafe(format!(
                 "PRAGMA application_id = {APPLICATION_ID}"
             )))
-            .execute(&self.pool)
+            .execute(&self.writes)
             .await?;
         }
         let check: String = sqlx::query_scalar("PRAGMA quick_check")
-            .fetch_one(&self.pool)
+            .fetch_one(&self.writes)
             .await?;
         if check != "ok" {
             return Err(open_err(format!("it is corrupt: {check}")));
         }
         sqlx::migrate!("./migrations/sqlite")
-            .run(&self.pool)
+            .run(&self.writes)
             .await
             .map_err(|e| open_err(format!("cannot migrate it: {e}")))?;
         Ok(())
@@ -308,6 +335,11 @@ impl Store for SqliteStore {
         self.location.clone()
     }
 
+    /// One connection writes, so events commit in id order.
+    fn feeds_from_log(&self) -> bool {
+        true
+    }
+
     async fn create_run(
         &self,
         new: &NewRun,
@@ -315,47 +347,53 @@ impl Store for SqliteStore {
     ) -> Result<Created, StoreError> {
         // One worker: every run is this process's, without a lease.
         let run = &new.run;
-        let mut tx = self.pool.begin().await?;
-        // The run and all its steps in one query (the steps from a JSON array
+        // The run and all its steps in one write (the steps from a JSON array
         // of their ids, positions from its indexes). The steps are inserted
         // only when the run was: `changes()` is the run insert's count.
         let steps = serde_json::to_string(&new.steps).expect("step ids are strings");
-        let inserted = !sqlx::query(
-            "INSERT INTO runs (run_id, workflow, status, input, definition, definition_hash,
-                               idempotency_key, created_ms, started_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
-             ON CONFLICT DO NOTHING
-             RETURNING 1;
-             INSERT INTO steps (run_id, step_id, position, status)
-             SELECT ?1, value, key, 'pending' FROM json_each(?10) WHERE changes() = 1",
-        )
-        .bind(&run.run_id)
-        .bind(&run.workflow)
-        .bind(run.status.as_str())
-        .bind(json_text(&run.input))
-        .bind(json_text(&run.definition))
-        .bind(&run.definition_hash)
-        .bind(&run.idempotency_key)
-        .bind(run.created_ms)
-        .bind(&run.started_at)
-        .bind(steps)
-        .fetch_all(&mut *tx)
-        .await?
-        .is_empty();
-        if !inserted {
-            let existing = sqlx::query(
-                "SELECT * FROM runs WHERE workflow = ? AND idempotency_key = ? OR run_id = ?",
+        let done = self
+            .writer
+            .write(
+                Write::new(
+                    "INSERT INTO runs (run_id, workflow, status, input, definition, definition_hash,
+                                       idempotency_key, created_ms, started_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                     ON CONFLICT DO NOTHING
+                     RETURNING 1;
+                     INSERT INTO steps (run_id, step_id, position, status)
+                     SELECT ?1, value, key, 'pending' FROM json_each(?10) WHERE changes() = 1",
+                )
+                .arg(run.run_id.as_str())
+                .arg(run.workflow.as_str())
+                .arg(run.status.as_str())
+                .arg(json_text(&run.input))
+                .arg(json_text(&run.definition))
+                .arg(run.definition_hash.as_str())
+                .arg(run.idempotency_key.as_deref())
+                .arg(run.created_ms)
+                .arg(run.started_at.as_str())
+                .arg(steps),
             )
-            .bind(&run.workflow)
-            .bind(&run.idempotency_key)
-            .bind(&run.run_id)
-            .fetch_one(&mut *tx)
             .await?;
-            tx.rollback().await?;
-            return Ok(Created::Existing(Box::new(run_row(&existing)?)));
+        if done.first().is_some_and(|insert| !insert.ids.is_empty()) {
+            return Ok(Created::New);
         }
-        tx.commit().await?;
-        Ok(Created::New)
+        // Committed by now, so a reader sees the run it conflicts with.
+        let existing = sqlx::query(
+            "SELECT * FROM runs WHERE workflow = ? AND idempotency_key = ? OR run_id = ?",
+        )
+        .bind(&run.workflow)
+        .bind(&run.idempotency_key)
+        .bind(&run.run_id)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or_else(|| {
+            StoreError::Corrupt(format!(
+                "run `{}` was neither created nor found: the run it conflicted with is gone",
+                run.run_id
+            ))
+        })?;
+        Ok(Created::Existing(Box::new(run_row(&existing)?)))
     }
 
     async fn run(&self, run_id: &str) -> Result<Option<RunRow>, StoreError> {
@@ -459,22 +497,24 @@ impl Store for SqliteStore {
         input: Option<&Value>,
         fence: &Fence,
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE steps SET status = 'running', attempts = ?1, input = ?2, output = NULL,
-                              error_code = NULL, error_message = NULL,
-                              started_at = ?3, finished_at = NULL,
-                              workers = json_insert(coalesce(workers, '[]'), '$[#]',
-                                                    json_object('attempt', ?1, 'worker', ?6))
-             WHERE run_id = ?4 AND step_id = ?5",
-        )
-        .bind(i64::from(attempt))
-        .bind(input.map(json_text))
-        .bind(now_text())
-        .bind(run_id)
-        .bind(step_id)
-        .bind(&*fence.worker)
-        .execute(&self.pool)
-        .await?;
+        self.writer
+            .write(
+                Write::new(
+                    "UPDATE steps SET status = 'running', attempts = ?1, input = ?2, output = NULL,
+                                      error_code = NULL, error_message = NULL,
+                                      started_at = ?3, finished_at = NULL,
+                                      workers = json_insert(coalesce(workers, '[]'), '$[#]',
+                                                            json_object('attempt', ?1, 'worker', ?6))
+                     WHERE run_id = ?4 AND step_id = ?5",
+                )
+                .arg(i64::from(attempt))
+                .arg(input.map(json_text))
+                .arg(now_text())
+                .arg(run_id)
+                .arg(step_id)
+                .arg(&*fence.worker),
+            )
+            .await?;
         Ok(())
     }
 
@@ -485,18 +525,20 @@ impl Store for SqliteStore {
         attempt: u32,
         fence: &Fence,
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE steps SET attempts = max(attempts, ?1),
-                              workers = json_insert(coalesce(workers, '[]'), '$[#]',
-                                                    json_object('attempt', ?1, 'worker', ?4))
-             WHERE run_id = ?2 AND step_id = ?3",
-        )
-        .bind(i64::from(attempt))
-        .bind(run_id)
-        .bind(step_id)
-        .bind(&*fence.worker)
-        .execute(&self.pool)
-        .await?;
+        self.writer
+            .write(
+                Write::new(
+                    "UPDATE steps SET attempts = max(attempts, ?1),
+                                      workers = json_insert(coalesce(workers, '[]'), '$[#]',
+                                                            json_object('attempt', ?1, 'worker', ?4))
+                     WHERE run_id = ?2 AND step_id = ?3",
+                )
+                .arg(i64::from(attempt))
+                .arg(run_id)
+                .arg(step_id)
+                .arg(&*fence.worker),
+            )
+            .await?;
         Ok(())
     }
 
@@ -509,20 +551,22 @@ impl Store for SqliteStore {
         error: Option<&Failure>,
         _fence: &Fence,
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE steps SET status = ?, output = ?, error_code = ?, error_message = ?,
-                              finished_at = ?
-             WHERE run_id = ? AND step_id = ?",
-        )
-        .bind(status.as_str())
-        .bind(output.map(json_text))
-        .bind(error.map(|e| e.code.as_str()))
-        .bind(error.map(|e| e.message.as_str()))
-        .bind(now_text())
-        .bind(run_id)
-        .bind(step_id)
-        .execute(&self.pool)
-        .await?;
+        self.writer
+            .write(
+                Write::new(
+                    "UPDATE steps SET status = ?1, output = ?2, error_code = ?3, error_message = ?4,
+                                      finished_at = ?5
+                     WHERE run_id = ?6 AND step_id = ?7",
+                )
+                .arg(status.as_str())
+                .arg(output.map(json_text))
+                .arg(error.map(|e| e.code.as_str()))
+                .arg(error.map(|e| e.message.as_str()))
+                .arg(now_text())
+                .arg(run_id)
+                .arg(step_id),
+            )
+            .await?;
         Ok(())
     }
 
@@ -534,20 +578,22 @@ impl Store for SqliteStore {
         error: Option<&Failure>,
         _fence: &Fence,
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE runs SET status = ?, output = ?, error_code = ?, error_message = ?,
-                             finished_at = ?, finished_ms = ?
-             WHERE run_id = ?",
-        )
-        .bind(status.as_str())
-        .bind(output.map(json_text))
-        .bind(error.map(|e| e.code.as_str()))
-        .bind(error.map(|e| e.message.as_str()))
-        .bind(now_text())
-        .bind(now_ms())
-        .bind(run_id)
-        .execute(&self.pool)
-        .await?;
+        self.writer
+            .write(
+                Write::new(
+                    "UPDATE runs SET status = ?1, output = ?2, error_code = ?3, error_message = ?4,
+                                     finished_at = ?5, finished_ms = ?6
+                     WHERE run_id = ?7",
+                )
+                .arg(status.as_str())
+                .arg(output.map(json_text))
+                .arg(error.map(|e| e.code.as_str()))
+                .arg(error.map(|e| e.message.as_str()))
+                .arg(now_text())
+                .arg(now_ms())
+                .arg(run_id),
+            )
+            .await?;
         Ok(())
     }
 
@@ -559,10 +605,9 @@ impl Store for SqliteStore {
         kind: &str,
         data: &Value,
     ) -> Result<Vec<EventRow>, StoreError> {
-        // The write and the event's insert as one query of two statements:
-        // one round trip to SQLite's worker thread instead of two. Both use
-        // numbered parameters: ?1 run id, ?2 kind, ?3 data, ?4 now; the
-        // write's own from ?5.
+        // The write and the event's insert as one write of two statements,
+        // committed together. Both use numbered parameters: ?1 run id, ?2
+        // kind, ?3 data, ?4 now; the write's own from ?5.
         macro_rules! with_event {
             ($write:literal) => {
                 concat!(
@@ -572,13 +617,12 @@ impl Store for SqliteStore {
             };
         }
         let at = now_text();
-        let data_text = json_text(data);
         let base = |sql: &'static str| {
-            sqlx::query(sqlx::AssertSqlSafe(sql))
-                .bind(run_id)
-                .bind(kind)
-                .bind(data_text.clone())
-                .bind(at.clone())
+            Write::new(sql)
+                .arg(run_id)
+                .arg(kind)
+                .arg(json_text(data))
+                .arg(at.as_str())
         };
         // A finished step's log event, inserted before the transition's own.
         let log = match write {
@@ -598,19 +642,19 @@ impl Store for SqliteStore {
                                                         json_object('attempt', ?6, 'worker', ?8))
                  WHERE run_id = ?1 AND step_id = ?5"
             ))
-            .bind(step_id)
-            .bind(i64::from(attempt))
-            .bind(input.map(json_text))
-            .bind(fence.worker.to_string()),
+            .arg(step_id)
+            .arg(i64::from(attempt))
+            .arg(input.map(json_text))
+            .arg(&*fence.worker),
             Transition::StepAttempt { step_id, attempt } => base(with_event!(
                 "UPDATE steps SET attempts = max(attempts, ?6),
                                   workers = json_insert(coalesce(workers, '[]'), '$[#]',
                                                         json_object('attempt', ?6, 'worker', ?7))
                  WHERE run_id = ?1 AND step_id = ?5"
             ))
-            .bind(step_id)
-            .bind(i64::from(attempt))
-            .bind(fence.worker.to_string()),
+            .arg(step_id)
+            .arg(i64::from(attempt))
+            .arg(&*fence.worker),
             Transition::StepFinished {
                 step_id,
                 status,
@@ -635,13 +679,13 @@ impl Store for SqliteStore {
                     )),
                 };
                 let query = query
-                    .bind(step_id)
-                    .bind(status.as_str())
-                    .bind(output.map(json_text))
-                    .bind(error.map(|e| e.code.clone()))
-                    .bind(error.map(|e| e.message.clone()));
+                    .arg(step_id)
+                    .arg(status.as_str())
+                    .arg(output.map(json_text))
+                    .arg(error.map(|e| e.code.as_str()))
+                    .arg(error.map(|e| e.message.as_str()));
                 match log {
-                    Some(log) => query.bind(json_text(log)),
+                    Some(log) => query.arg(json_text(log)),
                     None => query,
                 }
             }
@@ -654,19 +698,20 @@ impl Store for SqliteStore {
                                  finished_at = ?4, finished_ms = ?9
                  WHERE run_id = ?1"
             ))
-            .bind(status.as_str())
-            .bind(output.map(json_text))
-            .bind(error.map(|e| e.code.clone()))
-            .bind(error.map(|e| e.message.clone()))
-            .bind(now_ms()),
+            .arg(status.as_str())
+            .arg(output.map(json_text))
+            .arg(error.map(|e| e.code.as_str()))
+            .arg(error.map(|e| e.message.as_str()))
+            .arg(now_ms()),
         };
-        // All rows, so every statement runs to the end: one id per event
-        // inserted, in order.
-        let rows = query.fetch_all(&self.pool).await?;
-        let ids = rows
-            .iter()
-            .map(|row| row.try_get::<i64, _>(0))
-            .collect::<Result<Vec<_>, _>>()?;
+        // One id per event inserted, in order.
+        let ids: Vec<i64> = self
+            .writer
+            .write(query)
+            .await?
+            .into_iter()
+            .flat_map(|done| done.ids)
+            .collect();
         let expected = 1 + usize::from(log.is_some());
         if ids.len() != expected {
             return Err(StoreError::Corrupt(format!(
@@ -690,7 +735,7 @@ impl Store for SqliteStore {
     }
 
     async fn reopen_run(&self, run_id: &str) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writes.begin().await?;
         let reopened = sqlx::query(
             "UPDATE runs SET status = 'running', output = NULL, error_code = NULL,
                              error_message = NULL, finished_at = NULL, finished_ms = NULL
@@ -716,24 +761,26 @@ impl Store for SqliteStore {
     }
 
     async fn record_call(&self, call: &CallRow, _fence: &Fence) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT OR REPLACE INTO calls (run_id, step_id, item, attempt, seq, name, arguments,
-                                           outcome, error_code, duration_us, at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(&call.run_id)
-        .bind(&call.step_id)
-        .bind(i64::from(call.item))
-        .bind(i64::from(call.attempt))
-        .bind(i64::from(call.seq))
-        .bind(&call.name)
-        .bind(json_text(&call.arguments))
-        .bind(&call.outcome)
-        .bind(&call.error_code)
-        .bind(call.duration_us as i64)
-        .bind(&call.at)
-        .execute(&self.pool)
-        .await?;
+        self.writer
+            .write(
+                Write::new(
+                    "INSERT OR REPLACE INTO calls (run_id, step_id, item, attempt, seq, name,
+                                                   arguments, outcome, error_code, duration_us, at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                )
+                .arg(call.run_id.as_str())
+                .arg(call.step_id.as_str())
+                .arg(i64::from(call.item))
+                .arg(i64::from(call.attempt))
+                .arg(i64::from(call.seq))
+                .arg(call.name.as_str())
+                .arg(json_text(&call.arguments))
+                .arg(call.outcome.as_str())
+                .arg(call.error_code.as_deref())
+                .arg(call.duration_us as i64)
+                .arg(call.at.as_str()),
+            )
+            .await?;
         Ok(())
     }
 
@@ -743,7 +790,7 @@ impl Store for SqliteStore {
         status: RunStatus,
         failure: &Failure,
     ) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writes.begin().await?;
         let ended = sqlx::query(
             "UPDATE runs SET status = ?, error_code = ?, error_message = ?,
                              finished_at = ?, finished_ms = ?
@@ -797,15 +844,22 @@ impl Store for SqliteStore {
         data: &Value,
     ) -> Result<EventRow, StoreError> {
         let at = now_text();
-        let id: i64 = sqlx::query_scalar(
-            "INSERT INTO events (run_id, kind, data, at) VALUES (?, ?, ?, ?) RETURNING id",
-        )
-        .bind(run_id)
-        .bind(kind)
-        .bind(json_text(data))
-        .bind(&at)
-        .fetch_one(&self.pool)
-        .await?;
+        let done = self
+            .writer
+            .write(
+                Write::new(
+                    "INSERT INTO events (run_id, kind, data, at) VALUES (?1, ?2, ?3, ?4)
+                     RETURNING id",
+                )
+                .arg(run_id)
+                .arg(kind)
+                .arg(json_text(data))
+                .arg(at.as_str()),
+            )
+            .await?;
+        let Some(&id) = done.first().and_then(|insert| insert.ids.first()) else {
+            return Err(StoreError::Corrupt("an event insert returned no id".into()));
+        };
         Ok(EventRow {
             id,
             run_id: run_id.to_owned(),
@@ -861,7 +915,7 @@ impl Store for SqliteStore {
         )
         .bind(finished_before_ms)
         .bind(i64::try_from(keep_runs).unwrap_or(i64::MAX))
-        .execute(&self.pool)
+        .execute(&self.writes)
         .await?
         .rows_affected();
         Ok(deleted)

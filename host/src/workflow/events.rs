@@ -3,9 +3,11 @@
 //!
 //! On a shared store the live streams of every worker show every worker's
 //! events: they are broadcast from the store's log ([`Events::tail`]), in id
-//! order, rather than as they are emitted here.
+//! order, rather than as they are emitted here. So are a SQLite store's
+//! ([`Store::feeds_from_log`]): appends that wait on I/O then run side by side.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use serde_json::Value;
 use tokio::sync::broadcast;
@@ -24,9 +26,13 @@ pub(crate) struct Events {
     /// Held from append to broadcast.
     order: Arc<tokio::sync::Mutex<()>>,
     /// Broadcast by [`Events::tail`] from the store, not by `emit`.
+    from_log: bool,
+    /// Other workers append to the store too.
     shared: bool,
     /// Wakes the tail when this process appended an event.
     appended: Arc<tokio::sync::Notify>,
+    /// The newest id this process appended.
+    newest: Arc<AtomicI64>,
 }
 
 impl Events {
@@ -34,8 +40,10 @@ impl Events {
         Events {
             live: broadcast::channel(LIVE_BUFFER).0,
             order: Arc::default(),
+            from_log: store.feeds_from_log(),
             shared: store.shared(),
             appended: Arc::default(),
+            newest: Arc::default(),
             store,
         }
     }
@@ -46,10 +54,10 @@ impl Events {
         // One event at a time from append to broadcast, so live streams see
         // ids in increasing order (parallel steps emit concurrently) and a
         // stream that skips ids it has seen never skips one it has not.
-        if self.shared {
-            // The store orders appends across workers; the tail broadcasts.
+        if self.from_log {
+            // The store orders appends; the tail broadcasts.
             match self.store.append_event(run_id, kind, &data).await {
-                Ok(_) => self.appended.notify_one(),
+                Ok(row) => self.appended(row.id),
                 Err(e) => tracing::warn!(run = run_id, kind, "cannot record the event: {e}"),
             }
             return;
@@ -74,11 +82,12 @@ impl Events {
         kind: &str,
         data: Value,
     ) -> Result<(), StoreError> {
-        if self.shared {
-            self.store
+        if self.from_log {
+            let rows = self
+                .store
                 .transition(run_id, write, fence, kind, &data)
                 .await?;
-            self.appended.notify_one();
+            self.appended(rows.iter().map(|r| r.id).max().unwrap_or(0));
             return Ok(());
         }
         let _in_order = self.order.lock().await;
@@ -90,6 +99,12 @@ impl Events {
             let _ = self.live.send(row);
         }
         Ok(())
+    }
+
+    /// Wakes the tail for the events up to `id`.
+    fn appended(&self, id: i64) {
+        self.newest.fetch_max(id, Ordering::Relaxed);
+        self.appended.notify_one();
     }
 
     /// Tells the live streams only (progress: frequent, and stale at once).
@@ -126,18 +141,26 @@ impl Events {
             }
         };
         loop {
-            match self.store.events(None, last, PAGE).await {
-                Ok(rows) => {
-                    let full = rows.len() == PAGE as usize;
-                    for row in rows {
-                        last = row.id;
-                        let _ = self.live.send(row);
+            // Nobody listens: nothing to read. A stream that starts later
+            // reads the log up to then itself, and subscribes first, so it
+            // misses nothing. (On a shared store other workers' events would
+            // be skipped unseen; their ids are not known here.)
+            if !self.shared && self.live.receiver_count() == 0 {
+                last = last.max(self.newest.load(Ordering::Relaxed));
+            } else {
+                match self.store.events(None, last, PAGE).await {
+                    Ok(rows) => {
+                        let full = rows.len() == PAGE as usize;
+                        for row in rows {
+                            last = row.id;
+                            let _ = self.live.send(row);
+                        }
+                        if full {
+                            continue;
+                        }
                     }
-                    if full {
-                        continue;
-                    }
+                    Err(e) => tracing::warn!("cannot read the event log: {e}"),
                 }
-                Err(e) => tracing::warn!("cannot read the event log: {e}"),
             }
             let note = async {
                 match notes.as_mut() {

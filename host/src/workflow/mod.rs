@@ -384,6 +384,8 @@ impl Workflows {
         this.load_nodes(&this.loaded())?;
         if this.store.shared() {
             worker::start_upkeep(&this);
+        }
+        if this.store.feeds_from_log() {
             this.tasks.spawn(events.tail(closing));
         }
         Ok(this)

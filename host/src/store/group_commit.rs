@@ -1,0 +1,317 @@
+//! Group commit for the SQLite store: every write goes through one task that
+//! owns the only writing connection, and the writes that queued up while the
+//! last group ran go to SQLite together, in one transaction and one round
+//! trip to the connection's thread.
+//!
+//! A write is one or more statements with numbered parameters (`?1`, `?2`…).
+//! The task joins the statements of the writes that queued up between
+//! `BEGIN IMMEDIATE` and `COMMIT`, each parameter bound in order, and answers
+//! every caller after the commit, each with the rows and changes of its own
+//! statements. If the group fails, it is rolled back and its writes run again
+//! one by one, so a bad write fails alone. A write is atomic: its statements
+//! commit together or not at all.
+//!
+//! Why: each statement through sqlx costs a hand-off to the connection's
+//! thread and back. With one statement per hand-off, a `workflow.start` load
+//! spent its time waking threads, not in SQLite (`bench/rpc/run.sh`).
+
+use sqlx::sqlite::{SqliteArguments, SqlitePool, SqliteQueryResult, SqliteRow};
+use sqlx::{Either, Executor, Row, Sqlite};
+use tokio::sync::{mpsc, oneshot};
+
+use super::StoreError;
+
+/// At most this many writes go in one group...
+const MAX_WRITES: usize = 128;
+/// ...and at most this many arguments (SQLite allows 32,766 parameters; a
+/// write may use an argument more than once).
+const MAX_PARAMS: usize = 8_000;
+
+/// A parameter of a write.
+#[derive(Debug, Clone)]
+pub(super) enum Arg {
+    Text(String),
+    Int(i64),
+    Null,
+}
+
+impl From<&str> for Arg {
+    fn from(s: &str) -> Arg {
+        Arg::Text(s.to_owned())
+    }
+}
+
+impl From<String> for Arg {
+    fn from(s: String) -> Arg {
+        Arg::Text(s)
+    }
+}
+
+impl From<i64> for Arg {
+    fn from(n: i64) -> Arg {
+        Arg::Int(n)
+    }
+}
+
+impl<T: Into<Arg>> From<Option<T>> for Arg {
+    fn from(value: Option<T>) -> Arg {
+        value.map_or(Arg::Null, Into::into)
+    }
+}
+
+/// One write: its statements, separated by `;`, with parameters `?1`..`?n`
+/// bound to `args` in order.
+pub(super) struct Write {
+    sql: &'static str,
+    args: Vec<Arg>,
+}
+
+impl Write {
+    pub(super) fn new(sql: &'static str) -> Write {
+        Write {
+            sql,
+            args: Vec::new(),
+        }
+    }
+
+    /// The next parameter.
+    pub(super) fn arg(mut self, value: impl Into<Arg>) -> Write {
+        self.args.push(value.into());
+        self
+    }
+}
+
+/// What one statement of a write did.
+#[derive(Debug, Default)]
+pub(super) struct Done {
+    /// The first column of every row it returned, as an integer (`RETURNING
+    /// id`, `RETURNING 1`).
+    pub ids: Vec<i64>,
+    pub changes: u64,
+}
+
+struct Queued {
+    write: Write,
+    reply: oneshot::Sender<Result<Vec<Done>, StoreError>>,
+}
+
+/// The handle callers write through.
+#[derive(Clone)]
+pub(super) struct Writer {
+    queue: mpsc::Sender<Queued>,
+}
+
+impl Writer {
+    /// Starts the task that owns `pool`'s writes. It ends when the last
+    /// handle is dropped, after the writes already queued.
+    pub(super) fn start(pool: SqlitePool) -> Writer {
+        let (queue, rx) = mpsc::channel(1024);
+        tokio::spawn(write_loop(pool, rx));
+        Writer { queue }
+    }
+
+    /// Commits `write`; the result of each of its statements, in order.
+    ///
+    /// Once queued, the write happens even if the caller stops waiting.
+    pub(super) async fn write(&self, write: Write) -> Result<Vec<Done>, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let gone = || StoreError::Corrupt("the SQLite writer has stopped".into());
+        self.queue
+            .send(Queued { write, reply })
+            .await
+            .map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
+    }
+}
+
+async fn write_loop(pool: SqlitePool, mut rx: mpsc::Receiver<Queued>) {
+    let mut group: Vec<Queued> = Vec::new();
+    while let Some(first) = rx.recv().await {
+        let mut params = first.write.args.len();
+        group.push(first);
+        while group.len() < MAX_WRITES && params < MAX_PARAMS {
+            match rx.try_recv() {
+                Ok(next) => {
+                    params += next.write.args.len();
+                    group.push(next);
+                }
+                Err(_) => break,
+            }
+        }
+        let writes: Vec<&Write> = group.iter().map(|q| &q.write).collect();
+        match commit(&pool, &writes).await {
+            Ok(results) => {
+                for (queued, done) in group.drain(..).zip(results) {
+                    let _ = queued.reply.send(Ok(done));
+                }
+            }
+            Err(e) if group.len() == 1 => {
+                let _ = group.pop().expect("one write").reply.send(Err(e));
+            }
+            // One of them failed: each alone, so only that one fails.
+            Err(e) => {
+                tracing::debug!(
+                    writes = group.len(),
+                    "a group of writes failed ({e}); writing them one by one"
+                );
+                for queued in group.drain(..) {
+                    let result = commit(&pool, &[&queued.write])
+                        .await
+                        .map(|mut done| done.pop().expect("one write"));
+                    let _ = queued.reply.send(result);
+                }
+            }
+        }
+    }
+}
+
+/// Runs `writes` in one transaction; per write, the results of its
+/// statements. On an error the transaction is rolled back.
+async fn commit(pool: &SqlitePool, writes: &[&Write]) -> Result<Vec<Vec<Done>>, StoreError> {
+    let mut sql = String::from("BEGIN IMMEDIATE;\n");
+    let mut args: Vec<&Arg> = Vec::new();
+    let mut counts = Vec::with_capacity(writes.len());
+    for write in writes {
+        counts.push(unnumber(write, &mut sql, &mut args));
+        sql.push_str(";\n");
+    }
+    sql.push_str("COMMIT");
+    let mut query = sqlx::query::<Sqlite>(sqlx::AssertSqlSafe(sql)).persistent(false);
+    for arg in args {
+        query = match arg {
+            Arg::Text(s) => query.bind(s.as_str()),
+            Arg::Int(n) => query.bind(*n),
+            Arg::Null => query.bind(None::<i64>),
+        };
+    }
+    let mut conn = pool.acquire().await?;
+    let statements = match run(&mut conn, query).await {
+        Ok(statements) => statements,
+        Err(e) => {
+            // Still in the transaction if a statement failed; not if BEGIN
+            // did (then this fails too, harmlessly).
+            let _ = conn.execute("ROLLBACK").await;
+            return Err(e);
+        }
+    };
+    let expected = 2 + counts.iter().sum::<usize>();
+    if statements.len() != expected {
+        return Err(StoreError::Corrupt(format!(
+            "a group of writes ran {} statements, not {expected}",
+            statements.len()
+        )));
+    }
+    // Without the results of BEGIN and COMMIT.
+    let mut statements = statements.into_iter().skip(1);
+    Ok(counts
+        .iter()
+        .map(|&n| statements.by_ref().take(n).collect())
+        .collect())
+}
+
+/// Every statement's rows and changes, in order.
+async fn run(
+    conn: &mut sqlx::SqliteConnection,
+    query: sqlx::query::Query<'_, Sqlite, SqliteArguments>,
+) -> Result<Vec<Done>, StoreError> {
+    use futures::TryStreamExt;
+    let mut stream = conn.fetch_many(query);
+    let mut statements = Vec::new();
+    let mut current = Done::default();
+    while let Some(item) = stream.try_next().await? {
+        match item {
+            Either::Left(result) => {
+                let result: SqliteQueryResult = result;
+                current.changes = result.rows_affected();
+                statements.push(std::mem::take(&mut current));
+            }
+            Either::Right(row) => {
+                let row: SqliteRow = row;
+                current
+                    .ids
+                    .push(row.try_get::<i64, _>(0).unwrap_or_default());
+            }
+        }
+    }
+    Ok(statements)
+}
+
+/// Appends `write`'s statements to `sql` with each `?N` as a plain `?`, and
+/// argument `N` to `args` for each: the parameters of the joined statements
+/// are then bound in order. (sqlx binds `?N` past the first statement's
+/// numbers wrongly: it stops at the first number a statement skips.) The
+/// number of statements in `write`.
+///
+/// The statements are this module's callers' own, with no `?` or `;` inside
+/// a string literal.
+fn unnumber<'a>(write: &'a Write, sql: &mut String, args: &mut Vec<&'a Arg>) -> usize {
+    let mut statements = 0;
+    let mut open = false;
+    let mut chars = write.sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '?' => {
+                let mut n = 0usize;
+                while let Some(v) = chars.peek().and_then(|d| d.to_digit(10)) {
+                    n = n * 10 + v as usize;
+                    chars.next();
+                }
+                let arg = n
+                    .checked_sub(1)
+                    .and_then(|i| write.args.get(i))
+                    .unwrap_or_else(|| panic!("no argument for ?{n} in: {}", write.sql));
+                args.push(arg);
+                sql.push('?');
+                open = true;
+            }
+            ';' => {
+                if open {
+                    statements += 1;
+                    open = false;
+                }
+                sql.push(';');
+            }
+            c => {
+                open |= !c.is_whitespace();
+                sql.push(c);
+            }
+        }
+    }
+    if open {
+        statements += 1;
+    }
+    statements
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Arg, Write, unnumber};
+
+    #[test]
+    fn parameters_are_bound_in_order_and_statements_counted() {
+        let write = Write::new("UPDATE t SET a = ?2 WHERE b = ?1;\n INSERT INTO u VALUES (?2) ")
+            .arg("one")
+            .arg(2);
+        let mut sql = String::new();
+        let mut args = Vec::new();
+        assert_eq!(unnumber(&write, &mut sql, &mut args), 2);
+        assert_eq!(
+            sql,
+            "UPDATE t SET a = ? WHERE b = ?;\n INSERT INTO u VALUES (?) "
+        );
+        let args: Vec<String> = args
+            .iter()
+            .map(|a| match a {
+                Arg::Text(s) => s.clone(),
+                Arg::Int(n) => n.to_string(),
+                Arg::Null => "null".into(),
+            })
+            .collect();
+        assert_eq!(args, ["2", "one", "2"]);
+        let mut sql = String::new();
+        assert_eq!(
+            unnumber(&Write::new("SELECT 1;  "), &mut sql, &mut Vec::new()),
+            1
+        );
+    }
+}
