@@ -158,7 +158,8 @@ impl SqliteStore {
         let writes = SqlitePoolOptions::new()
             .max_connections(1)
             .test_before_acquire(false)
-            .connect_with(options.clone())
+            // Room for every chunk the writer compiles (see group_commit).
+            .connect_with(options.clone().statement_cache_capacity(256))
             .await
             .map_err(|e| open_err(e.to_string()))?;
         let store = SqliteStore {
