@@ -26,7 +26,8 @@ const MAX_WRITES: usize = 128;
 /// statement).
 const MAX_PARAMS: usize = 8_000;
 /// The largest chunk of writes of one kind sent to SQLite at once; chunks
-/// are powers of two up to it, so each kind has at most 6 texts to compile.
+/// are powers of two up to it, so each kind has at most 12 texts to compile
+/// (6 sizes, with and without BEGIN and COMMIT).
 const MAX_CHUNK: usize = 32;
 
 /// A parameter of a write.
@@ -177,58 +178,76 @@ async fn write_loop(pool: SqlitePool, mut rx: mpsc::Receiver<Queued>) {
 /// Writes of one kind keep their order; writes of different kinds in one
 /// group were made concurrently and have no order between them.
 async fn commit(pool: &SqlitePool, writes: &[&Write]) -> Result<Vec<Vec<Done>>, StoreError> {
+    // Each kind of write (its statements' text), in order of first
+    // appearance, with the writes of that kind; then cut into chunks.
+    let mut kinds: Vec<(&'static str, Vec<usize>)> = Vec::new();
+    for (i, write) in writes.iter().enumerate() {
+        match kinds
+            .iter_mut()
+            .find(|(sql, _)| std::ptr::eq(*sql, write.sql))
+        {
+            Some((_, of_kind)) => of_kind.push(i),
+            None => kinds.push((write.sql, vec![i])),
+        }
+    }
+    let mut chunks: Vec<&[usize]> = Vec::new();
+    for (_, of_kind) in &kinds {
+        let mut rest = &of_kind[..];
+        while !rest.is_empty() {
+            let (chunk, after) = rest.split_at(MAX_CHUNK.min(1 << rest.len().ilog2()));
+            chunks.push(chunk);
+            rest = after;
+        }
+    }
     let mut conn = pool.acquire().await?;
-    conn.execute("BEGIN IMMEDIATE").await?;
+    // A lone chunk (in a quiet moment, a single write) carries BEGIN and
+    // COMMIT itself: one round trip instead of three.
+    let alone = chunks.len() == 1;
     let result = async {
+        if !alone {
+            conn.execute("BEGIN IMMEDIATE").await?;
+        }
         let mut results: Vec<Vec<Done>> = (0..writes.len()).map(|_| Vec::new()).collect();
-        // Each kind of write (its statements' text), in order of first
-        // appearance, with the writes of that kind.
-        let mut kinds: Vec<(&'static str, Vec<usize>)> = Vec::new();
-        for (i, write) in writes.iter().enumerate() {
-            match kinds
-                .iter_mut()
-                .find(|(sql, _)| std::ptr::eq(*sql, write.sql))
-            {
-                Some((_, of_kind)) => of_kind.push(i),
-                None => kinds.push((write.sql, vec![i])),
+        for chunk in chunks {
+            let mut sql = String::new();
+            if alone {
+                sql.push_str("BEGIN IMMEDIATE;\n");
+            }
+            let mut args: Vec<&Arg> = Vec::new();
+            let mut counts = Vec::with_capacity(chunk.len());
+            for &i in chunk {
+                counts.push(unnumber(writes[i], &mut sql, &mut args));
+                sql.push_str(";\n");
+            }
+            if alone {
+                sql.push_str("COMMIT");
+            }
+            let mut query = sqlx::query::<Sqlite>(sqlx::AssertSqlSafe(sql));
+            for arg in args {
+                query = match arg {
+                    Arg::Text(s) => query.bind(s.as_str()),
+                    Arg::Int(n) => query.bind(*n),
+                    Arg::Null => query.bind(None::<i64>),
+                };
+            }
+            let statements = run(&mut conn, query).await?;
+            let extra = if alone { 2 } else { 0 };
+            let expected = counts.iter().sum::<usize>() + extra;
+            if statements.len() != expected {
+                return Err(StoreError::Corrupt(format!(
+                    "a chunk of writes ran {} statements, not {expected}",
+                    statements.len()
+                )));
+            }
+            // Without BEGIN's result.
+            let mut statements = statements.into_iter().skip(extra / 2);
+            for (&i, n) in chunk.iter().zip(counts) {
+                results[i] = statements.by_ref().take(n).collect();
             }
         }
-        for (_, of_kind) in kinds {
-            let mut rest = &of_kind[..];
-            while !rest.is_empty() {
-                let size = MAX_CHUNK.min(1 << rest.len().ilog2());
-                let (chunk, after) = rest.split_at(size);
-                rest = after;
-                let mut sql = String::new();
-                let mut args: Vec<&Arg> = Vec::new();
-                let mut counts = Vec::with_capacity(chunk.len());
-                for &i in chunk {
-                    counts.push(unnumber(writes[i], &mut sql, &mut args));
-                    sql.push_str(";\n");
-                }
-                let mut query = sqlx::query::<Sqlite>(sqlx::AssertSqlSafe(sql));
-                for arg in args {
-                    query = match arg {
-                        Arg::Text(s) => query.bind(s.as_str()),
-                        Arg::Int(n) => query.bind(*n),
-                        Arg::Null => query.bind(None::<i64>),
-                    };
-                }
-                let statements = run(&mut conn, query).await?;
-                let expected = counts.iter().sum::<usize>();
-                if statements.len() != expected {
-                    return Err(StoreError::Corrupt(format!(
-                        "a chunk of writes ran {} statements, not {expected}",
-                        statements.len()
-                    )));
-                }
-                let mut statements = statements.into_iter();
-                for (&i, n) in chunk.iter().zip(counts) {
-                    results[i] = statements.by_ref().take(n).collect();
-                }
-            }
+        if !alone {
+            conn.execute("COMMIT").await?;
         }
-        conn.execute("COMMIT").await?;
         Ok(results)
     }
     .await;
