@@ -686,6 +686,42 @@ async fn abandoning_a_run_cancels_its_unfinished_steps(b: Backend) {
     );
 }
 
+/// A SQLite state file gets its WAL copied back while it is open, by a
+/// checkpoint beside the writer (the writer's own automatic one is off, so no
+/// write waits for it). Without it, these 3 MB would all still sit in the WAL
+/// (SQLite's own checkpoint starts at 4 MB).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sqlite_state_file_is_checkpointed_while_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let store = SqliteStore::open(path.to_str().unwrap()).await.unwrap();
+    store
+        .create_run(&new_run("r1", 1), Some(&lease("w1")))
+        .await
+        .unwrap();
+    let fresh = std::fs::metadata(&path).unwrap().len();
+    let filler = "x".repeat(1000);
+    for n in 0..3000 {
+        store
+            .append_event("r1", "test", &json!({"n": n, "filler": filler}))
+            .await
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let len = std::fs::metadata(&path).unwrap().len();
+        if len > 3_000_000 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the database file is still {len} bytes (it was {fresh}): nothing was checkpointed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(store.events(Some("r1"), 0, 5000).await.unwrap().len(), 3000);
+}
+
 /// What only a shared store does, on PostgreSQL.
 mod shared {
     use super::*;

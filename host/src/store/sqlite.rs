@@ -47,6 +47,8 @@ pub struct SqliteStore {
     /// An exclusive lock on `<file>.lock` while this store is open: two hosts
     /// on one state file would both resume the same runs.
     _lock: Option<std::fs::File>,
+    /// Stops the WAL checkpoints (see [`checkpoints`]) when the store drops.
+    _checkpoints: Option<tokio_util::sync::DropGuard>,
 }
 
 impl SqliteStore {
@@ -75,6 +77,7 @@ impl SqliteStore {
                 pool,
                 location: location.to_owned(),
                 _lock: None,
+                _checkpoints: None,
             };
             store.prepare().await?;
             return Ok(store);
@@ -159,7 +162,14 @@ impl SqliteStore {
             .max_connections(1)
             .test_before_acquire(false)
             // Room for every chunk the writer compiles (see group_commit).
-            .connect_with(options.clone().statement_cache_capacity(256))
+            .connect_with(
+                options
+                    .clone()
+                    .statement_cache_capacity(256)
+                    // Checkpoints run beside it (see `checkpoints`), so that
+                    // no write waits for one.
+                    .pragma("wal_autocheckpoint", "0"),
+            )
             .await
             .map_err(|e| open_err(e.to_string()))?;
         let store = SqliteStore {
@@ -168,6 +178,7 @@ impl SqliteStore {
             writes,
             location: location.to_owned(),
             _lock: Some(lock),
+            _checkpoints: None,
         };
         store.prepare().await.map_err(|e| match e {
             StoreError::Db(e) => open_err(e.to_string()),
@@ -180,7 +191,13 @@ impl SqliteStore {
             .connect_with(options)
             .await
             .map_err(|e| open_err(e.to_string()))?;
-        Ok(SqliteStore { pool, ..store })
+        let stop = tokio_util::sync::CancellationToken::new();
+        tokio::spawn(checkpoints(pool.clone(), stop.clone()));
+        Ok(SqliteStore {
+            pool,
+            _checkpoints: Some(stop.drop_guard()),
+            ..store
+        })
     }
 
     /// Checks that the database is ours (or empty), then migrates it, on the
@@ -222,6 +239,33 @@ impl SqliteStore {
     /// The pool, for tests that inspect the file.
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
+    }
+}
+
+/// How often the WAL is copied back into the database file.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(250);
+
+/// Copies the WAL back into the database file every [`CHECKPOINT_EVERY`],
+/// from a reading connection, until `stop`.
+///
+/// SQLite's automatic checkpoint runs inside the commit that crosses 1,000
+/// pages of WAL, with an `fsync`: that write, and every write grouped with
+/// it, waited tens of milliseconds. A passive checkpoint from another
+/// connection waits for nobody and holds up no writer.
+async fn checkpoints(pool: SqlitePool, stop: tokio_util::sync::CancellationToken) {
+    let mut tick = tokio::time::interval(CHECKPOINT_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = stop.cancelled() => return,
+        }
+        if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+            .execute(&pool)
+            .await
+        {
+            tracing::warn!("cannot copy the state file's WAL back into it: {e}");
+        }
     }
 }
 
