@@ -1,14 +1,14 @@
 //! Group commit for the SQLite store: every write goes through one task that
 //! owns the only writing connection, and the writes that queued up while the
-//! last group ran go to SQLite together, in one transaction and one round
-//! trip to the connection's thread.
+//! last group ran go to SQLite together, in one transaction.
 //!
 //! A write is one or more statements with numbered parameters (`?1`, `?2`…).
-//! The task runs the writes that queued up in one transaction, those of one
-//! kind joined into one query (see [`commit`]), and answers every caller
-//! after the commit, each with the rows and changes of its own statements. If the group fails, it is rolled back and its writes run again
-//! one by one, so a bad write fails alone. A write is atomic: its statements
-//! commit together or not at all.
+//! The writes of one kind in a group are joined into one query (see
+//! [`commit`]), so a group costs a few round trips to the connection's
+//! thread, not one per statement. Every caller is answered after the commit,
+//! with the rows and changes of its own statements. If the group fails, it is
+//! rolled back and its writes run again one by one, so a bad write fails
+//! alone. A write is atomic: its statements commit together or not at all.
 //!
 //! Why: each statement through sqlx costs a hand-off to the connection's
 //! thread and back. With one statement per hand-off, a `workflow.start` load
@@ -20,11 +20,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::StoreError;
 
-/// At most this many writes go in one group...
+/// At most this many writes go in one group.
 const MAX_WRITES: usize = 128;
-/// ...and at most this many arguments (SQLite allows 32,766 parameters in a
-/// statement).
-const MAX_PARAMS: usize = 8_000;
 /// The largest chunk of writes of one kind sent to SQLite at once; chunks
 /// are powers of two up to it, so each kind has at most 12 texts to compile
 /// (6 sizes, with and without BEGIN and COMMIT).
@@ -130,14 +127,10 @@ impl Writer {
 async fn write_loop(pool: SqlitePool, mut rx: mpsc::Receiver<Queued>) {
     let mut group: Vec<Queued> = Vec::new();
     while let Some(first) = rx.recv().await {
-        let mut params = first.write.args.len();
         group.push(first);
-        while group.len() < MAX_WRITES && params < MAX_PARAMS {
+        while group.len() < MAX_WRITES {
             match rx.try_recv() {
-                Ok(next) => {
-                    params += next.write.args.len();
-                    group.push(next);
-                }
+                Ok(next) => group.push(next),
                 Err(_) => break,
             }
         }
