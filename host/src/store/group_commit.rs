@@ -6,7 +6,7 @@
 //! The writes of one kind in a group are joined into one query (see
 //! [`commit`]), so a group costs a few round trips to the connection's
 //! thread, not one per statement. Every caller is answered after the commit,
-//! with the rows and changes of its own statements. If the group fails, it is
+//! with the rows of its own statements. If the group fails, it is
 //! rolled back and its writes run again one by one, so a bad write fails
 //! alone. A write is atomic: its statements commit together or not at all.
 //!
@@ -14,7 +14,7 @@
 //! thread and back. With one statement per hand-off, a `workflow.start` load
 //! spent its time waking threads, not in SQLite (`bench/rpc/run.sh`).
 
-use sqlx::sqlite::{SqliteArguments, SqlitePool, SqliteQueryResult, SqliteRow};
+use sqlx::sqlite::{SqliteArguments, SqlitePool, SqliteRow};
 use sqlx::{Either, Executor, Row, Sqlite};
 use tokio::sync::{mpsc, oneshot};
 
@@ -28,7 +28,7 @@ const MAX_WRITES: usize = 128;
 const MAX_CHUNK: usize = 32;
 
 /// A parameter of a write.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(super) enum Arg {
     Text(String),
     Int(i64),
@@ -81,14 +81,9 @@ impl Write {
     }
 }
 
-/// What one statement of a write did.
-#[derive(Debug, Default)]
-pub(super) struct Done {
-    /// The first column of every row it returned, as an integer (`RETURNING
-    /// id`, `RETURNING 1`).
-    pub ids: Vec<i64>,
-    pub changes: u64,
-}
+/// What one statement of a write returned: the first column of every row,
+/// as an integer (`RETURNING id`, `RETURNING 1`).
+pub(super) type Done = Vec<i64>;
 
 struct Queued {
     write: Write,
@@ -252,7 +247,7 @@ async fn commit(pool: &SqlitePool, writes: &[&Write]) -> Result<Vec<Vec<Done>>, 
     result
 }
 
-/// Every statement's rows and changes, in order.
+/// Every statement's rows, in order.
 async fn run(
     conn: &mut sqlx::SqliteConnection,
     query: sqlx::query::Query<'_, Sqlite, SqliteArguments>,
@@ -263,16 +258,11 @@ async fn run(
     let mut current = Done::default();
     while let Some(item) = stream.try_next().await? {
         match item {
-            Either::Left(result) => {
-                let result: SqliteQueryResult = result;
-                current.changes = result.rows_affected();
-                statements.push(std::mem::take(&mut current));
-            }
+            // The end of a statement.
+            Either::Left(_) => statements.push(std::mem::take(&mut current)),
             Either::Right(row) => {
                 let row: SqliteRow = row;
-                current
-                    .ids
-                    .push(row.try_get::<i64, _>(0).unwrap_or_default());
+                current.push(row.try_get::<i64, _>(0).unwrap_or_default());
             }
         }
     }

@@ -420,7 +420,7 @@ impl Store for SqliteStore {
                 .arg(steps),
             )
             .await?;
-        if done.first().is_some_and(|insert| !insert.ids.is_empty()) {
+        if done.first().is_some_and(|insert| !insert.is_empty()) {
             return Ok(Created::New);
         }
         // Committed by now, so a reader sees the run it conflicts with.
@@ -755,7 +755,7 @@ impl Store for SqliteStore {
             .write(query)
             .await?
             .into_iter()
-            .flat_map(|done| done.ids)
+            .flatten()
             .collect();
         let expected = 1 + usize::from(log.is_some());
         if ids.len() != expected {
@@ -902,7 +902,7 @@ impl Store for SqliteStore {
                 .arg(at.as_str()),
             )
             .await?;
-        let Some(&id) = done.first().and_then(|insert| insert.ids.first()) else {
+        let Some(&id) = done.first().and_then(|insert| insert.first()) else {
             return Err(StoreError::Corrupt("an event insert returned no id".into()));
         };
         Ok(EventRow {

@@ -51,9 +51,6 @@ impl Events {
     /// Keeps the event, then tells the live streams. An event that cannot be
     /// kept is logged: it is a view of the run, not its state.
     pub(crate) async fn emit(&self, run_id: &str, kind: &str, data: Value) {
-        // One event at a time from append to broadcast, so live streams see
-        // ids in increasing order (parallel steps emit concurrently) and a
-        // stream that skips ids it has seen never skips one it has not.
         if self.from_log {
             // The store orders appends; the tail broadcasts.
             match self.store.append_event(run_id, kind, &data).await {
@@ -62,6 +59,9 @@ impl Events {
             }
             return;
         }
+        // One event at a time from append to broadcast, so live streams see
+        // ids in increasing order (parallel steps emit concurrently) and a
+        // stream that skips ids it has seen never skips one it has not.
         let _in_order = self.order.lock().await;
         match self.store.append_event(run_id, kind, &data).await {
             Ok(row) => {
