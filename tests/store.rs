@@ -97,6 +97,7 @@ macro_rules! every_backend {
 
 every_backend!(
     prune_keeps_running_runs_and_the_newest_finished_ones,
+    prune_follows_runs_that_reopen_and_finish_again,
     an_idempotency_key_finds_the_first_run,
     a_bad_cursor_is_refused,
     a_run_s_progress_is_recorded,
@@ -391,6 +392,49 @@ fn fence(worker: &str) -> Fence {
         worker: worker.into(),
         epoch: 1,
     }
+}
+
+/// A run that finishes, reopens and finishes again is pruned by its last
+/// finish only, and never while it runs; an abandoned run counts as finished.
+async fn prune_follows_runs_that_reopen_and_finish_again(b: Backend) {
+    let store = &b.store;
+    for (i, id) in ["r1", "r2", "r3"].iter().enumerate() {
+        store
+            .create_run(&new_run(id, i as i64), Some(&lease("w")))
+            .await
+            .unwrap();
+    }
+    let failure = Failure::new("test", "failed on purpose");
+    store
+        .run_finished("r1", RunStatus::Failed, None, Some(&failure), &fence("w"))
+        .await
+        .unwrap();
+    store
+        .abandon_run("r2", RunStatus::Cancelled, &failure)
+        .await
+        .unwrap();
+    assert!(
+        store.reopen_run("r1").await.unwrap(),
+        "a failed run reopens"
+    );
+    // r1 runs again and r3 never finished: only the abandoned r2 goes.
+    assert_eq!(store.prune(0, 0).await.unwrap(), 1);
+    assert!(store.run("r2").await.unwrap().is_none());
+    assert!(
+        store.run("r1").await.unwrap().is_some(),
+        "a reopened run stays"
+    );
+    // It ends again (abandoned: a reopened run may be unclaimed, so it has
+    // no fence to finish with here).
+    store
+        .abandon_run("r1", RunStatus::Failed, &failure)
+        .await
+        .unwrap();
+    // Newest finished kept: r1 stays with a keep of one, goes with none.
+    assert_eq!(store.prune(1, 0).await.unwrap(), 0);
+    assert_eq!(store.prune(0, 0).await.unwrap(), 1);
+    assert!(store.run("r1").await.unwrap().is_none());
+    assert!(store.run("r3").await.unwrap().is_some(), "running stays");
 }
 
 async fn prune_keeps_running_runs_and_the_newest_finished_ones(b: Backend) {

@@ -334,7 +334,7 @@ pub fn run() -> Result<(), ExitCode> {
     init_tracing(
         match cli.command {
             Command::Test(_) => "warn",
-            _ => "warn,wf_host::node=info,wf_host::guest=info",
+            _ => wf_host::trace::DEFAULT_LOG_FILTER,
         },
         tracer.as_ref(),
     );
@@ -384,18 +384,11 @@ fn run_command(command: Command) -> Result<(), Failure> {
 /// run, step and call spans (a layer with its own filter, so `RUST_LOG`
 /// does not change what is exported).
 fn init_tracing(default_filter: &str, tracer: Option<&SdkTracerProvider>) {
-    use tracing_subscriber::prelude::*;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
-    let logs = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .with_filter(filter);
-    tracing_subscriber::registry()
-        .with(logs)
-        .with(tracer.map(wf_host::trace::layer))
-        .init();
+    let ansi = std::io::stderr().is_terminal();
+    use tracing_subscriber::util::SubscriberInitExt;
+    wf_host::trace::subscriber(filter, std::io::stderr, ansi, tracer).init();
 }
 
 fn block_on(fut: impl Future<Output = Result<(), Failure>>) -> Result<(), Failure> {

@@ -34,6 +34,10 @@ use tracing_subscriber::filter::Targets;
 /// The target of every span (and span event) this module makes.
 pub const TARGET: &str = "wf_host::trace";
 
+/// What is logged when `RUST_LOG` is not set: warnings, and node logs and
+/// guest output at `info`.
+pub const DEFAULT_LOG_FILTER: &str = "warn,wf_host::node=info,wf_host::guest=info";
+
 /// The W3C Trace Context header and `_meta` keys.
 pub const TRACEPARENT: &str = "traceparent";
 pub const TRACESTATE: &str = "tracestate";
@@ -311,6 +315,36 @@ fn resource() -> opentelemetry_sdk::Resource {
         .build()
 }
 
+/// The process's subscriber: log lines to `writer`, filtered by `filter`,
+/// and with `tracer` the exporting [`layer`] as well.
+///
+/// Without a tracer no layer is added at all, rather than a `None` one: a
+/// `None` layer counts as interested in every callsite, so each run, step and
+/// call span (`info`, a level the default filter allows for node logs) would
+/// be built in the registry and entered on every poll, only for the log
+/// filter to drop it.
+pub fn subscriber<W>(
+    filter: tracing_subscriber::EnvFilter,
+    writer: W,
+    ansi: bool,
+    tracer: Option<&SdkTracerProvider>,
+) -> Box<dyn tracing::Subscriber + Send + Sync>
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    use tracing_subscriber::prelude::*;
+    let logs = tracing_subscriber::fmt::layer()
+        .with_writer(writer)
+        .with_ansi(ansi)
+        .with_target(false)
+        .with_filter(filter);
+    let registry = tracing_subscriber::registry().with(logs);
+    match tracer {
+        Some(tracer) => Box::new(registry.with(layer(tracer))),
+        None => Box::new(registry),
+    }
+}
+
 /// The layer that exports this module's spans through `provider`, and node
 /// logs (info and up) as events of the step span they happened in. It sees
 /// nothing else, so neither the exporter's own logs nor other spans reach it.
@@ -340,6 +374,67 @@ mod tests {
                 .find(|(k, _)| *k == name)
                 .map(|(_, v)| (*v).to_owned())
         }
+    }
+
+    /// Log lines captured in memory.
+    #[derive(Clone, Default)]
+    struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Lines {
+        fn text(&self) -> String {
+            String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+        }
+    }
+
+    fn default_filter() -> tracing_subscriber::EnvFilter {
+        tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER)
+    }
+
+    #[test]
+    fn without_a_tracer_runs_build_no_spans_and_node_logs_still_print() {
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = subscriber(default_filter(), move || writer.clone(), false, None);
+        tracing::subscriber::with_default(subscriber, || {
+            let run = run_span("wf", "run-1", &TraceParent::none());
+            assert!(run.is_disabled(), "a run span with nothing to export it");
+            let step = step_span(&run, "a", 1);
+            assert!(step.is_disabled(), "a step span with nothing to export it");
+            let runtime_span = tracing::info_span!("run", run = "run-1", node = "echo");
+            assert!(
+                runtime_span.is_disabled(),
+                "an info span the logs filter out"
+            );
+            tracing::info!(target: "wf_host::node", parent: &step, run = "run-1", node = "echo", "hello from the node");
+        });
+        let text = lines.text();
+        assert!(text.contains("hello from the node"), "logged: {text}");
+        assert!(
+            text.contains("node=\"echo\"") || text.contains("node=echo"),
+            "logged: {text}"
+        );
+    }
+
+    #[test]
+    fn with_a_tracer_runs_build_their_spans() {
+        let provider = SdkTracerProvider::builder().build();
+        let subscriber = subscriber(default_filter(), std::io::sink, false, Some(&provider));
+        tracing::subscriber::with_default(subscriber, || {
+            let run = run_span("wf", "run-1", &TraceParent::none());
+            assert!(!run.is_disabled(), "the exporter wants run spans");
+            assert!(!step_span(&run, "a", 1).is_disabled());
+        });
+        let _ = provider.shutdown();
     }
 
     #[test]

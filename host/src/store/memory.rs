@@ -36,6 +36,10 @@ struct State {
     /// `AUTOINCREMENT`.
     events: BTreeMap<i64, EventRow>,
     last_event: i64,
+    /// `(finished_ms, run_id)` of every finished run, oldest first (a missing
+    /// time first, as SQLite's `ORDER BY finished_ms DESC` puts it last):
+    /// the order `prune` takes them in, kept so a prune need not sort.
+    finished: BTreeSet<(Option<i64>, String)>,
 }
 
 struct RunEntry {
@@ -50,6 +54,14 @@ struct RunEntry {
 }
 
 impl RunEntry {
+    /// This run's key in [`State::finished`], when it is finished.
+    fn finished_key(&self) -> Option<(Option<i64>, String)> {
+        self.row
+            .status
+            .is_finished()
+            .then(|| (self.finished_ms, self.row.run_id.clone()))
+    }
+
     fn step(&mut self, step_id: &str) -> Option<&mut StepRow> {
         self.steps.iter_mut().find(|s| s.step_id == step_id)
     }
@@ -121,11 +133,13 @@ impl State {
                 output,
                 error,
             } => {
+                let before = run.finished_key();
                 run.row.status = status;
                 run.row.output = output.cloned();
                 run.row.error = error.cloned();
                 run.row.finished_at = Some(now_text());
                 run.finished_ms = Some(now_ms());
+                reindex(&mut self.finished, before, run.finished_key());
             }
         }
     }
@@ -161,6 +175,7 @@ impl State {
         let Some(run) = self.runs.remove(run_id) else {
             return;
         };
+        reindex(&mut self.finished, run.finished_key(), None);
         self.by_created
             .remove(&(run.row.created_ms, run.row.run_id.clone()));
         if let Some(key) = run.row.idempotency_key {
@@ -169,6 +184,23 @@ impl State {
         for id in run.events {
             self.events.remove(&id);
         }
+    }
+}
+
+/// Moves a run's entry in the finished index from `before` to `after`.
+fn reindex(
+    finished: &mut BTreeSet<(Option<i64>, String)>,
+    before: Option<(Option<i64>, String)>,
+    after: Option<(Option<i64>, String)>,
+) {
+    if before == after {
+        return;
+    }
+    if let Some(key) = before {
+        finished.remove(&key);
+    }
+    if let Some(key) = after {
+        finished.insert(key);
     }
 }
 
@@ -208,16 +240,15 @@ impl Store for MemoryStore {
             .by_created
             .insert((run.created_ms, run.run_id.clone()));
         let steps = new.steps.iter().cloned().map(StepRow::pending).collect();
-        state.runs.insert(
-            run.run_id.clone(),
-            RunEntry {
-                row: run.clone(),
-                finished_ms: None,
-                steps,
-                calls: HashMap::new(),
-                events: Vec::new(),
-            },
-        );
+        let entry = RunEntry {
+            row: run.clone(),
+            finished_ms: None,
+            steps,
+            calls: HashMap::new(),
+            events: Vec::new(),
+        };
+        reindex(&mut state.finished, None, entry.finished_key());
+        state.runs.insert(run.run_id.clone(), entry);
         Ok(Created::New)
     }
 
@@ -369,12 +400,14 @@ impl Store for MemoryStore {
 
     async fn reopen_run(&self, run_id: &str) -> Result<bool, StoreError> {
         let mut state = self.lock();
+        let state = &mut *state;
         let Some(run) = state.runs.get_mut(run_id) else {
             return Ok(false);
         };
         if !matches!(run.row.status, RunStatus::Failed | RunStatus::Cancelled) {
             return Ok(false);
         }
+        reindex(&mut state.finished, run.finished_key(), None);
         run.row.status = RunStatus::Running;
         run.row.output = None;
         run.row.error = None;
@@ -412,6 +445,7 @@ impl Store for MemoryStore {
         failure: &Failure,
     ) -> Result<(), StoreError> {
         let mut state = self.lock();
+        let state = &mut *state;
         let Some(run) = state.runs.get_mut(run_id) else {
             return Ok(());
         };
@@ -423,6 +457,7 @@ impl Store for MemoryStore {
         run.row.error = Some(failure.clone());
         run.row.finished_at = Some(at.clone());
         run.finished_ms = Some(now_ms());
+        reindex(&mut state.finished, None, run.finished_key());
         for step in &mut run.steps {
             if matches!(step.status, StepStatus::Pending | StepStatus::Running) {
                 step.status = StepStatus::Cancelled;
@@ -490,22 +525,20 @@ impl Store for MemoryStore {
 
     async fn prune(&self, keep_runs: u64, finished_before_ms: i64) -> Result<u64, StoreError> {
         let mut state = self.lock();
-        // Finished runs, newest first by when they finished (as SQLite orders
-        // them: a missing time sorts last).
-        let mut finished: Vec<(Option<i64>, String)> = state
-            .runs
-            .values()
-            .filter(|r| r.row.status.is_finished())
-            .map(|r| (r.finished_ms, r.row.run_id.clone()))
-            .collect();
-        finished.sort_unstable_by(|a, b| b.cmp(a));
+        // Oldest first: past the newest `keep_runs`, or finished before
+        // `finished_before_ms`. Times only grow from there, so the scan stops
+        // at the first kept run that has a time.
         let keep = usize::try_from(keep_runs).unwrap_or(usize::MAX);
-        let doomed: Vec<String> = finished
-            .into_iter()
-            .enumerate()
-            .filter(|(rank, (ms, _))| *rank >= keep || ms.is_some_and(|ms| ms < finished_before_ms))
-            .map(|(_, (_, id))| id)
-            .collect();
+        let over = state.finished.len().saturating_sub(keep);
+        let mut doomed = Vec::new();
+        for (index, (ms, id)) in state.finished.iter().enumerate() {
+            let too_old = ms.is_some_and(|ms| ms < finished_before_ms);
+            if index < over || too_old {
+                doomed.push(id.clone());
+            } else if ms.is_some() {
+                break;
+            }
+        }
         for id in &doomed {
             state.remove_run(id);
         }
