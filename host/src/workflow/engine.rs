@@ -275,7 +275,7 @@ pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending
         .map(|t| Instant::now() + t.saturating_sub(ctx.elapsed));
     let stop_token = CancellationToken::new();
     let mut stop: Option<Stop> = None;
-    let mut running: JoinSet<(String, Outcome, Option<Value>)> = JoinSet::new();
+    let mut running = Steps::default();
 
     loop {
         if stop.is_none() {
@@ -285,7 +285,7 @@ pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending
             break;
         }
         tokio::select! {
-            joined = running.join_next() => {
+            joined = running.next() => {
                 let Some(joined) = joined else { continue };
                 let (id, outcome, log) = match joined {
                     Ok(done) => done,
@@ -318,6 +318,66 @@ pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending
     finish(&ctx, &mut states, stop).await
 }
 
+/// A step that ended: its id, how, and its last attempt's `step.log` event.
+type StepDone = (String, Outcome, Option<Value>);
+
+/// The steps of a run in flight. One runs on the run's own task, so a chain
+/// of steps never spawns a task nor hands its result across tasks; each step
+/// that starts while another runs gets a task of its own, so parallel steps
+/// still use every core. Dropping it cancels them all.
+#[derive(Default)]
+struct Steps {
+    inline: Option<futures::future::BoxFuture<'static, StepDone>>,
+    spawned: JoinSet<StepDone>,
+}
+
+impl Steps {
+    fn start(&mut self, step: impl Future<Output = StepDone> + Send + 'static) {
+        if self.inline.is_none() {
+            self.inline = Some(Box::pin(step));
+        } else {
+            self.spawned.spawn(step);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.inline.is_none() && self.spawned.is_empty()
+    }
+
+    /// The next step to end; `Err` when one panicked (a host bug), as a
+    /// spawned task's panic is reported. `None` when none is in flight.
+    async fn next(&mut self) -> Option<Result<StepDone, String>> {
+        use std::panic::{AssertUnwindSafe, catch_unwind};
+        use std::task::Poll;
+        std::future::poll_fn(|cx| {
+            if let Some(step) = self.inline.as_mut() {
+                match catch_unwind(AssertUnwindSafe(|| step.as_mut().poll(cx))) {
+                    Ok(Poll::Pending) => {}
+                    Ok(Poll::Ready(done)) => {
+                        self.inline = None;
+                        return Poll::Ready(Some(Ok(done)));
+                    }
+                    Err(panic) => {
+                        self.inline = None;
+                        let message = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| (*s).to_owned())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "a panic".into());
+                        return Poll::Ready(Some(Err(format!("panicked: {message}"))));
+                    }
+                }
+            }
+            match self.spawned.poll_join_next(cx) {
+                Poll::Ready(Some(joined)) => Poll::Ready(Some(joined.map_err(|e| e.to_string()))),
+                Poll::Ready(None) if self.inline.is_none() => Poll::Ready(None),
+                Poll::Ready(None) | Poll::Pending => Poll::Pending,
+            }
+        })
+        .await
+    }
+}
+
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
@@ -330,7 +390,7 @@ async fn sleep_until(deadline: Option<Instant>) {
 async fn launch_ready(
     ctx: &Arc<RunCtx>,
     states: &mut HashMap<String, StepState>,
-    running: &mut JoinSet<(String, Outcome, Option<Value>)>,
+    running: &mut Steps,
     stop_token: &CancellationToken,
 ) -> Result<(), StoreError> {
     // Steps are in an order where needs come first, so one pass settles chains.
@@ -379,7 +439,7 @@ async fn launch_ready(
         let stop = stop_token.clone();
         let id = id.clone();
         let span = trace::step_span(&ctx.span, &id, first_attempt);
-        running.spawn(async move {
+        running.start(async move {
             let started = Instant::now();
             let mut log = None;
             let outcome = run_step(&ctx, &step, data, first_attempt, &stop, &span, &mut log).await;
@@ -873,5 +933,73 @@ async fn run_item(
             .transition(&ctx.run_id, write, &ctx.fence, "step.started", data)
             .await
             .map_err(store_failure)?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn done(id: &str) -> StepDone {
+        (id.to_owned(), Outcome::Skipped, None)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_first_step_runs_on_the_run_task_and_the_others_on_their_own() {
+        // A run is a spawned task; the test's own body is not one.
+        tokio::spawn(first_step_inline()).await.unwrap();
+    }
+
+    async fn first_step_inline() {
+        let run_task = tokio::task::id();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut steps = Steps::default();
+        for id in ["a", "b", "c"] {
+            let tx = tx.clone();
+            steps.start(async move {
+                tx.send((id, tokio::task::id())).unwrap();
+                tokio::task::yield_now().await;
+                done(id)
+            });
+        }
+        let mut ended = Vec::new();
+        while let Some(next) = steps.next().await {
+            let Ok((id, _, _)) = next else {
+                panic!("a step failed");
+            };
+            ended.push(id);
+        }
+        ended.sort();
+        assert_eq!(ended, ["a", "b", "c"]);
+        assert!(steps.is_empty());
+        drop(tx);
+        let mut tasks = HashMap::new();
+        while let Some((id, task)) = rx.recv().await {
+            tasks.insert(id, task);
+        }
+        assert_eq!(
+            tasks["a"], run_task,
+            "the first step is polled by the run's task"
+        );
+        assert_ne!(tasks["b"], run_task, "a second step gets a task of its own");
+        assert_ne!(tasks["c"], run_task);
+        assert_ne!(tasks["b"], tasks["c"]);
+    }
+
+    #[tokio::test]
+    async fn a_step_that_panics_is_reported_and_the_next_one_runs_inline() {
+        let mut steps = Steps::default();
+        steps.start(async { panic!("a host bug") });
+        let Some(Err(err)) = steps.next().await else {
+            panic!("the panic is not reported as one");
+        };
+        assert_eq!(err, "panicked: a host bug");
+        assert!(steps.is_empty(), "the panicked step is gone");
+        steps.start(async { done("next") });
+        let Some(Ok((id, _, _))) = steps.next().await else {
+            panic!("the next step did not end");
+        };
+        assert_eq!(id, "next");
+        assert!(steps.next().await.is_none());
     }
 }
