@@ -8,10 +8,14 @@
 //! an interrupted step runs again as its next attempt.
 
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
+use futures::FutureExt;
+use futures::future::BoxFuture;
 use serde_json::{Map, Value, json};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -327,14 +331,15 @@ type StepDone = (String, Outcome, Option<Value>);
 /// still use every core. Dropping it cancels them all.
 #[derive(Default)]
 struct Steps {
-    inline: Option<futures::future::BoxFuture<'static, StepDone>>,
+    inline: Option<BoxFuture<'static, std::thread::Result<StepDone>>>,
     spawned: JoinSet<StepDone>,
 }
 
 impl Steps {
     fn start(&mut self, step: impl Future<Output = StepDone> + Send + 'static) {
         if self.inline.is_none() {
-            self.inline = Some(Box::pin(step));
+            // As a spawned task would, a panic ends this step, not the run's task.
+            self.inline = Some(AssertUnwindSafe(step).catch_unwind().boxed());
         } else {
             self.spawned.spawn(step);
         }
@@ -347,26 +352,12 @@ impl Steps {
     /// The next step to end; `Err` when one panicked (a host bug), as a
     /// spawned task's panic is reported. `None` when none is in flight.
     async fn next(&mut self) -> Option<Result<StepDone, String>> {
-        use std::panic::{AssertUnwindSafe, catch_unwind};
-        use std::task::Poll;
         std::future::poll_fn(|cx| {
-            if let Some(step) = self.inline.as_mut() {
-                match catch_unwind(AssertUnwindSafe(|| step.as_mut().poll(cx))) {
-                    Ok(Poll::Pending) => {}
-                    Ok(Poll::Ready(done)) => {
-                        self.inline = None;
-                        return Poll::Ready(Some(Ok(done)));
-                    }
-                    Err(panic) => {
-                        self.inline = None;
-                        let message = panic
-                            .downcast_ref::<&str>()
-                            .map(|s| (*s).to_owned())
-                            .or_else(|| panic.downcast_ref::<String>().cloned())
-                            .unwrap_or_else(|| "a panic".into());
-                        return Poll::Ready(Some(Err(format!("panicked: {message}"))));
-                    }
-                }
+            if let Some(step) = &mut self.inline
+                && let Poll::Ready(ended) = step.poll_unpin(cx)
+            {
+                self.inline = None;
+                return Poll::Ready(Some(ended.map_err(|panic| panic_message(&*panic))));
             }
             match self.spawned.poll_join_next(cx) {
                 Poll::Ready(Some(joined)) => Poll::Ready(Some(joined.map_err(|e| e.to_string()))),
@@ -376,6 +367,16 @@ impl Steps {
         })
         .await
     }
+}
+
+/// What a panic said, when it said it as text.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    let text = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic");
+    format!("panicked: {text}")
 }
 
 async fn sleep_until(deadline: Option<Instant>) {
