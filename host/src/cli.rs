@@ -384,10 +384,10 @@ fn run_command(command: Command) -> Result<(), Failure> {
 /// run, step and call spans (a layer with its own filter, so `RUST_LOG`
 /// does not change what is exported).
 fn init_tracing(default_filter: &str, tracer: Option<&SdkTracerProvider>) {
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let ansi = std::io::stderr().is_terminal();
-    use tracing_subscriber::util::SubscriberInitExt;
     wf_host::trace::subscriber(filter, std::io::stderr, ansi, tracer).init();
 }
 
