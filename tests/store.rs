@@ -289,7 +289,9 @@ async fn a_pruned_run_takes_its_events_and_calls_and_ids_are_not_reused(b: Backe
 
 /// `Store::transition`: each write lands as its own method would, and its
 /// event is appended with the next id; a finished step's log event just
-/// before its own.
+/// before its own. A store that says it stamps writes with their event's
+/// time does: a step's start and end and the run's end carry the `at` of
+/// the event that recorded them.
 async fn a_transition_records_the_write_and_its_event(b: Backend) {
     let store = &b.store;
     let mut run = new_run("r1", 1);
@@ -325,11 +327,13 @@ async fn a_transition_records_the_write_and_its_event(b: Backend) {
         },
     ];
     let mut ids = Vec::new();
+    let mut ats = Vec::new();
     for (n, write) in writes.into_iter().enumerate() {
         let events = store
             .transition("r1", write, &f, "test", &json!({"n": n}))
             .await
             .unwrap();
+        ats.push(events.last().unwrap().at.clone());
         let kinds: Vec<(&str, &serde_json::Value)> =
             events.iter().map(|e| (e.kind.as_str(), &e.data)).collect();
         if n == 2 {
@@ -357,6 +361,16 @@ async fn a_transition_records_the_write_and_its_event(b: Backend) {
     assert_eq!(run.error, Some(failure));
     let events = store.events(Some("r1"), before, 10).await.unwrap();
     assert_eq!(events.iter().map(|e| e.id).collect::<Vec<_>>(), ids);
+    // PostgreSQL writes and appends in two statements, each with its own time.
+    assert_eq!(
+        store.stamps_with_event_time(),
+        store.backend() != "postgres"
+    );
+    if store.stamps_with_event_time() {
+        assert_eq!(step.started_at.as_ref(), Some(&ats[0]));
+        assert_eq!(step.finished_at.as_ref(), Some(&ats[2]));
+        assert_eq!(run.finished_at.as_ref(), Some(&ats[3]));
+    }
 }
 
 fn new_run(id: &str, created_ms: i64) -> NewRun {

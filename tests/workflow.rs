@@ -473,6 +473,78 @@ component = "{echo}"
     host.close().await;
 }
 
+/// A wait hands back the run as its end stored it (the host keeps it rather
+/// than reading it back): the same record a later `get` reads, to the
+/// millisecond of `finished_at`, for a run that succeeds, one that fails and
+/// one that is cancelled, in memory and in a SQLite file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_returns_the_run_as_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let states = [
+        ":memory:".to_owned(),
+        dir.path().join("state.db").display().to_string(),
+    ];
+    for state in states {
+        let options = Options {
+            state: state.clone(),
+            ..Options::default()
+        };
+        let host = Host::open(
+            r#"[[workflows.ok.steps]]
+id = "s"
+component = "{echo}"
+
+[workflows.bad]
+output = ".steps.s.output.x + 1"
+[[workflows.bad.steps]]
+id = "s"
+component = "{echo}"
+
+[[workflows.slow.steps]]
+id = "s"
+component = "{call}"
+allow = ["fixture.sleep"]
+input = '{capability: "fixture.sleep", arguments: {ms: 30000}}'
+"#,
+            options,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("workflows load ({state}): {e}"));
+        let wf = &host.workflows;
+        let ok = wf.start("ok", json!({"x": 1}), None).await.unwrap();
+        let bad = wf.start("bad", json!({"x": "s"}), None).await.unwrap();
+        let slow = wf.start("slow", json!({}), None).await.unwrap();
+        let long = Duration::from_secs(60);
+        // The wait first (join! polls in order), then the cancel it sees.
+        let cancelled = async {
+            let (waited, cancel) =
+                tokio::join!(wf.wait_run(&slow.run_id, long), wf.cancel(&slow.run_id));
+            cancel.unwrap();
+            waited
+        };
+        let waits = [
+            (RunStatus::Succeeded, wf.wait_run(&ok.run_id, long).await),
+            (RunStatus::Failed, wf.wait_run(&bad.run_id, long).await),
+            (RunStatus::Cancelled, cancelled.await),
+        ];
+        for (status, waited) in waits {
+            let waited = waited.unwrap();
+            assert_eq!(waited.status, status, "{state}: {waited:#?}");
+            assert!(waited.finished_at.is_some(), "{state}: {waited:#?}");
+            let stored = wf.get(&waited.run_id, false).await.unwrap();
+            assert_eq!(
+                waited,
+                RunRecord {
+                    steps: None,
+                    ..stored
+                },
+                "{state}"
+            );
+        }
+        host.close().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_refused_naming_the_field() {
     let host = Host::new(

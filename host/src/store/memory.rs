@@ -81,7 +81,7 @@ impl MemoryStore {
 impl State {
     /// Applies `write` to the run, if it exists (an update of a missing run
     /// changes nothing, as SQL's `UPDATE … WHERE` would).
-    fn apply(&mut self, run_id: &str, write: Transition<'_>, fence: &Fence) {
+    fn apply(&mut self, run_id: &str, write: Transition<'_>, fence: &Fence, at: &str) {
         let Some(run) = self.runs.get_mut(run_id) else {
             return;
         };
@@ -97,7 +97,7 @@ impl State {
                     step.input = input.cloned();
                     step.output = None;
                     step.error = None;
-                    step.started_at = Some(now_text());
+                    step.started_at = Some(at.to_owned());
                     step.finished_at = None;
                     step.workers.push(AttemptWorker {
                         attempt,
@@ -125,7 +125,7 @@ impl State {
                     step.status = status;
                     step.output = output.cloned();
                     step.error = error.cloned();
-                    step.finished_at = Some(now_text());
+                    step.finished_at = Some(at.to_owned());
                 }
             }
             Transition::RunFinished {
@@ -137,7 +137,7 @@ impl State {
                 run.row.status = status;
                 run.row.output = output.cloned();
                 run.row.error = error.cloned();
-                run.row.finished_at = Some(now_text());
+                run.row.finished_at = Some(at.to_owned());
                 run.finished_ms = Some(now_ms());
                 reindex(&mut self.finished, before, run.finished_key());
             }
@@ -146,7 +146,13 @@ impl State {
 
     /// Appends an event; an event of a run that is not kept is not kept
     /// either (SQLite's foreign key refuses it).
-    fn append(&mut self, run_id: &str, kind: &str, data: &Value) -> Result<EventRow, StoreError> {
+    fn append(
+        &mut self,
+        run_id: &str,
+        kind: &str,
+        data: &Value,
+        at: &str,
+    ) -> Result<EventRow, StoreError> {
         let Some(run) = self.runs.get_mut(run_id) else {
             return Err(StoreError::Corrupt(format!(
                 "an event of run `{run_id}`, which is not stored"
@@ -158,7 +164,7 @@ impl State {
             run_id: run_id.to_owned(),
             kind: kind.to_owned(),
             data: data.clone(),
-            at: now_text(),
+            at: at.to_owned(),
         };
         run.events.push(event.id);
         self.events.insert(event.id, event.clone());
@@ -212,6 +218,10 @@ impl Store for MemoryStore {
 
     fn location(&self) -> String {
         ":memory:".into()
+    }
+
+    fn stamps_with_event_time(&self) -> bool {
+        true
     }
 
     async fn create_run(
@@ -327,7 +337,7 @@ impl Store for MemoryStore {
             attempt,
             input,
         };
-        self.lock().apply(run_id, write, fence);
+        self.lock().apply(run_id, write, fence, &now_text());
         Ok(())
     }
 
@@ -339,7 +349,7 @@ impl Store for MemoryStore {
         fence: &Fence,
     ) -> Result<(), StoreError> {
         let write = Transition::StepAttempt { step_id, attempt };
-        self.lock().apply(run_id, write, fence);
+        self.lock().apply(run_id, write, fence, &now_text());
         Ok(())
     }
 
@@ -359,7 +369,7 @@ impl Store for MemoryStore {
             error,
             log: None,
         };
-        self.lock().apply(run_id, write, fence);
+        self.lock().apply(run_id, write, fence, &now_text());
         Ok(())
     }
 
@@ -376,7 +386,7 @@ impl Store for MemoryStore {
             output,
             error,
         };
-        self.lock().apply(run_id, write, fence);
+        self.lock().apply(run_id, write, fence, &now_text());
         Ok(())
     }
 
@@ -388,13 +398,15 @@ impl Store for MemoryStore {
         kind: &str,
         data: &Value,
     ) -> Result<Vec<EventRow>, StoreError> {
+        // One time for the write and its events, as SQLite stamps them.
+        let at = now_text();
         let mut state = self.lock();
         let mut appended = Vec::with_capacity(2);
         if let Transition::StepFinished { log: Some(log), .. } = write {
-            appended.push(state.append(run_id, STEP_LOG, log)?);
+            appended.push(state.append(run_id, STEP_LOG, log, &at)?);
         }
-        state.apply(run_id, write, fence);
-        appended.push(state.append(run_id, kind, data)?);
+        state.apply(run_id, write, fence, &at);
+        appended.push(state.append(run_id, kind, data, &at)?);
         Ok(appended)
     }
 
@@ -487,7 +499,7 @@ impl Store for MemoryStore {
         kind: &str,
         data: &Value,
     ) -> Result<EventRow, StoreError> {
-        self.lock().append(run_id, kind, data)
+        self.lock().append(run_id, kind, data, &now_text())
     }
 
     async fn events(

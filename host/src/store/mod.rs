@@ -382,6 +382,14 @@ pub trait Store: Send + Sync {
         self.shared()
     }
 
+    /// Whether [`Store::transition`] stamps the times it writes (a step's
+    /// `started_at` and `finished_at`, a run's `finished_at`) with the `at` of
+    /// the event it appends. Where it does, a run's end is known exactly from
+    /// what the end wrote, and a waiter needs no read of the run.
+    fn stamps_with_event_time(&self) -> bool {
+        false
+    }
+
     /// Inserts a run and its pending steps, or finds the run that used the
     /// same idempotency key. With `lease`, the new run is held by that worker
     /// (its [`Fence`] has epoch 1); without, a shared store leaves it for any

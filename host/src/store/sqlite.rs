@@ -385,6 +385,11 @@ impl Store for SqliteStore {
         true
     }
 
+    /// Its `transition` binds one time (`?4`) to the write and the event.
+    fn stamps_with_event_time(&self) -> bool {
+        true
+    }
+
     async fn create_run(
         &self,
         new: &NewRun,

@@ -181,9 +181,21 @@ pub(crate) struct RunCtx {
 /// How driving a run ended.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Ending {
-    Finished(RunStatus),
+    Finished(Finished),
     /// Stopped by shutdown; the run stays `running` in the store.
     Interrupted,
+}
+
+/// What a run's end wrote: with the run as it started, the run as stored now.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Finished {
+    pub status: RunStatus,
+    pub output: Option<Value>,
+    pub error: Option<Failure>,
+    /// The time of its `run.finished` event: its `finished_at` where the
+    /// store stamps writes with their event's time
+    /// ([`crate::store::Store::stamps_with_event_time`]).
+    pub at: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -620,7 +632,8 @@ async fn finish(
         output: output.as_ref(),
         error: error.as_ref(),
     };
-    ctx.events
+    let at = ctx
+        .events
         .transition(&ctx.run_id, write, &ctx.fence, "run.finished", data)
         .await?;
     trace::record_status(
@@ -629,7 +642,12 @@ async fn finish(
         status == RunStatus::Succeeded,
         error.as_ref().map(|e| e.message.as_str()),
     );
-    Ok(Ending::Finished(status))
+    Ok(Ending::Finished(Finished {
+        status,
+        output,
+        error,
+        at,
+    }))
 }
 
 /// Marks a step `running` in `attempt` with its input, with its event.
@@ -648,6 +666,7 @@ async fn step_started(
     ctx.events
         .transition(&ctx.run_id, write, &ctx.fence, "step.started", data)
         .await
+        .map(drop)
 }
 
 /// The `output` mapping, or the output of the one step nothing needs (an

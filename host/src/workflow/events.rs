@@ -74,6 +74,8 @@ impl Events {
     /// Records a fenced write of a run and its event together
     /// ([`Store::transition`]), then tells the live streams. Unlike
     /// [`Events::emit`], a failure is the write's and is returned.
+    ///
+    /// Returns the time (`at`) of the transition's own event.
     pub(crate) async fn transition(
         &self,
         run_id: &str,
@@ -81,24 +83,25 @@ impl Events {
         fence: &Fence,
         kind: &str,
         data: Value,
-    ) -> Result<(), StoreError> {
+    ) -> Result<String, StoreError> {
         if self.from_log {
             let rows = self
                 .store
                 .transition(run_id, write, fence, kind, &data)
                 .await?;
             self.appended(rows.iter().map(|r| r.id).max().unwrap_or(0));
-            return Ok(());
+            return Ok(own_time(&rows));
         }
         let _in_order = self.order.lock().await;
         let rows = self
             .store
             .transition(run_id, write, fence, kind, &data)
             .await?;
+        let at = own_time(&rows);
         for row in rows {
             let _ = self.live.send(row);
         }
-        Ok(())
+        Ok(at)
     }
 
     /// Wakes the tail for the events up to `id`.
@@ -178,4 +181,9 @@ impl Events {
             }
         }
     }
+}
+
+/// The time of a transition's own event: the last one it appended.
+fn own_time(rows: &[EventRow]) -> String {
+    rows.last().map(|r| r.at.clone()).unwrap_or_default()
 }

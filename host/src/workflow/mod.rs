@@ -305,12 +305,23 @@ struct Live {
     /// task must not remove it.
     generation: u64,
     cancel: CancellationToken,
-    // Flips to true once the run's task has ended; waiters watch it.
-    done: watch::Receiver<bool>,
+    /// Becomes [`Done::Ended`] once the run's task has ended; waiters watch it.
+    done: watch::Receiver<Done>,
     progress: engine::StepProgress,
     /// Stops the run here and leaves its state for whoever drives it next:
     /// shutdown past the grace period, or a lease this worker lost.
     stop: CancellationToken,
+}
+
+/// A live run as its waiters see it.
+#[derive(Debug, Clone, Default)]
+enum Done {
+    #[default]
+    Running,
+    /// The run's task has ended. With the run as its end stored it, where
+    /// that is exact ([`Store::stamps_with_event_time`]); without, a waiter
+    /// reads it.
+    Ended(Option<Arc<RunRecord>>),
 }
 
 /// The configured workflows and every run of them.
@@ -866,7 +877,7 @@ impl Workflows {
         } = launch;
         let cancel = CancellationToken::new();
         let stop = self.shutdown.child_token();
-        let (done_tx, done_rx) = watch::channel(false);
+        let (done_tx, done_rx) = watch::channel(Done::Running);
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
         let progress = engine::StepProgress::default();
         self.live.lock().unwrap_or_else(|e| e.into_inner()).insert(
@@ -894,6 +905,15 @@ impl Workflows {
             events: self.events.clone(),
             fence,
             span,
+        });
+        // What waiters get when the run ends here: the run as it started,
+        // with what its end wrote (a read would give the same).
+        let started = self.store.stamps_with_event_time().then(|| RunRecord {
+            input: ctx.input.clone(),
+            ..RunRecord::from(RunRow {
+                input: Value::Null,
+                ..run
+            })
         });
         let this = self.clone();
         self.tasks.spawn(async move {
@@ -932,10 +952,21 @@ impl Workflows {
                     live.remove(&run_id);
                 }
             }
+            let mut ended = None;
             match ending {
-                Ok(Ending::Finished(status)) => {
+                Ok(Ending::Finished(finished)) => {
+                    let status = finished.status;
                     tracing::debug!(run = %run_id, ?status, "run finished");
                     crate::metrics::metrics().run_finished(&workflow, status.as_str());
+                    ended = started.map(|run| {
+                        Arc::new(RunRecord {
+                            status,
+                            output: finished.output,
+                            error: finished.error,
+                            finished_at: Some(finished.at),
+                            ..run
+                        })
+                    });
                     // Before waiters hear of it: a client that lists runs
                     // after its wait sees at most `keep_runs` finished ones.
                     this.after_finish().await;
@@ -957,7 +988,7 @@ impl Workflows {
                 }
                 Err(_) => {}
             }
-            let _ = done_tx.send(true);
+            let _ = done_tx.send(Done::Ended(ended));
             // A slot is free.
             this.worker.wake.notify_one();
         });
@@ -1160,8 +1191,13 @@ impl Workflows {
             .map(|l| l.done.clone());
         if let Some(mut done) = done {
             tokio::select! {
-                _ = tokio::time::timeout(timeout, done.wait_for(|d| *d)) => {}
+                _ = tokio::time::timeout(timeout, done.wait_for(|d| matches!(d, Done::Ended(_)))) => {}
                 _ = self.closing.cancelled() => {}
+            }
+            // The run as its end stored it: no read, unless its steps are
+            // wanted too.
+            if let (false, Done::Ended(Some(run))) = (steps, &*done.borrow()) {
+                return Ok(RunRecord::clone(run));
             }
             return read().await;
         }
