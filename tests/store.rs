@@ -99,6 +99,7 @@ every_backend!(
     prune_keeps_running_runs_and_the_newest_finished_ones,
     prune_follows_runs_that_reopen_and_finish_again,
     an_idempotency_key_finds_the_first_run,
+    a_new_run_is_stored_with_its_first_event,
     a_bad_cursor_is_refused,
     a_run_s_progress_is_recorded,
     runs_page_newest_first,
@@ -506,6 +507,43 @@ async fn an_idempotency_key_finds_the_first_run(b: Backend) {
     other.run.workflow = "other".into();
     other.run.idempotency_key = Some("k".into());
     assert_eq!(store.create_run(&other, None).await.unwrap(), Created::New);
+}
+
+/// `Store::create_run_with_event`: a new run is stored with its steps and its
+/// first event; a run whose idempotency key was used before appends nothing
+/// and finds the first run.
+async fn a_new_run_is_stored_with_its_first_event(b: Backend) {
+    let store = &b.store;
+    let mut first = new_run("r1", 1);
+    first.run.idempotency_key = Some("k".into());
+    let data = json!({"workflow": "w", "input": null});
+    let (created, event) = store
+        .create_run_with_event(&first, Some(&lease("w1")), "run.started", &data)
+        .await
+        .unwrap();
+    assert_eq!(created, Created::New);
+    let event = event.expect("the new run's event");
+    assert_eq!(
+        (event.run_id.as_str(), event.kind.as_str(), &event.data),
+        ("r1", "run.started", &data)
+    );
+    assert_eq!(
+        store.events(Some("r1"), 0, 10).await.unwrap(),
+        [event.clone()]
+    );
+    assert_eq!(store.steps("r1").await.unwrap()[0].step_id, "a");
+    let mut again = new_run("r2", 2);
+    again.run.idempotency_key = Some("k".into());
+    let (created, none) = store
+        .create_run_with_event(&again, None, "run.started", &data)
+        .await
+        .unwrap();
+    match created {
+        Created::Existing(run) => assert_eq!(run.run_id, "r1"),
+        Created::New => panic!("a second run with the same key"),
+    }
+    assert_eq!(none, None);
+    assert_eq!(store.last_event_id().await.unwrap(), event.id);
 }
 
 async fn a_bad_cursor_is_refused(b: Backend) {

@@ -395,6 +395,30 @@ pub trait Store: Send + Sync {
     /// (its [`Fence`] has epoch 1); without, a shared store leaves it for any
     /// worker to claim and sends [`Note::Ready`].
     async fn create_run(&self, run: &NewRun, lease: Option<&Lease>) -> Result<Created, StoreError>;
+    /// [`Store::create_run`], and when the run is new its first event
+    /// (`kind`, `data`), in one write where the backend can. An event that
+    /// cannot be appended after its run was created is logged, not an error:
+    /// the run is stored either way.
+    async fn create_run_with_event(
+        &self,
+        new: &NewRun,
+        lease: Option<&Lease>,
+        kind: &str,
+        data: &Value,
+    ) -> Result<(Created, Option<EventRow>), StoreError> {
+        let created = self.create_run(new, lease).await?;
+        if created != Created::New {
+            return Ok((created, None));
+        }
+        let run_id = &new.run.run_id;
+        match self.append_event(run_id, kind, data).await {
+            Ok(event) => Ok((created, Some(event))),
+            Err(e) => {
+                tracing::warn!(run = %run_id, kind, "cannot record the event: {e}");
+                Ok((created, None))
+            }
+        }
+    }
     async fn run(&self, run_id: &str) -> Result<Option<RunRow>, StoreError>;
     /// Steps in definition order.
     async fn steps(&self, run_id: &str) -> Result<Vec<StepRow>, StoreError>;

@@ -240,6 +240,91 @@ impl SqliteStore {
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
+
+    /// A new run with its pending steps and, with `event`, its first event,
+    /// in one write; or the run that used the same idempotency key.
+    async fn create(
+        &self,
+        new: &NewRun,
+        _lease: Option<&Lease>,
+        event: Option<(&str, &Value)>,
+    ) -> Result<(Created, Option<EventRow>), StoreError> {
+        // One worker: every run is this process's, without a lease.
+        let run = &new.run;
+        // The run and all its steps in one write (the steps from a JSON array
+        // of their ids, positions from its indexes). The steps, and the
+        // event, are inserted only when the run was: `changes()` is the run
+        // insert's count, and a run whose key was used before is not there
+        // under this run's id.
+        macro_rules! create {
+            ($($event:literal)?) => {
+                concat!(
+                    "INSERT INTO runs (run_id, workflow, status, input, definition, definition_hash,
+                                       idempotency_key, created_ms, started_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                     ON CONFLICT DO NOTHING
+                     RETURNING 1;
+                     INSERT INTO steps (run_id, step_id, position, status)
+                     SELECT ?1, value, key, 'pending' FROM json_each(?10) WHERE changes() = 1"
+                    $(, $event)?
+                )
+            };
+        }
+        let steps = serde_json::to_string(&new.steps).expect("step ids are strings");
+        let at = now_text();
+        let write = match event {
+            None => Write::new(create!()),
+            Some(_) => Write::new(create!(
+                "; INSERT INTO events (run_id, kind, data, at)
+                   SELECT ?1, ?11, ?12, ?13 WHERE EXISTS (SELECT 1 FROM runs WHERE run_id = ?1)
+                   RETURNING id"
+            )),
+        }
+        .arg(run.run_id.as_str())
+        .arg(run.workflow.as_str())
+        .arg(run.status.as_str())
+        .arg(json_text(&run.input))
+        .arg(json_text(&run.definition))
+        .arg(run.definition_hash.as_str())
+        .arg(run.idempotency_key.as_deref())
+        .arg(run.created_ms)
+        .arg(run.started_at.as_str())
+        .arg(steps);
+        let write = match event {
+            None => write,
+            Some((kind, data)) => write.arg(kind).arg(json_text(data)).arg(at.as_str()),
+        };
+        let done = self.writer.write(write).await?;
+        if done.first().is_some_and(|insert| !insert.is_empty()) {
+            let event = match (event, done.get(2).and_then(|ids| ids.first())) {
+                (Some((kind, data)), Some(&id)) => Some(EventRow {
+                    id,
+                    run_id: run.run_id.clone(),
+                    kind: kind.to_owned(),
+                    data: data.clone(),
+                    at,
+                }),
+                _ => None,
+            };
+            return Ok((Created::New, event));
+        }
+        // Committed by now, so a reader sees the run it conflicts with.
+        let existing = sqlx::query(
+            "SELECT * FROM runs WHERE workflow = ? AND idempotency_key = ? OR run_id = ?",
+        )
+        .bind(&run.workflow)
+        .bind(&run.idempotency_key)
+        .bind(&run.run_id)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or_else(|| {
+            StoreError::Corrupt(format!(
+                "run `{}` was neither created nor found: the run it conflicted with is gone",
+                run.run_id
+            ))
+        })?;
+        Ok((Created::Existing(Box::new(run_row(&existing)?)), None))
+    }
 }
 
 /// How often the WAL is copied back into the database file.
@@ -390,60 +475,19 @@ impl Store for SqliteStore {
         true
     }
 
-    async fn create_run(
+    async fn create_run(&self, new: &NewRun, lease: Option<&Lease>) -> Result<Created, StoreError> {
+        Ok(self.create(new, lease, None).await?.0)
+    }
+
+    /// The run, its steps and its first event in one write.
+    async fn create_run_with_event(
         &self,
         new: &NewRun,
-        _lease: Option<&Lease>,
-    ) -> Result<Created, StoreError> {
-        // One worker: every run is this process's, without a lease.
-        let run = &new.run;
-        // The run and all its steps in one write (the steps from a JSON array
-        // of their ids, positions from its indexes). The steps are inserted
-        // only when the run was: `changes()` is the run insert's count.
-        let steps = serde_json::to_string(&new.steps).expect("step ids are strings");
-        let done = self
-            .writer
-            .write(
-                Write::new(
-                    "INSERT INTO runs (run_id, workflow, status, input, definition, definition_hash,
-                                       idempotency_key, created_ms, started_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
-                     ON CONFLICT DO NOTHING
-                     RETURNING 1;
-                     INSERT INTO steps (run_id, step_id, position, status)
-                     SELECT ?1, value, key, 'pending' FROM json_each(?10) WHERE changes() = 1",
-                )
-                .arg(run.run_id.as_str())
-                .arg(run.workflow.as_str())
-                .arg(run.status.as_str())
-                .arg(json_text(&run.input))
-                .arg(json_text(&run.definition))
-                .arg(run.definition_hash.as_str())
-                .arg(run.idempotency_key.as_deref())
-                .arg(run.created_ms)
-                .arg(run.started_at.as_str())
-                .arg(steps),
-            )
-            .await?;
-        if done.first().is_some_and(|insert| !insert.is_empty()) {
-            return Ok(Created::New);
-        }
-        // Committed by now, so a reader sees the run it conflicts with.
-        let existing = sqlx::query(
-            "SELECT * FROM runs WHERE workflow = ? AND idempotency_key = ? OR run_id = ?",
-        )
-        .bind(&run.workflow)
-        .bind(&run.idempotency_key)
-        .bind(&run.run_id)
-        .fetch_optional(&self.pool)
-        .await?
-        .ok_or_else(|| {
-            StoreError::Corrupt(format!(
-                "run `{}` was neither created nor found: the run it conflicted with is gone",
-                run.run_id
-            ))
-        })?;
-        Ok(Created::Existing(Box::new(run_row(&existing)?)))
+        lease: Option<&Lease>,
+        kind: &str,
+        data: &Value,
+    ) -> Result<(Created, Option<EventRow>), StoreError> {
+        self.create(new, lease, Some((kind, data))).await
     }
 
     async fn run(&self, run_id: &str) -> Result<Option<RunRow>, StoreError> {

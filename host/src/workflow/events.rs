@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use serde_json::Value;
 use tokio::sync::broadcast;
 
-use crate::store::{EventRow, Fence, Store, StoreError, Transition, now_text};
+use crate::store::{
+    Created, EventRow, Fence, Lease, NewRun, Store, StoreError, Transition, now_text,
+};
 
 /// Live events buffered per subscriber; one that falls further behind
 /// catches up from the store.
@@ -69,6 +71,36 @@ impl Events {
             }
             Err(e) => tracing::warn!(run = run_id, kind, "cannot record the event: {e}"),
         }
+    }
+
+    /// Stores a new run and its first event together
+    /// ([`Store::create_run_with_event`]), then tells the live streams.
+    pub(crate) async fn create_run(
+        &self,
+        new: &NewRun,
+        lease: Option<&Lease>,
+        kind: &str,
+        data: Value,
+    ) -> Result<Created, StoreError> {
+        if self.from_log {
+            let (created, event) = self
+                .store
+                .create_run_with_event(new, lease, kind, &data)
+                .await?;
+            if let Some(event) = event {
+                self.appended(event.id);
+            }
+            return Ok(created);
+        }
+        let _in_order = self.order.lock().await;
+        let (created, event) = self
+            .store
+            .create_run_with_event(new, lease, kind, &data)
+            .await?;
+        if let Some(event) = event {
+            let _ = self.live.send(event);
+        }
+        Ok(created)
     }
 
     /// Records a fenced write of a run and its event together

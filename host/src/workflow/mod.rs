@@ -724,16 +724,39 @@ impl Workflows {
                 worker: self.worker.id.clone(),
                 duration: self.worker.lease,
             });
-        if let Created::Existing(existing) = self.store.create_run(&new, lease.as_ref()).await? {
-            return Ok((*existing).into());
-        }
-        let span = trace::run_span(workflow, &run.run_id, parent);
-        let mut data = json!({"workflow": workflow, "input": run.input});
-        // Kept with the run, so a resumed or retried run can link to it.
-        if let Some(traceparent) = trace::traceparent(&span) {
-            data["traceparent"] = Value::String(traceparent);
-        }
-        self.events.emit(&run.run_id, "run.started", data).await;
+        let started = |span: &tracing::Span| {
+            let mut data = json!({"workflow": workflow, "input": run.input});
+            // Kept with the run, so a resumed or retried run can link to it.
+            if let Some(traceparent) = trace::traceparent(span) {
+                data["traceparent"] = Value::String(traceparent);
+            }
+            data
+        };
+        let span = if run.idempotency_key.is_none() {
+            // Nothing to find: the run's span first, so that its first event
+            // is stored with it, in one write.
+            let span = trace::run_span(workflow, &run.run_id, parent);
+            let created = self
+                .events
+                .create_run(&new, lease.as_ref(), "run.started", started(&span))
+                .await?;
+            if let Created::Existing(existing) = created {
+                return Ok((*existing).into());
+            }
+            span
+        } else {
+            // The key may find the run it started before: no span for a run
+            // that this start does not make.
+            if let Created::Existing(existing) = self.store.create_run(&new, lease.as_ref()).await?
+            {
+                return Ok((*existing).into());
+            }
+            let span = trace::run_span(workflow, &run.run_id, parent);
+            self.events
+                .emit(&run.run_id, "run.started", started(&span))
+                .await;
+            span
+        };
         if lease.is_some() {
             let fence = if self.store.shared() {
                 Fence {
