@@ -529,7 +529,7 @@ async fn a_new_run_is_stored_with_its_first_event(b: Backend) {
     );
     assert_eq!(
         store.events(Some("r1"), 0, 10).await.unwrap(),
-        [event.clone()]
+        std::slice::from_ref(&event)
     );
     assert_eq!(store.steps("r1").await.unwrap()[0].step_id, "a");
     let mut again = new_run("r2", 2);
