@@ -21,7 +21,8 @@
 //! 0) and `WF_BENCH_ROUNDS=N` sets its rounds.
 //!
 //! `WF_BENCH_RUNTIME=current-thread` runs everything on a current-thread tokio
-//! runtime instead of the default multi-thread one.
+//! runtime instead of the default multi-thread one; `WF_BENCH_WORKERS=N` sets
+//! the multi-thread runtime's workers (by default one per core).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -83,7 +84,11 @@ impl ClientHandler for BenchClient {
 
 fn main() {
     let current_thread = std::env::var("WF_BENCH_RUNTIME").is_ok_and(|v| v == "current-thread");
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let workers = std::env::var("WF_BENCH_WORKERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let rt = if current_thread {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
