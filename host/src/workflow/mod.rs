@@ -929,11 +929,11 @@ impl Workflows {
             fence,
             span,
         });
-        // What waiters get when the run ends here: the run as it started,
-        // with what its end wrote (a read would give the same).
-        let started = self.store.stamps_with_event_time().then(|| RunRecord {
-            input: ctx.input.clone(),
-            ..RunRecord::from(RunRow {
+        // What waiters get when the run ends here: the run as it started
+        // (its input taken from `ctx` only when someone waits), with what its
+        // end wrote. A read would give the same.
+        let started = self.store.stamps_with_event_time().then(|| {
+            RunRecord::from(RunRow {
                 input: Value::Null,
                 ..run
             })
@@ -943,6 +943,7 @@ impl Workflows {
             let run_id = ctx.run_id.clone();
             let workflow = ctx.def.name.clone();
             let span = ctx.span.clone();
+            let run_ctx = ctx.clone();
             let ending = engine::drive(ctx, rows).await;
             let paused = match &ending {
                 // Another worker holds the run now, or the store is away:
@@ -981,9 +982,11 @@ impl Workflows {
                     let status = finished.status;
                     tracing::debug!(run = %run_id, ?status, "run finished");
                     crate::metrics::metrics().run_finished(&workflow, status.as_str());
-                    ended = started.map(|run| {
+                    // Every waiter holds a receiver; the live entry's is gone.
+                    ended = started.filter(|_| done_tx.receiver_count() > 0).map(|run| {
                         Arc::new(RunRecord {
                             status,
+                            input: run_ctx.input.clone(),
                             output: finished.output,
                             error: finished.error,
                             finished_at: Some(finished.at),
