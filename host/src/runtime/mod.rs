@@ -699,10 +699,13 @@ impl Runtime {
         }
         check_json(input).map_err(|e| RunError::InvalidInput(format!("is not valid JSON: {e}")))?;
 
-        // Wait for a run slot; time in the queue is time of the run.
+        // Wait for a run slot; time in the queue is time of the run. The
+        // slot is asked first (`biased`): a run that gets one at once arms
+        // no timer.
         let _slot = {
             let _queued = Gauge::raise(&self.queued);
             tokio::select! {
+                biased;
                 permit = self.run_slots.acquire() => permit.expect("the run semaphore is never closed"),
                 _ = tokio::time::sleep_until(deadline.into()) => return Err(RunError::Timeout(limits.timeout)),
                 _ = cancel.cancelled() => return Err(RunError::Cancelled),
@@ -747,7 +750,11 @@ impl Runtime {
         };
         // The epoch callback interrupts guest code; this select covers time spent
         // awaiting host calls (an upstream MCP request), which no epoch can reach.
+        // The run is polled first (`biased`), so the deadline's timer is armed
+        // only when the run waits: one that never awaits a host call arms none
+        // (arming one can cost a wake-up of tokio's I/O driver).
         let outcome = tokio::select! {
+            biased;
             outcome = call => outcome,
             _ = tokio::time::sleep_until(deadline.into()) => return Err(RunError::Timeout(limits.timeout)),
             _ = cancel.cancelled() => return Err(RunError::Cancelled),
