@@ -53,23 +53,14 @@ impl Events {
     /// Keeps the event, then tells the live streams. An event that cannot be
     /// kept is logged: it is a view of the run, not its state.
     pub(crate) async fn emit(&self, run_id: &str, kind: &str, data: Value) {
-        if self.from_log {
-            // The store orders appends; the tail broadcasts.
-            match self.store.append_event(run_id, kind, &data).await {
-                Ok(row) => self.appended(row.id),
-                Err(e) => tracing::warn!(run = run_id, kind, "cannot record the event: {e}"),
-            }
-            return;
-        }
-        // One event at a time from append to broadcast, so live streams see
-        // ids in increasing order (parallel steps emit concurrently) and a
-        // stream that skips ids it has seen never skips one it has not.
-        let _in_order = self.order.lock().await;
-        match self.store.append_event(run_id, kind, &data).await {
-            Ok(row) => {
-                let _ = self.live.send(row);
-            }
-            Err(e) => tracing::warn!(run = run_id, kind, "cannot record the event: {e}"),
+        let append = async {
+            Ok((
+                (),
+                vec![self.store.append_event(run_id, kind, &data).await?],
+            ))
+        };
+        if let Err(e) = self.publish(append).await {
+            tracing::warn!(run = run_id, kind, "cannot record the event: {e}");
         }
     }
 
@@ -82,25 +73,14 @@ impl Events {
         kind: &str,
         data: Value,
     ) -> Result<Created, StoreError> {
-        if self.from_log {
+        self.publish(async {
             let (created, event) = self
                 .store
                 .create_run_with_event(new, lease, kind, &data)
                 .await?;
-            if let Some(event) = event {
-                self.appended(event.id);
-            }
-            return Ok(created);
-        }
-        let _in_order = self.order.lock().await;
-        let (created, event) = self
-            .store
-            .create_run_with_event(new, lease, kind, &data)
-            .await?;
-        if let Some(event) = event {
-            let _ = self.live.send(event);
-        }
-        Ok(created)
+            Ok((created, event.into_iter().collect()))
+        })
+        .await
     }
 
     /// Records a fenced write of a run and its event together
@@ -116,24 +96,39 @@ impl Events {
         kind: &str,
         data: Value,
     ) -> Result<String, StoreError> {
-        if self.from_log {
+        self.publish(async {
             let rows = self
                 .store
                 .transition(run_id, write, fence, kind, &data)
                 .await?;
-            self.appended(rows.iter().map(|r| r.id).max().unwrap_or(0));
-            return Ok(own_time(&rows));
+            Ok((own_time(&rows), rows))
+        })
+        .await
+    }
+
+    /// Runs `write`, a store write that appends the events it returns, then
+    /// tells the live streams of them. Where the store orders appends, the
+    /// tail broadcasts them from its log. Otherwise one write at a time from
+    /// append to broadcast, so live streams see ids in increasing order
+    /// (parallel steps emit concurrently) and a stream that skips ids it has
+    /// seen never skips one it has not.
+    async fn publish<T>(
+        &self,
+        write: impl Future<Output = Result<(T, Vec<EventRow>), StoreError>>,
+    ) -> Result<T, StoreError> {
+        if self.from_log {
+            let (value, rows) = write.await?;
+            if let Some(newest) = rows.iter().map(|r| r.id).max() {
+                self.appended(newest);
+            }
+            return Ok(value);
         }
         let _in_order = self.order.lock().await;
-        let rows = self
-            .store
-            .transition(run_id, write, fence, kind, &data)
-            .await?;
-        let at = own_time(&rows);
+        let (value, rows) = write.await?;
         for row in rows {
             let _ = self.live.send(row);
         }
-        Ok(at)
+        Ok(value)
     }
 
     /// Wakes the tail for the events up to `id`.

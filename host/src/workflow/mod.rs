@@ -314,14 +314,13 @@ struct Live {
 }
 
 /// A live run as its waiters see it.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug)]
 enum Done {
-    #[default]
     Running,
     /// The run's task has ended. With the run as its end stored it, where
     /// that is exact ([`Store::stamps_with_event_time`]); without, a waiter
     /// reads it.
-    Ended(Option<Arc<RunRecord>>),
+    Ended(Option<Box<RunRecord>>),
 }
 
 /// The configured workflows and every run of them.
@@ -984,7 +983,7 @@ impl Workflows {
                     crate::metrics::metrics().run_finished(&workflow, status.as_str());
                     // Every waiter holds a receiver; the live entry's is gone.
                     ended = started.filter(|_| done_tx.receiver_count() > 0).map(|run| {
-                        Arc::new(RunRecord {
+                        Box::new(RunRecord {
                             status,
                             input: run_ctx.input.clone(),
                             output: finished.output,
