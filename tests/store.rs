@@ -106,6 +106,7 @@ every_backend!(
     a_failed_run_reopens,
     abandoning_a_run_cancels_its_unfinished_steps,
     a_transition_records_the_write_and_its_event,
+    a_step_s_end_and_its_run_s_end_are_stored_together_in_order,
     a_pruned_run_takes_its_events_and_calls_and_ids_are_not_reused,
     concurrent_writes_each_get_their_own_result_and_a_bad_one_fails_alone,
 );
@@ -372,6 +373,89 @@ async fn a_transition_records_the_write_and_its_event(b: Backend) {
         assert_eq!(step.finished_at.as_ref(), Some(&ats[2]));
         assert_eq!(run.finished_at.as_ref(), Some(&ats[3]));
     }
+}
+
+/// `Store::transitions`, as a run's last step ends: the step's end and the
+/// run's end both land, and their events come back, and read back from the
+/// log, in the order written (the step's log, the step's end, the run's
+/// end), each stamped as `transition` stamps it.
+async fn a_step_s_end_and_its_run_s_end_are_stored_together_in_order(b: Backend) {
+    let store = &b.store;
+    let mut run = new_run("r1", 1);
+    run.steps = vec!["a".into()];
+    store.create_run(&run, Some(&lease("w1"))).await.unwrap();
+    let f = fence("w1");
+    store
+        .transition(
+            "r1",
+            Transition::StepStarted {
+                step_id: "a",
+                attempt: 1,
+                input: None,
+            },
+            &f,
+            "step.started",
+            &json!({}),
+        )
+        .await
+        .unwrap();
+    let before = store.last_event_id().await.unwrap();
+    let output = json!({"out": 2});
+    let log = json!({"step": "a", "records": [{"level": "info", "message": "hi"}]});
+    let step_data = json!({"step": "a"});
+    let run_data = json!({"status": "succeeded"});
+    let writes = [
+        (
+            Transition::StepFinished {
+                step_id: "a",
+                status: StepStatus::Succeeded,
+                output: Some(&output),
+                error: None,
+                log: Some(&log),
+            },
+            "step.finished",
+            &step_data,
+        ),
+        (
+            Transition::RunFinished {
+                status: RunStatus::Succeeded,
+                output: Some(&output),
+                error: None,
+            },
+            "run.finished",
+            &run_data,
+        ),
+    ];
+    let events = store.transitions("r1", &writes, &f).await.unwrap();
+    let kinds: Vec<(&str, &serde_json::Value)> =
+        events.iter().map(|e| (e.kind.as_str(), &e.data)).collect();
+    assert_eq!(
+        kinds,
+        [
+            ("step.log", &log),
+            ("step.finished", &step_data),
+            ("run.finished", &run_data)
+        ]
+    );
+    let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
+    assert!(
+        ids[0] > before && ids.windows(2).all(|w| w[0] < w[1]),
+        "{ids:?}"
+    );
+    let read = store.events(Some("r1"), before, 10).await.unwrap();
+    assert_eq!(read.iter().map(|e| e.id).collect::<Vec<_>>(), ids);
+    let step = &store.steps("r1").await.unwrap()[0];
+    assert_eq!(step.status, StepStatus::Succeeded);
+    assert_eq!(step.output.as_ref(), Some(&output));
+    let run = store.run("r1").await.unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Succeeded);
+    assert_eq!(run.output.as_ref(), Some(&output));
+    if store.stamps_with_event_time() {
+        assert_eq!(step.finished_at.as_ref(), Some(&events[1].at));
+        assert_eq!(run.finished_at.as_ref(), Some(&events[2].at));
+    }
+    // Nothing to write is no write.
+    assert!(store.transitions("r1", &[], &f).await.unwrap().is_empty());
 }
 
 fn new_run(id: &str, created_ms: i64) -> NewRun {

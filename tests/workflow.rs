@@ -545,6 +545,109 @@ input = '{capability: "fixture.sleep", arguments: {ms: 30000}}'
     }
 }
 
+/// A run's last step ends in the same write as the run (one commit, not
+/// two): with many runs ending at once in a SQLite file, each run's
+/// `step.finished` is still followed at once by its `run.finished`, with no
+/// other run's event between them. A failed run and a two-step chain end
+/// so too; the chain's first step ends on its own, before the second starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_s_last_step_ends_in_the_same_write_as_the_run() {
+    const RUNS: usize = 24;
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options {
+        state: dir.path().join("state.db").display().to_string(),
+        ..Options::default()
+    };
+    let host = Host::open(
+        r#"[[workflows.ok.steps]]
+id = "s"
+component = "{echo}"
+
+[workflows.bad]
+output = ".steps.s.output.x + 1"
+[[workflows.bad.steps]]
+id = "s"
+component = "{echo}"
+
+[[workflows.chain.steps]]
+id = "a"
+component = "{echo}"
+[[workflows.chain.steps]]
+id = "b"
+component = "{echo}"
+needs = ["a"]
+"#,
+        options,
+    )
+    .await
+    .unwrap();
+    let wf = host.workflows.clone();
+    let mut runs = tokio::task::JoinSet::new();
+    for n in 0..RUNS {
+        let wf = wf.clone();
+        let (workflow, input) = match n % 3 {
+            0 => ("ok", json!({"n": n})),
+            1 => ("bad", json!({"x": "s"})),
+            _ => ("chain", json!({"n": n})),
+        };
+        runs.spawn(async move {
+            let started = wf.start(workflow, input, None).await.unwrap();
+            let done = wf
+                .wait_run(&started.run_id, Duration::from_secs(60))
+                .await
+                .unwrap();
+            (workflow, done)
+        });
+    }
+    let mut ended = Vec::new();
+    while let Some(joined) = runs.join_next().await {
+        let (workflow, done) = joined.unwrap();
+        let status = if workflow == "bad" {
+            RunStatus::Failed
+        } else {
+            RunStatus::Succeeded
+        };
+        assert_eq!(done.status, status, "{workflow}: {done:#?}");
+        ended.push((workflow, done.run_id));
+    }
+    let events = wf.events(None, 0, 10_000).await.unwrap();
+    for (workflow, run_id) in ended {
+        let of_run: Vec<&str> = events
+            .iter()
+            .filter(|e| e.run_id == run_id)
+            .map(|e| e.kind.as_str())
+            .collect();
+        let last_step = events
+            .iter()
+            .rposition(|e| e.run_id == run_id && e.kind == "step.finished")
+            .unwrap_or_else(|| panic!("{workflow} {run_id}: {of_run:?}"));
+        let next = &events[last_step + 1];
+        assert_eq!(
+            (next.run_id.as_str(), next.kind.as_str()),
+            (run_id.as_str(), "run.finished"),
+            "{workflow} {run_id}: the event after its last step.finished"
+        );
+        if workflow == "chain" {
+            let steps: Vec<&str> = of_run
+                .iter()
+                .copied()
+                .filter(|k| k.starts_with("step.") && *k != "step.log")
+                .collect();
+            assert_eq!(
+                steps,
+                [
+                    "step.started",
+                    "step.finished",
+                    "step.started",
+                    "step.finished"
+                ],
+                "{run_id}"
+            );
+        }
+    }
+    host.close().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_refused_naming_the_field() {
     let host = Host::new(

@@ -60,8 +60,13 @@ impl<T: Into<Arg>> From<Option<T>> for Arg {
 }
 
 /// One write: its statements, separated by `;`, with parameters `?1`..`?n`
-/// bound to `args` in order.
+/// bound to `args` in order; and the statements of any writes joined to it
+/// ([`Write::then`]), each part numbering its own parameters.
 pub(super) struct Write {
+    parts: Vec<Part>,
+}
+
+struct Part {
     sql: &'static str,
     args: Vec<Arg>,
 }
@@ -69,15 +74,38 @@ pub(super) struct Write {
 impl Write {
     pub(super) fn new(sql: &'static str) -> Write {
         Write {
-            sql,
-            args: Vec::new(),
+            parts: vec![Part {
+                sql,
+                args: Vec::new(),
+            }],
         }
     }
 
-    /// The next parameter.
+    /// The next parameter (of the last part).
     pub(super) fn arg(mut self, value: impl Into<Arg>) -> Write {
-        self.args.push(value.into());
+        self.parts
+            .last_mut()
+            .expect("a write has a part")
+            .args
+            .push(value.into());
         self
+    }
+
+    /// This write, then `next`'s statements, as one write: committed
+    /// together, in this order.
+    pub(super) fn then(mut self, next: Write) -> Write {
+        self.parts.extend(next.parts);
+        self
+    }
+
+    /// Whether `other` has the same statements (so the same text in a chunk).
+    fn same_kind(&self, other: &Write) -> bool {
+        self.parts.len() == other.parts.len()
+            && self
+                .parts
+                .iter()
+                .zip(&other.parts)
+                .all(|(a, b)| std::ptr::eq(a.sql, b.sql))
     }
 }
 
@@ -168,14 +196,11 @@ async fn write_loop(pool: SqlitePool, mut rx: mpsc::Receiver<Queued>) {
 async fn commit(pool: &SqlitePool, writes: &[&Write]) -> Result<Vec<Vec<Done>>, StoreError> {
     // Each kind of write (its statements' text), in order of first
     // appearance, with the writes of that kind; then cut into chunks.
-    let mut kinds: Vec<(&'static str, Vec<usize>)> = Vec::new();
-    for (i, write) in writes.iter().enumerate() {
-        match kinds
-            .iter_mut()
-            .find(|(sql, _)| std::ptr::eq(*sql, write.sql))
-        {
+    let mut kinds: Vec<(&Write, Vec<usize>)> = Vec::new();
+    for (i, &write) in writes.iter().enumerate() {
+        match kinds.iter_mut().find(|(kind, _)| kind.same_kind(write)) {
             Some((_, of_kind)) => of_kind.push(i),
-            None => kinds.push((write.sql, vec![i])),
+            None => kinds.push((write, vec![i])),
         }
     }
     let mut chunks: Vec<&[usize]> = Vec::new();
@@ -270,17 +295,28 @@ async fn run(
 }
 
 /// Appends `write`'s statements to `sql` with each `?N` as a plain `?`, and
-/// argument `N` to `args` for each: the parameters of the joined statements
-/// are then bound in order. (sqlx binds `?N` past the first statement's
-/// numbers wrongly: it stops at the first number a statement skips.) The
-/// number of statements in `write`.
+/// argument `N` (of the statement's part) to `args` for each: the parameters
+/// of the joined statements are then bound in order. (sqlx binds `?N` past
+/// the first statement's numbers wrongly: it stops at the first number a
+/// statement skips.) The number of statements in `write`.
 ///
 /// The statements are this module's callers' own, with no `?` or `;` inside
 /// a string literal.
 fn unnumber<'a>(write: &'a Write, sql: &mut String, args: &mut Vec<&'a Arg>) -> usize {
     let mut statements = 0;
+    for (i, part) in write.parts.iter().enumerate() {
+        if i > 0 {
+            sql.push_str(";\n");
+        }
+        statements += unnumber_part(part, sql, args);
+    }
+    statements
+}
+
+fn unnumber_part<'a>(part: &'a Part, sql: &mut String, args: &mut Vec<&'a Arg>) -> usize {
+    let mut statements = 0;
     let mut open = false;
-    let mut chars = write.sql.chars().peekable();
+    let mut chars = part.sql.chars().peekable();
     while let Some(c) = chars.next() {
         match c {
             '?' => {
@@ -291,8 +327,8 @@ fn unnumber<'a>(write: &'a Write, sql: &mut String, args: &mut Vec<&'a Arg>) -> 
                 }
                 let arg = n
                     .checked_sub(1)
-                    .and_then(|i| write.args.get(i))
-                    .unwrap_or_else(|| panic!("no argument for ?{n} in: {}", write.sql));
+                    .and_then(|i| part.args.get(i))
+                    .unwrap_or_else(|| panic!("no argument for ?{n} in: {}", part.sql));
                 args.push(arg);
                 sql.push('?');
                 open = true;
@@ -346,5 +382,33 @@ mod tests {
             unnumber(&Write::new("SELECT 1;  "), &mut sql, &mut Vec::new()),
             1
         );
+    }
+
+    #[test]
+    fn joined_writes_number_their_own_parameters() {
+        let write = Write::new("UPDATE t SET a = ?2 WHERE b = ?1")
+            .arg("one")
+            .arg(2)
+            .then(
+                Write::new("INSERT INTO u VALUES (?1, ?1); SELECT ?2")
+                    .arg(3)
+                    .arg(4),
+            );
+        let mut sql = String::new();
+        let mut args = Vec::new();
+        assert_eq!(unnumber(&write, &mut sql, &mut args), 3);
+        assert_eq!(
+            sql,
+            "UPDATE t SET a = ? WHERE b = ?;\nINSERT INTO u VALUES (?, ?); SELECT ?"
+        );
+        let args: Vec<String> = args
+            .iter()
+            .map(|a| match a {
+                Arg::Text(s) => s.clone(),
+                Arg::Int(n) => n.to_string(),
+                Arg::Null => "null".into(),
+            })
+            .collect();
+        assert_eq!(args, ["2", "one", "3", "3", "4"]);
     }
 }

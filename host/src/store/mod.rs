@@ -548,6 +548,23 @@ pub trait Store: Send + Sync {
         appended.push(self.append_event(run_id, kind, data).await?);
         Ok(appended)
     }
+    /// Several [`Store::transition`]s of one run (`(write, kind, data)`), in
+    /// order, committed together where the backend can: a run's last step
+    /// ends with the run. Returns every event appended, in id order. By
+    /// default one after the other, so a crash between two leaves the first
+    /// done and the rest not, as separate transitions would.
+    async fn transitions(
+        &self,
+        run_id: &str,
+        writes: &[(Transition<'_>, &str, &Value)],
+        fence: &Fence,
+    ) -> Result<Vec<EventRow>, StoreError> {
+        let mut appended = Vec::new();
+        for &(write, kind, data) in writes {
+            appended.extend(self.transition(run_id, write, fence, kind, data).await?);
+        }
+        Ok(appended)
+    }
     /// Up to `limit` events with an id past `after`, oldest first; of one run,
     /// or of all runs.
     async fn events(

@@ -699,132 +699,66 @@ impl Store for SqliteStore {
         kind: &str,
         data: &Value,
     ) -> Result<Vec<EventRow>, StoreError> {
-        // The write and the event's insert as one write of two statements,
-        // committed together. Both use numbered parameters: ?1 run id, ?2
-        // kind, ?3 data, ?4 now; the write's own from ?5.
-        macro_rules! with_event {
-            ($write:literal) => {
-                concat!(
-                    $write,
-                    "; INSERT INTO events (run_id, kind, data, at) VALUES (?1, ?2, ?3, ?4) RETURNING id"
-                )
-            };
+        self.transitions(run_id, &[(write, kind, data)], fence)
+            .await
+    }
+
+    async fn transitions(
+        &self,
+        run_id: &str,
+        writes: &[(Transition<'_>, &str, &Value)],
+        fence: &Fence,
+    ) -> Result<Vec<EventRow>, StoreError> {
+        // One write of them all, committed together, in order.
+        let mut joined: Option<Write> = None;
+        let mut expected = Vec::with_capacity(writes.len());
+        let mut times = Vec::with_capacity(writes.len());
+        for &(write, kind, data) in writes {
+            let at = now_text();
+            let (query, log) = transition_write(run_id, write, fence, kind, data, &at);
+            expected.push(log);
+            times.push(at);
+            joined = Some(match joined {
+                None => query,
+                Some(before) => before.then(query),
+            });
         }
-        let at = now_text();
-        let base = |sql: &'static str| {
-            Write::new(sql)
-                .arg(run_id)
-                .arg(kind)
-                .arg(json_text(data))
-                .arg(at.as_str())
-        };
-        // A finished step's log event, inserted before the transition's own.
-        let log = match write {
-            Transition::StepFinished { log, .. } => log,
-            _ => None,
-        };
-        let query = match write {
-            Transition::StepStarted {
-                step_id,
-                attempt,
-                input,
-            } => base(with_event!(
-                "UPDATE steps SET status = 'running', attempts = ?6, input = ?7, output = NULL,
-                                  error_code = NULL, error_message = NULL,
-                                  started_at = ?4, finished_at = NULL,
-                                  workers = json_insert(coalesce(workers, '[]'), '$[#]',
-                                                        json_object('attempt', ?6, 'worker', ?8))
-                 WHERE run_id = ?1 AND step_id = ?5"
-            ))
-            .arg(step_id)
-            .arg(i64::from(attempt))
-            .arg(input.map(json_text))
-            .arg(&*fence.worker),
-            Transition::StepAttempt { step_id, attempt } => base(with_event!(
-                "UPDATE steps SET attempts = max(attempts, ?6),
-                                  workers = json_insert(coalesce(workers, '[]'), '$[#]',
-                                                        json_object('attempt', ?6, 'worker', ?7))
-                 WHERE run_id = ?1 AND step_id = ?5"
-            ))
-            .arg(step_id)
-            .arg(i64::from(attempt))
-            .arg(&*fence.worker),
-            Transition::StepFinished {
-                step_id,
-                status,
-                output,
-                error,
-                log: _,
-            } => {
-                let query = match log {
-                    None => base(with_event!(
-                        "UPDATE steps SET status = ?6, output = ?7, error_code = ?8,
-                                          error_message = ?9, finished_at = ?4
-                         WHERE run_id = ?1 AND step_id = ?5"
-                    )),
-                    // The step's log event first (?10 its data), then the
-                    // step's own.
-                    Some(_) => base(with_event!(
-                        "UPDATE steps SET status = ?6, output = ?7, error_code = ?8,
-                                          error_message = ?9, finished_at = ?4
-                         WHERE run_id = ?1 AND step_id = ?5;
-                         INSERT INTO events (run_id, kind, data, at)
-                         VALUES (?1, 'step.log', ?10, ?4) RETURNING id"
-                    )),
-                };
-                let query = query
-                    .arg(step_id)
-                    .arg(status.as_str())
-                    .arg(output.map(json_text))
-                    .arg(error.map(|e| e.code.as_str()))
-                    .arg(error.map(|e| e.message.as_str()));
-                match log {
-                    Some(log) => query.arg(json_text(log)),
-                    None => query,
-                }
-            }
-            Transition::RunFinished {
-                status,
-                output,
-                error,
-            } => base(with_event!(
-                "UPDATE runs SET status = ?5, output = ?6, error_code = ?7, error_message = ?8,
-                                 finished_at = ?4, finished_ms = ?9
-                 WHERE run_id = ?1"
-            ))
-            .arg(status.as_str())
-            .arg(output.map(json_text))
-            .arg(error.map(|e| e.code.as_str()))
-            .arg(error.map(|e| e.message.as_str()))
-            .arg(now_ms()),
+        let Some(joined) = joined else {
+            return Ok(Vec::new());
         };
         // One id per event inserted, in order.
         let ids: Vec<i64> = self
             .writer
-            .write(query)
+            .write(joined)
             .await?
             .into_iter()
             .flatten()
             .collect();
-        let expected = 1 + usize::from(log.is_some());
-        if ids.len() != expected {
+        let count: usize = expected
+            .iter()
+            .map(|log| 1 + usize::from(log.is_some()))
+            .sum();
+        if ids.len() != count {
             return Err(StoreError::Corrupt(format!(
-                "the event inserts returned {} ids, not {expected}",
+                "the event inserts returned {} ids, not {count}",
                 ids.len()
             )));
         }
-        let event = |id, kind: &str, data: &Value| EventRow {
+        let event = |id, kind: &str, data: &Value, at: &str| EventRow {
             id,
             run_id: run_id.to_owned(),
             kind: kind.to_owned(),
             data: data.clone(),
-            at: at.clone(),
+            at: at.to_owned(),
         };
-        let mut appended = Vec::with_capacity(2);
-        if let Some(log) = log {
-            appended.push(event(ids[0], STEP_LOG, log));
+        let mut ids = ids.into_iter();
+        let mut appended = Vec::with_capacity(count);
+        for ((&(_, kind, data), log), at) in writes.iter().zip(expected).zip(&times) {
+            if let Some(log) = log {
+                appended.push(event(ids.next().expect("counted"), STEP_LOG, log, at));
+            }
+            appended.push(event(ids.next().expect("counted"), kind, data, at));
         }
-        appended.push(event(ids[ids.len() - 1], kind, data));
         Ok(appended)
     }
 
@@ -1014,4 +948,115 @@ impl Store for SqliteStore {
         .rows_affected();
         Ok(deleted)
     }
+}
+
+/// A [`Store::transition`]'s write (its update and its events' inserts, with
+/// `at` as now), and its `step.log` data if it appends one first.
+fn transition_write<'a>(
+    run_id: &str,
+    write: Transition<'a>,
+    fence: &Fence,
+    kind: &str,
+    data: &Value,
+    at: &str,
+) -> (Write, Option<&'a Value>) {
+    // The write and the event's insert as one write of two statements,
+    // committed together. Both use numbered parameters: ?1 run id, ?2
+    // kind, ?3 data, ?4 now; the write's own from ?5.
+    macro_rules! with_event {
+        ($write:literal) => {
+            concat!(
+                $write,
+                "; INSERT INTO events (run_id, kind, data, at) VALUES (?1, ?2, ?3, ?4) RETURNING id"
+            )
+        };
+    }
+    let base = |sql: &'static str| {
+        Write::new(sql)
+            .arg(run_id)
+            .arg(kind)
+            .arg(json_text(data))
+            .arg(at)
+    };
+    // A finished step's log event, inserted before the transition's own.
+    let log = match write {
+        Transition::StepFinished { log, .. } => log,
+        _ => None,
+    };
+    let query = match write {
+        Transition::StepStarted {
+            step_id,
+            attempt,
+            input,
+        } => base(with_event!(
+            "UPDATE steps SET status = 'running', attempts = ?6, input = ?7, output = NULL,
+                              error_code = NULL, error_message = NULL,
+                              started_at = ?4, finished_at = NULL,
+                              workers = json_insert(coalesce(workers, '[]'), '$[#]',
+                                                    json_object('attempt', ?6, 'worker', ?8))
+             WHERE run_id = ?1 AND step_id = ?5"
+        ))
+        .arg(step_id)
+        .arg(i64::from(attempt))
+        .arg(input.map(json_text))
+        .arg(&*fence.worker),
+        Transition::StepAttempt { step_id, attempt } => base(with_event!(
+            "UPDATE steps SET attempts = max(attempts, ?6),
+                              workers = json_insert(coalesce(workers, '[]'), '$[#]',
+                                                    json_object('attempt', ?6, 'worker', ?7))
+             WHERE run_id = ?1 AND step_id = ?5"
+        ))
+        .arg(step_id)
+        .arg(i64::from(attempt))
+        .arg(&*fence.worker),
+        Transition::StepFinished {
+            step_id,
+            status,
+            output,
+            error,
+            log: _,
+        } => {
+            let query = match log {
+                None => base(with_event!(
+                    "UPDATE steps SET status = ?6, output = ?7, error_code = ?8,
+                                      error_message = ?9, finished_at = ?4
+                     WHERE run_id = ?1 AND step_id = ?5"
+                )),
+                // The step's log event first (?10 its data), then the
+                // step's own.
+                Some(_) => base(with_event!(
+                    "UPDATE steps SET status = ?6, output = ?7, error_code = ?8,
+                                      error_message = ?9, finished_at = ?4
+                     WHERE run_id = ?1 AND step_id = ?5;
+                     INSERT INTO events (run_id, kind, data, at)
+                     VALUES (?1, 'step.log', ?10, ?4) RETURNING id"
+                )),
+            };
+            let query = query
+                .arg(step_id)
+                .arg(status.as_str())
+                .arg(output.map(json_text))
+                .arg(error.map(|e| e.code.as_str()))
+                .arg(error.map(|e| e.message.as_str()));
+            match log {
+                Some(log) => query.arg(json_text(log)),
+                None => query,
+            }
+        }
+        Transition::RunFinished {
+            status,
+            output,
+            error,
+        } => base(with_event!(
+            "UPDATE runs SET status = ?5, output = ?6, error_code = ?7, error_message = ?8,
+                             finished_at = ?4, finished_ms = ?9
+             WHERE run_id = ?1"
+        ))
+        .arg(status.as_str())
+        .arg(output.map(json_text))
+        .arg(error.map(|e| e.code.as_str()))
+        .arg(error.map(|e| e.message.as_str()))
+        .arg(now_ms()),
+    };
+    (query, log)
 }

@@ -312,7 +312,9 @@ pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending
                         return Err(StoreError::Corrupt(format!("a step task failed: {e}")));
                     }
                 };
-                record(&ctx, &mut states, &id, outcome, stop, log).await?;
+                if let Some(ending) = record(&ctx, &mut states, &id, outcome, stop, log).await? {
+                    return Ok(ending);
+                }
             }
             _ = ctx.cancel.cancelled(), if stop.is_none() => {
                 stop = Some(Stop::Cancelled);
@@ -523,7 +525,9 @@ async fn settle(
     transition(ctx, states, id, status, None, error, None).await
 }
 
-/// Stores how a step ended and updates the scheduler's view.
+/// Stores how a step ended and updates the scheduler's view. When it was
+/// the run's last step to end, the run's end goes in the same write, and is
+/// what this returns.
 async fn record(
     ctx: &RunCtx,
     states: &mut HashMap<String, StepState>,
@@ -531,7 +535,7 @@ async fn record(
     outcome: Outcome,
     stop: Option<Stop>,
     log: Option<Value>,
-) -> Result<(), StoreError> {
+) -> Result<Option<Ending>, StoreError> {
     // The log goes with the step's transition; where there is none, alone.
     let alone = async |log: Option<Value>| {
         if let Some(log) = log {
@@ -550,7 +554,7 @@ async fn record(
             alone(log).await;
             // Left `running` in the store: the next start runs it again.
             states.get_mut(id).expect("every step has a state").status = StepStatus::Running;
-            return Ok(());
+            return Ok(None);
         }
         Outcome::Interrupted => {
             let f = match stop {
@@ -562,7 +566,33 @@ async fn record(
             (StepStatus::Cancelled, None, Some(f))
         }
     };
-    transition(ctx, states, id, status, output, error, log).await
+    let last = states
+        .iter()
+        .all(|(other, state)| other == id || state.status.is_finished());
+    if !last {
+        transition(ctx, states, id, status, output, error, log).await?;
+        return Ok(None);
+    }
+    // Nothing runs after this step, so the run's end is worked out from the
+    // scheduler's view with this step in it, before either is stored; the
+    // two are then stored together (one write, where the store can). A
+    // crash before that write leaves the step to run again, as it would
+    // between two writes.
+    let data = json!({"step": id, "status": status, "error": error});
+    let state = states.get_mut(id).expect("every step has a state");
+    state.status = status;
+    state.output = output;
+    state.error = error;
+    let end = run_end(ctx, states, stop).await;
+    let state = &states[id];
+    let step = Transition::StepFinished {
+        step_id: id,
+        status,
+        output: state.output.as_ref(),
+        error: state.error.as_ref(),
+        log: log.as_ref(),
+    };
+    end_run(ctx, end, Some((step, data))).await.map(Some)
 }
 
 /// Settles the steps that never ran and records how the run ended.
@@ -583,13 +613,24 @@ async fn finish(
             settle(ctx, states, id, StepStatus::Cancelled, Some(error)).await?;
         }
     }
+    let end = run_end(ctx, states, stop).await;
+    end_run(ctx, end, None).await
+}
+
+/// How a run whose steps have all finished ends: its status, output and
+/// error.
+async fn run_end(
+    ctx: &RunCtx,
+    states: &HashMap<String, StepState>,
+    stop: Option<Stop>,
+) -> (RunStatus, Option<Value>, Option<Failure>) {
     let single = ctx.def.steps.len() == 1;
     let failed_step = ctx
         .def
         .steps
         .iter()
         .find(|s| states[&s.spec.id].status == StepStatus::Failed);
-    let (status, output, error) = match (stop, failed_step) {
+    match (stop, failed_step) {
         (Some(Stop::Cancelled), _) => (
             RunStatus::Cancelled,
             None,
@@ -625,17 +666,38 @@ async fn finish(
             Ok(output) => (RunStatus::Succeeded, Some(output), None),
             Err(f) => (RunStatus::Failed, None, Some(f)),
         },
-    };
+    }
+}
+
+/// Stores the run's end (after `step`'s, in the same write, when given) and
+/// traces it.
+async fn end_run(
+    ctx: &RunCtx,
+    (status, output, error): (RunStatus, Option<Value>, Option<Failure>),
+    step: Option<(Transition<'_>, Value)>,
+) -> Result<Ending, StoreError> {
     let data = json!({"status": status, "error": error});
     let write = Transition::RunFinished {
         status,
         output: output.as_ref(),
         error: error.as_ref(),
     };
-    let at = ctx
-        .events
-        .transition(&ctx.run_id, write, &ctx.fence, "run.finished", data)
-        .await?;
+    let at = match &step {
+        Some((step, step_data)) => {
+            let writes = [
+                (*step, "step.finished", step_data),
+                (write, "run.finished", &data),
+            ];
+            ctx.events
+                .transitions(&ctx.run_id, &writes, &ctx.fence)
+                .await?
+        }
+        None => {
+            ctx.events
+                .transition(&ctx.run_id, write, &ctx.fence, "run.finished", data)
+                .await?
+        }
+    };
     trace::record_status(
         &ctx.span,
         status.as_str(),

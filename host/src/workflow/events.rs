@@ -106,6 +106,22 @@ impl Events {
         .await
     }
 
+    /// [`Events::transition`] of several writes of one run, in order,
+    /// committed together where the store can; the time of the last one's
+    /// event.
+    pub(crate) async fn transitions(
+        &self,
+        run_id: &str,
+        writes: &[(Transition<'_>, &str, &Value)],
+        fence: &Fence,
+    ) -> Result<String, StoreError> {
+        self.publish(async {
+            let rows = self.store.transitions(run_id, writes, fence).await?;
+            Ok((own_time(&rows), rows))
+        })
+        .await
+    }
+
     /// Runs `write`, a store write that appends the events it returns, then
     /// tells the live streams of them. Where the store orders appends, the
     /// tail broadcasts them from its log. Otherwise one write at a time from

@@ -393,6 +393,9 @@ impl Workflows {
         });
         this.load_nodes(&this.loaded())?;
         if this.store.shared() {
+            // Listed among the workers before anything is served: a
+            // `host.status` right after start-up sees this worker.
+            this.store.heartbeat(&this.worker_row()).await?;
             worker::start_upkeep(&this);
         }
         if this.store.feeds_from_log() {
