@@ -902,6 +902,53 @@ async fn a_sqlite_state_file_is_checkpointed_while_open() {
     assert_eq!(store.events(Some("r1"), 0, 5000).await.unwrap().len(), 3000);
 }
 
+/// Under a steady load of writes the WAL starts over, so it stays bounded:
+/// a checkpoint from beside the writer never completes while writes keep
+/// landing, and a WAL only starts over after a complete one. Before the
+/// writer finished checkpoints itself, a `workflow.start` load grew the WAL
+/// by 90 MB a second, for as long as the load lasted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sqlite_wal_stays_bounded_under_a_steady_load() {
+    const WRITERS: usize = 8;
+    const TOTAL: usize = 160 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let store = Arc::new(SqliteStore::open(path.to_str().unwrap()).await.unwrap());
+    store
+        .create_run(&new_run("r1", 1), Some(&lease("w1")))
+        .await
+        .unwrap();
+    let filler = Arc::new("x".repeat(8 << 10));
+    let mut writers = tokio::task::JoinSet::new();
+    for _ in 0..WRITERS {
+        let (store, filler) = (store.clone(), filler.clone());
+        writers.spawn(async move {
+            for n in 0..TOTAL / filler.len() / WRITERS {
+                store
+                    .append_event("r1", "test", &json!({"n": n, "filler": *filler}))
+                    .await
+                    .unwrap();
+            }
+        });
+    }
+    let wal = dir.path().join("state.db-wal");
+    let mut largest = 0;
+    while !writers.is_empty() {
+        tokio::select! {
+            joined = writers.join_next() => joined.unwrap().unwrap(),
+            () = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+        largest = largest.max(std::fs::metadata(&wal).map_or(0, |m| m.len()));
+    }
+    assert!(
+        largest < (TOTAL as u64) / 2,
+        "the WAL grew to {largest} bytes for {TOTAL} bytes written"
+    );
+    // Every write landed.
+    let written = (TOTAL / filler.len() / WRITERS * WRITERS) as i64;
+    assert_eq!(store.last_event_id().await.unwrap(), written);
+}
+
 /// What only a shared store does, on PostgreSQL.
 mod shared {
     use super::*;

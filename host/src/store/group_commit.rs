@@ -1,31 +1,46 @@
-//! Group commit for the SQLite store: every write goes through one task that
-//! owns the only writing connection, and the writes that queued up while the
-//! last group ran go to SQLite together, in one transaction.
+//! Group commit for the SQLite store: every grouped write goes through one
+//! thread that owns a writing connection of its own, and the writes that
+//! queued up while the last group ran go to SQLite together, in one
+//! transaction.
 //!
-//! A write is one or more statements with numbered parameters (`?1`, `?2`…).
-//! The writes of one kind in a group are joined into one query (see
-//! [`commit`]), so a group costs a few round trips to the connection's
-//! thread, not one per statement. Every caller is answered after the commit,
-//! with the rows of its own statements. If the group fails, it is
-//! rolled back and its writes run again one by one, so a bad write fails
-//! alone. A write is atomic: its statements commit together or not at all.
+//! A write is one or more statements with numbered parameters (`?1`, `?2`…),
+//! and the statements of any writes joined to it ([`Write::then`]), each part
+//! numbering its own parameters. A write is atomic: its statements commit
+//! together or not at all. In a group, each write runs in a savepoint of its
+//! own, so a write that fails is rolled back alone and only its caller gets
+//! the error. Every caller is answered after the commit, with the rows of its
+//! own statements.
 //!
-//! Why: each statement through sqlx costs a hand-off to the connection's
-//! thread and back. With one statement per hand-off, a `workflow.start` load
-//! spent its time waking threads, not in SQLite (`bench/rpc/run.sh`).
+//! Why a thread with its own synchronous connection: through sqlx, each
+//! statement's result and each row came back to the writing task over a
+//! channel between threads, one hand-off each. A `workflow.start` load made
+//! groups of about 32 writes that took 2.9 ms each, most of it waking
+//! threads (`bench/rpc/run.sh`). Here a group costs one wake-up to start and
+//! one per caller to answer, and statements stay compiled between groups.
 
-use sqlx::sqlite::{SqliteArguments, SqlitePool, SqliteRow};
-use sqlx::{Either, Executor, Row, Sqlite};
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::ffi::c_int;
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::hooks::Wal;
+use rusqlite::types::{ToSqlOutput, ValueRef};
+use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 
 use super::StoreError;
 
 /// At most this many writes go in one group.
 const MAX_WRITES: usize = 128;
-/// The largest chunk of writes of one kind sent to SQLite at once; chunks
-/// are powers of two up to it, so each kind has at most 12 texts to compile
-/// (6 sizes, with and without BEGIN and COMMIT).
-const MAX_CHUNK: usize = 32;
+/// Past this many pages of WAL (64 MiB of 4 KiB pages), the writer
+/// finishes a checkpoint itself ([`restart_wal`]).
+const WAL_RESTART_PAGES: i32 = 16_384;
+/// What a WAL file is cut back to when it starts over.
+const WAL_KEEP_BYTES: i64 = 64 << 20;
+/// Statements the writing connection keeps compiled: every statement of
+/// every kind of write, with room to spare.
+const STATEMENT_CACHE: usize = 128;
 
 /// A parameter of a write.
 #[derive(Debug)]
@@ -59,9 +74,22 @@ impl<T: Into<Arg>> From<Option<T>> for Arg {
     }
 }
 
+impl rusqlite::ToSql for Arg {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Borrowed(match self {
+            Arg::Text(s) => ValueRef::Text(s.as_bytes()),
+            Arg::Int(n) => ValueRef::Integer(*n),
+            Arg::Null => ValueRef::Null,
+        }))
+    }
+}
+
 /// One write: its statements, separated by `;`, with parameters `?1`..`?n`
 /// bound to `args` in order; and the statements of any writes joined to it
 /// ([`Write::then`]), each part numbering its own parameters.
+///
+/// The statements are this module's callers' own, with no `;` inside a
+/// string literal.
 pub(super) struct Write {
     parts: Vec<Part>,
 }
@@ -97,16 +125,6 @@ impl Write {
         self.parts.extend(next.parts);
         self
     }
-
-    /// Whether `other` has the same statements (so the same text in a chunk).
-    fn same_kind(&self, other: &Write) -> bool {
-        self.parts.len() == other.parts.len()
-            && self
-                .parts
-                .iter()
-                .zip(&other.parts)
-                .all(|(a, b)| std::ptr::eq(a.sql, b.sql))
-    }
 }
 
 /// What one statement of a write returned: the first column of every row,
@@ -125,12 +143,41 @@ pub(super) struct Writer {
 }
 
 impl Writer {
-    /// Starts the task that owns `pool`'s writes. It ends when the last
-    /// handle is dropped, after the writes already queued.
-    pub(super) fn start(pool: SqlitePool) -> Writer {
+    /// Opens a writing connection to the SQLite database at `path` (already
+    /// in WAL mode) and starts the thread that owns it. The thread ends when
+    /// the last handle is dropped, after the writes already queued.
+    pub(super) fn start(path: &Path) -> Result<Writer, String> {
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| e.to_string())?;
+        let setup = || -> rusqlite::Result<()> {
+            // As the store's other connections: see `SqliteStore::open`.
+            conn.busy_timeout(Duration::from_secs(10))?;
+            conn.pragma_update(None, "foreign_keys", "ON")?;
+            conn.pragma_update(None, "synchronous", "NORMAL")?;
+            // Checkpoints run beside it (see `checkpoints` in the store).
+            conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+            // A savepoint's journal in memory, not in a temp file: the
+            // writes of a group each have one (kernel time in a temp file's
+            // writes was a tenth of this thread's).
+            conn.pragma_update(None, "temp_store", "MEMORY")?;
+            // A WAL that grew under a load is cut back to this when it
+            // starts over.
+            conn.pragma_update(None, "journal_size_limit", WAL_KEEP_BYTES)?;
+            conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+            // After `wal_autocheckpoint`, which sets a hook of its own.
+            conn.wal_hook(Some(note_wal_pages));
+            Ok(())
+        };
+        setup().map_err(|e| e.to_string())?;
         let (queue, rx) = mpsc::channel(1024);
-        tokio::spawn(write_loop(pool, rx));
-        Writer { queue }
+        std::thread::Builder::new()
+            .name("wf-sqlite-writer".into())
+            .spawn(move || write_loop(conn, rx))
+            .map_err(|e| format!("cannot start its writer: {e}"))?;
+        Ok(Writer { queue })
     }
 
     /// Commits `write`; the result of each of its statements, in order.
@@ -147,9 +194,10 @@ impl Writer {
     }
 }
 
-async fn write_loop(pool: SqlitePool, mut rx: mpsc::Receiver<Queued>) {
+fn write_loop(mut conn: Connection, mut rx: mpsc::Receiver<Queued>) {
+    let mut split = Statements::default();
     let mut group: Vec<Queued> = Vec::new();
-    while let Some(first) = rx.recv().await {
+    while let Some(first) = rx.blocking_recv() {
         group.push(first);
         while group.len() < MAX_WRITES {
             match rx.try_recv() {
@@ -157,258 +205,167 @@ async fn write_loop(pool: SqlitePool, mut rx: mpsc::Receiver<Queued>) {
                 Err(_) => break,
             }
         }
-        let writes: Vec<&Write> = group.iter().map(|q| &q.write).collect();
-        match commit(&pool, &writes).await {
+        match commit(&mut conn, &mut split, &group) {
             Ok(results) => {
-                for (queued, done) in group.drain(..).zip(results) {
-                    let _ = queued.reply.send(Ok(done));
-                }
-            }
-            Err(e) if group.len() == 1 => {
-                let _ = group.pop().expect("one write").reply.send(Err(e));
-            }
-            // One of them failed: each alone, so only that one fails.
-            Err(e) => {
-                tracing::debug!(
-                    writes = group.len(),
-                    "a group of writes failed ({e}); writing them one by one"
-                );
-                for queued in group.drain(..) {
-                    let result = commit(&pool, &[&queued.write])
-                        .await
-                        .map(|mut done| done.pop().expect("one write"));
+                for (queued, result) in group.drain(..).zip(results) {
                     let _ = queued.reply.send(result);
                 }
             }
-        }
-    }
-}
-
-/// Runs `writes` in one transaction; per write, the results of its
-/// statements. On an error the transaction is rolled back.
-///
-/// Writes with the same statements go to SQLite together, in chunks of 1, 2,
-/// 4… [`MAX_CHUNK`] writes: each chunk's text depends only on its statements
-/// and its size, so SQLite compiles it once and the connection keeps it
-/// (parsing a fresh text for every group took a third of the writer's time).
-/// Writes of one kind keep their order; writes of different kinds in one
-/// group were made concurrently and have no order between them.
-async fn commit(pool: &SqlitePool, writes: &[&Write]) -> Result<Vec<Vec<Done>>, StoreError> {
-    // Each kind of write (its statements' text), in order of first
-    // appearance, with the writes of that kind; then cut into chunks.
-    let mut kinds: Vec<(&Write, Vec<usize>)> = Vec::new();
-    for (i, &write) in writes.iter().enumerate() {
-        match kinds.iter_mut().find(|(kind, _)| kind.same_kind(write)) {
-            Some((_, of_kind)) => of_kind.push(i),
-            None => kinds.push((write, vec![i])),
-        }
-    }
-    let mut chunks: Vec<&[usize]> = Vec::new();
-    for (_, of_kind) in &kinds {
-        let mut rest = &of_kind[..];
-        while !rest.is_empty() {
-            let (chunk, after) = rest.split_at(MAX_CHUNK.min(1 << rest.len().ilog2()));
-            chunks.push(chunk);
-            rest = after;
-        }
-    }
-    let mut conn = pool.acquire().await?;
-    // A lone chunk (in a quiet moment, a single write) carries BEGIN and
-    // COMMIT itself: one round trip instead of three.
-    let alone = chunks.len() == 1;
-    let result = async {
-        if !alone {
-            conn.execute("BEGIN IMMEDIATE").await?;
-        }
-        let mut results: Vec<Vec<Done>> = (0..writes.len()).map(|_| Vec::new()).collect();
-        for chunk in chunks {
-            let mut sql = String::new();
-            if alone {
-                sql.push_str("BEGIN IMMEDIATE;\n");
-            }
-            let mut args: Vec<&Arg> = Vec::new();
-            let mut counts = Vec::with_capacity(chunk.len());
-            for &i in chunk {
-                counts.push(unnumber(writes[i], &mut sql, &mut args));
-                sql.push_str(";\n");
-            }
-            if alone {
-                sql.push_str("COMMIT");
-            }
-            let mut query = sqlx::query::<Sqlite>(sqlx::AssertSqlSafe(sql));
-            for arg in args {
-                query = match arg {
-                    Arg::Text(s) => query.bind(s.as_str()),
-                    Arg::Int(n) => query.bind(*n),
-                    Arg::Null => query.bind(None::<i64>),
-                };
-            }
-            let statements = run(&mut conn, query).await?;
-            let extra = if alone { 2 } else { 0 };
-            let expected = counts.iter().sum::<usize>() + extra;
-            if statements.len() != expected {
-                return Err(StoreError::Corrupt(format!(
-                    "a chunk of writes ran {} statements, not {expected}",
-                    statements.len()
-                )));
-            }
-            // Without BEGIN's result.
-            let mut statements = statements.into_iter().skip(extra / 2);
-            for (&i, n) in chunk.iter().zip(counts) {
-                results[i] = statements.by_ref().take(n).collect();
-            }
-        }
-        if !alone {
-            conn.execute("COMMIT").await?;
-        }
-        Ok(results)
-    }
-    .await;
-    if result.is_err() {
-        // Still in the transaction unless COMMIT went through (it did not,
-        // or this would be Ok); if none is open, this fails harmlessly.
-        let _ = conn.execute("ROLLBACK").await;
-    }
-    result
-}
-
-/// Every statement's rows, in order.
-async fn run(
-    conn: &mut sqlx::SqliteConnection,
-    query: sqlx::query::Query<'_, Sqlite, SqliteArguments>,
-) -> Result<Vec<Done>, StoreError> {
-    use futures::TryStreamExt;
-    let mut stream = conn.fetch_many(query);
-    let mut statements = Vec::new();
-    let mut current = Done::default();
-    while let Some(item) = stream.try_next().await? {
-        match item {
-            // The end of a statement.
-            Either::Left(_) => statements.push(std::mem::take(&mut current)),
-            Either::Right(row) => {
-                let row: SqliteRow = row;
-                current.push(row.try_get::<i64, _>(0).unwrap_or_default());
-            }
-        }
-    }
-    Ok(statements)
-}
-
-/// Appends `write`'s statements to `sql` with each `?N` as a plain `?`, and
-/// argument `N` (of the statement's part) to `args` for each: the parameters
-/// of the joined statements are then bound in order. (sqlx binds `?N` past
-/// the first statement's numbers wrongly: it stops at the first number a
-/// statement skips.) The number of statements in `write`.
-///
-/// The statements are this module's callers' own, with no `?` or `;` inside
-/// a string literal.
-fn unnumber<'a>(write: &'a Write, sql: &mut String, args: &mut Vec<&'a Arg>) -> usize {
-    let mut statements = 0;
-    for (i, part) in write.parts.iter().enumerate() {
-        if i > 0 {
-            sql.push_str(";\n");
-        }
-        statements += unnumber_part(part, sql, args);
-    }
-    statements
-}
-
-fn unnumber_part<'a>(part: &'a Part, sql: &mut String, args: &mut Vec<&'a Arg>) -> usize {
-    let mut statements = 0;
-    let mut open = false;
-    let mut chars = part.sql.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '?' => {
-                let mut n = 0usize;
-                while let Some(v) = chars.peek().and_then(|d| d.to_digit(10)) {
-                    n = n * 10 + v as usize;
-                    chars.next();
+            // Nothing of the group was committed.
+            Err(e) => {
+                tracing::warn!(writes = group.len(), "a group of state writes failed: {e}");
+                let message = e.to_string();
+                for queued in group.drain(..) {
+                    let _ = queued.reply.send(Err(StoreError::Write(message.clone())));
                 }
-                let arg = n
-                    .checked_sub(1)
-                    .and_then(|i| part.args.get(i))
-                    .unwrap_or_else(|| panic!("no argument for ?{n} in: {}", part.sql));
-                args.push(arg);
-                sql.push('?');
-                open = true;
             }
-            ';' => {
-                if open {
-                    statements += 1;
-                    open = false;
+        }
+        if WAL_PAGES.get() >= WAL_RESTART_PAGES {
+            restart_wal(&conn);
+        }
+    }
+}
+
+thread_local! {
+    /// The pages in the writer's WAL after its last commit.
+    static WAL_PAGES: Cell<i32> = const { Cell::new(0) };
+}
+
+fn note_wal_pages(_: &Wal, pages: c_int) -> rusqlite::Result<()> {
+    WAL_PAGES.set(pages);
+    Ok(())
+}
+
+/// A checkpoint from the writing connection, between two groups: no write
+/// lands while it runs, so it completes, and the next write starts the WAL
+/// over. The store's checkpoints from another connection (every 250 ms)
+/// copy most of the WAL back beside the writer, but under a steady load they
+/// never complete, and a WAL starts over only after a complete one: a
+/// `workflow.start` load grew it by 90 MB a second. This one has only what
+/// came since theirs to copy.
+fn restart_wal(conn: &Connection) {
+    WAL_PAGES.set(0);
+    // (busy, pages in the WAL, pages copied back)
+    match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+        Ok((
+            row.get::<_, i64>(0)?,
+            row.get::<_, i64>(1)?,
+            row.get::<_, i64>(2)?,
+        ))
+    }) {
+        Ok((_, pages, copied)) if copied < pages => {
+            tracing::debug!(
+                pages,
+                copied,
+                "the state WAL could not all be copied back (a reader holds it)"
+            );
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!("cannot copy the state file's WAL back into it: {e}"),
+    }
+}
+
+/// Runs `group` in one transaction: per write, its statements' results, or
+/// its error (that write rolled back, the others committed). `Err` when the
+/// transaction itself failed, and nothing was committed.
+fn commit(
+    conn: &mut Connection,
+    split: &mut Statements,
+    group: &[Queued],
+) -> rusqlite::Result<Vec<Result<Vec<Done>, StoreError>>> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let mut results = Vec::with_capacity(group.len());
+    if let [alone] = group {
+        // A lone write needs no savepoint: on an error, the transaction
+        // rolls back as it drops.
+        match run(&tx, split, &alone.write) {
+            Ok(done) => results.push(Ok(done)),
+            Err(e) => {
+                results.push(Err(StoreError::Write(e.to_string())));
+                return Ok(results);
+            }
+        }
+    } else {
+        for queued in group {
+            tx.prepare_cached("SAVEPOINT write")?.execute([])?;
+            match run(&tx, split, &queued.write) {
+                Ok(done) => {
+                    tx.prepare_cached("RELEASE write")?.execute([])?;
+                    results.push(Ok(done));
                 }
-                sql.push(';');
-            }
-            c => {
-                open |= !c.is_whitespace();
-                sql.push(c);
+                Err(e) => {
+                    tx.prepare_cached("ROLLBACK TO write")?.execute([])?;
+                    tx.prepare_cached("RELEASE write")?.execute([])?;
+                    results.push(Err(StoreError::Write(e.to_string())));
+                }
             }
         }
     }
-    if open {
-        statements += 1;
+    tx.commit()?;
+    Ok(results)
+}
+
+/// Runs each statement of `write`, in order; the first column of each row
+/// each returned.
+fn run(conn: &Connection, split: &mut Statements, write: &Write) -> rusqlite::Result<Vec<Done>> {
+    let mut done = Vec::new();
+    for part in &write.parts {
+        for &sql in split.of(part.sql) {
+            let mut statement = conn.prepare_cached(sql)?;
+            // `?N` is argument N of the statement's part; a statement need
+            // not use every one.
+            for i in 1..=statement.parameter_count() {
+                let arg = part
+                    .args
+                    .get(i - 1)
+                    .ok_or(rusqlite::Error::InvalidParameterCount(i, part.args.len()))?;
+                statement.raw_bind_parameter(i, arg)?;
+            }
+            let mut rows = statement.raw_query();
+            let mut ints = Done::new();
+            while let Some(row) = rows.next()? {
+                ints.push(row.get::<_, i64>(0).unwrap_or_default());
+            }
+            done.push(ints);
+        }
     }
-    statements
+    Ok(done)
+}
+
+/// Each write text cut into its statements, once per text.
+#[derive(Default)]
+struct Statements(HashMap<(usize, usize), Vec<&'static str>>);
+
+impl Statements {
+    fn of(&mut self, sql: &'static str) -> &[&'static str] {
+        self.0
+            .entry((sql.as_ptr() as usize, sql.len()))
+            .or_insert_with(|| split(sql))
+    }
+}
+
+/// `sql`'s statements (separated by `;`), without empty ones.
+fn split(sql: &'static str) -> Vec<&'static str> {
+    sql.split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{Arg, Write, unnumber};
+    use super::split;
 
     #[test]
-    fn parameters_are_bound_in_order_and_statements_counted() {
-        let write = Write::new("UPDATE t SET a = ?2 WHERE b = ?1;\n INSERT INTO u VALUES (?2) ")
-            .arg("one")
-            .arg(2);
-        let mut sql = String::new();
-        let mut args = Vec::new();
-        assert_eq!(unnumber(&write, &mut sql, &mut args), 2);
+    fn a_write_is_cut_into_its_statements() {
         assert_eq!(
-            sql,
-            "UPDATE t SET a = ? WHERE b = ?;\n INSERT INTO u VALUES (?) "
+            split("UPDATE t SET a = ?2 WHERE b = ?1;\n INSERT INTO u VALUES (?2) ; "),
+            [
+                "UPDATE t SET a = ?2 WHERE b = ?1",
+                "INSERT INTO u VALUES (?2)"
+            ]
         );
-        let args: Vec<String> = args
-            .iter()
-            .map(|a| match a {
-                Arg::Text(s) => s.clone(),
-                Arg::Int(n) => n.to_string(),
-                Arg::Null => "null".into(),
-            })
-            .collect();
-        assert_eq!(args, ["2", "one", "2"]);
-        let mut sql = String::new();
-        assert_eq!(
-            unnumber(&Write::new("SELECT 1;  "), &mut sql, &mut Vec::new()),
-            1
-        );
-    }
-
-    #[test]
-    fn joined_writes_number_their_own_parameters() {
-        let write = Write::new("UPDATE t SET a = ?2 WHERE b = ?1")
-            .arg("one")
-            .arg(2)
-            .then(
-                Write::new("INSERT INTO u VALUES (?1, ?1); SELECT ?2")
-                    .arg(3)
-                    .arg(4),
-            );
-        let mut sql = String::new();
-        let mut args = Vec::new();
-        assert_eq!(unnumber(&write, &mut sql, &mut args), 3);
-        assert_eq!(
-            sql,
-            "UPDATE t SET a = ? WHERE b = ?;\nINSERT INTO u VALUES (?, ?); SELECT ?"
-        );
-        let args: Vec<String> = args
-            .iter()
-            .map(|a| match a {
-                Arg::Text(s) => s.clone(),
-                Arg::Int(n) => n.to_string(),
-                Arg::Null => "null".into(),
-            })
-            .collect();
-        assert_eq!(args, ["2", "one", "3", "3", "4"]);
+        assert_eq!(split("SELECT 1"), ["SELECT 1"]);
+        assert!(split(" ; ").is_empty());
     }
 }

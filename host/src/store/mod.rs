@@ -319,6 +319,9 @@ pub enum StoreError {
     Open { path: String, message: String },
     #[error("state store: {0}")]
     Db(#[from] sqlx::Error),
+    /// A write the SQLite writer could not make (its message).
+    #[error("state store: {0}")]
+    Write(String),
     #[error("state store holds bad data: {0}")]
     Corrupt(String),
     #[error("cursor `{0}` is not one this server returned")]

@@ -6,7 +6,6 @@
 //! upgrades in place.
 
 use std::path::Path;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,15 +31,15 @@ const FOREIGN: &str = "it holds another application's database, not wf-host stat
 
 /// The SQLite store.
 ///
-/// Reads use a pool of connections; every write goes through one connection
-/// owned by a [`Writer`], which commits concurrent writes together (see
-/// [`super::group_commit`]). One writing connection also means writers never
-/// wait on SQLite's lock, where a busy writer sleeps a millisecond or more.
+/// Reads use a pool of connections; the writes of running runs go through
+/// one connection owned by a [`Writer`], which commits concurrent writes
+/// together (see [`super::group_commit`]). The few writes that are not
+/// grouped (a migration, a retry, pruning) use a connection of their own,
+/// and wait on SQLite's lock when the writer holds it.
 pub struct SqliteStore {
     /// For reads.
     pool: SqlitePool,
-    /// Its one connection, for the writes that are not grouped (a migration,
-    /// a retry, pruning). The writer uses it too.
+    /// Its one connection, for the writes that are not grouped.
     writes: SqlitePool,
     writer: Writer,
     location: String,
@@ -49,6 +48,9 @@ pub struct SqliteStore {
     _lock: Option<std::fs::File>,
     /// Stops the WAL checkpoints (see [`checkpoints`]) when the store drops.
     _checkpoints: Option<tokio_util::sync::DropGuard>,
+    /// Where a `:memory:` state keeps its file, removed with the store
+    /// (declared last: it goes after the connections).
+    _temp: Option<tempfile::TempDir>,
 }
 
 impl SqliteStore {
@@ -60,28 +62,26 @@ impl SqliteStore {
     /// corrupt, or cannot be created.
     pub async fn open(location: &str) -> Result<SqliteStore, StoreError> {
         if location == ":memory:" {
-            // One connection that never closes: an in-memory database lives
-            // and dies with its connection.
-            let options = SqliteConnectOptions::from_str("sqlite::memory:")?.foreign_keys(true);
-            let pool = SqlitePoolOptions::new()
-                .max_connections(1)
-                .min_connections(1)
-                .test_before_acquire(false)
-                .idle_timeout(None)
-                .max_lifetime(None)
-                .connect_with(options)
-                .await?;
-            let store = SqliteStore {
-                writes: pool.clone(),
-                writer: Writer::start(pool.clone()),
-                pool,
-                location: location.to_owned(),
-                _lock: None,
-                _checkpoints: None,
-            };
-            store.prepare().await?;
+            // A file of its own in a temp dir that goes with the store: the
+            // writer's connection and the readers' share it, as they could
+            // not share an in-memory database.
+            let dir = tempfile::Builder::new()
+                .prefix("wf-state-")
+                .tempdir()
+                .map_err(|e| StoreError::Open {
+                    path: location.to_owned(),
+                    message: format!("cannot make a temp dir for it: {e}"),
+                })?;
+            let path = dir.path().join("state.db");
+            let mut store = SqliteStore::open_file(&path.display().to_string()).await?;
+            store.location = location.to_owned();
+            store._temp = Some(dir);
             return Ok(store);
         }
+        SqliteStore::open_file(location).await
+    }
+
+    async fn open_file(location: &str) -> Result<SqliteStore, StoreError> {
         let path = Path::new(location);
         let open_err = |message: String| StoreError::Open {
             path: location.to_owned(),
@@ -174,11 +174,12 @@ impl SqliteStore {
             .map_err(|e| open_err(e.to_string()))?;
         let store = SqliteStore {
             pool: writes.clone(),
-            writer: Writer::start(writes.clone()),
+            writer: Writer::start(path).map_err(open_err)?,
             writes,
             location: location.to_owned(),
             _lock: Some(lock),
             _checkpoints: None,
+            _temp: None,
         };
         store.prepare().await.map_err(|e| match e {
             StoreError::Db(e) => open_err(e.to_string()),
@@ -336,7 +337,9 @@ const CHECKPOINT_EVERY: Duration = Duration::from_millis(250);
 /// SQLite's automatic checkpoint runs inside the commit that crosses 1,000
 /// pages of WAL, with an `fsync`: that write, and every write grouped with
 /// it, waited tens of milliseconds. A passive checkpoint from another
-/// connection waits for nobody and holds up no writer.
+/// connection waits for nobody and holds up no writer. (Under a steady load
+/// it never completes; the writer finishes one past a bound, see
+/// `group_commit`.)
 async fn checkpoints(pool: SqlitePool, stop: tokio_util::sync::CancellationToken) {
     let mut tick = tokio::time::interval(CHECKPOINT_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -935,18 +938,23 @@ impl Store for SqliteStore {
     }
 
     async fn prune(&self, keep_runs: u64, finished_before_ms: i64) -> Result<u64, StoreError> {
-        let deleted = sqlx::query(
-            "DELETE FROM runs WHERE status != 'running' AND (
-                 finished_ms < ?1
-                 OR run_id NOT IN (SELECT run_id FROM runs WHERE status != 'running'
-                                   ORDER BY finished_ms DESC, run_id DESC LIMIT ?2))",
-        )
-        .bind(finished_before_ms)
-        .bind(i64::try_from(keep_runs).unwrap_or(i64::MAX))
-        .execute(&self.writes)
-        .await?
-        .rows_affected();
-        Ok(deleted)
+        // Through the writer, as the runs' own writes: a delete from another
+        // connection held SQLite's lock while the writer slept waiting for it.
+        let deleted = self
+            .writer
+            .write(
+                Write::new(
+                    "DELETE FROM runs WHERE status != 'running' AND (
+                         finished_ms < ?1
+                         OR run_id NOT IN (SELECT run_id FROM runs WHERE status != 'running'
+                                           ORDER BY finished_ms DESC, run_id DESC LIMIT ?2))
+                     RETURNING 1",
+                )
+                .arg(finished_before_ms)
+                .arg(i64::try_from(keep_runs).unwrap_or(i64::MAX)),
+            )
+            .await?;
+        Ok(deleted.first().map_or(0, |rows| rows.len() as u64))
     }
 }
 
