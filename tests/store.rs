@@ -902,7 +902,8 @@ async fn a_sqlite_state_file_is_checkpointed_while_open() {
     assert_eq!(store.events(Some("r1"), 0, 5000).await.unwrap().len(), 3000);
 }
 
-/// Under a steady load of writes the WAL starts over, so it stays bounded:
+/// Under a steady load of writes the WAL starts over, so it stays bounded
+/// (256 MiB written, the WAL file stays under 128 MiB):
 /// a checkpoint from beside the writer never completes while writes keep
 /// landing, and a WAL only starts over after a complete one. Before the
 /// writer finished checkpoints itself, a `workflow.start` load grew the WAL
@@ -910,7 +911,11 @@ async fn a_sqlite_state_file_is_checkpointed_while_open() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sqlite_wal_stays_bounded_under_a_steady_load() {
     const WRITERS: usize = 8;
-    const TOTAL: usize = 160 << 20;
+    const TOTAL: usize = 256 << 20;
+    // The writer's bound is 64 MiB; a reader can hold a checkpoint off for a
+    // moment, so the file may pass it. Without the bound, it grows to most of
+    // what was written.
+    const LIMIT: u64 = 128 << 20;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
     let store = Arc::new(SqliteStore::open(path.to_str().unwrap()).await.unwrap());
@@ -941,7 +946,7 @@ async fn a_sqlite_wal_stays_bounded_under_a_steady_load() {
         largest = largest.max(std::fs::metadata(&wal).map_or(0, |m| m.len()));
     }
     assert!(
-        largest < (TOTAL as u64) / 2,
+        largest < LIMIT,
         "the WAL grew to {largest} bytes for {TOTAL} bytes written"
     );
     // Every write landed.
