@@ -36,6 +36,9 @@ const MAX_WRITES: usize = 128;
 /// Past this many pages of WAL (64 MiB of 4 KiB pages), the writer
 /// finishes a checkpoint itself ([`restart_wal`]).
 const WAL_RESTART_PAGES: i32 = 16_384;
+/// After a checkpoint that could not finish, how many more pages of WAL
+/// before the next try (4 MiB).
+const WAL_RETRY_PAGES: i32 = 1_024;
 /// What a WAL file is cut back to when it starts over.
 const WAL_KEEP_BYTES: i64 = 64 << 20;
 /// Statements the writing connection keeps compiled: every statement of
@@ -197,6 +200,7 @@ impl Writer {
 fn write_loop(mut conn: Connection, mut rx: mpsc::Receiver<Queued>) {
     let mut split = Statements::default();
     let mut group: Vec<Queued> = Vec::new();
+    let mut restart_at = WAL_RESTART_PAGES;
     while let Some(first) = rx.blocking_recv() {
         group.push(first);
         while group.len() < MAX_WRITES {
@@ -220,8 +224,14 @@ fn write_loop(mut conn: Connection, mut rx: mpsc::Receiver<Queued>) {
                 }
             }
         }
-        if WAL_PAGES.get() >= WAL_RESTART_PAGES {
-            restart_wal(&conn);
+        if WAL_PAGES.get() >= restart_at {
+            // One that could not finish (a reader holds part of the WAL) is
+            // tried again 4 MiB later, not after every group.
+            restart_at = if restart_wal(&conn) {
+                WAL_RESTART_PAGES
+            } else {
+                WAL_PAGES.get().saturating_add(WAL_RETRY_PAGES)
+            };
         }
     }
 }
@@ -243,8 +253,8 @@ fn note_wal_pages(_: &Wal, pages: c_int) -> rusqlite::Result<()> {
 /// never complete, and a WAL starts over only after a complete one: a
 /// `workflow.start` load grew it by 90 MB a second. This one has only what
 /// came since theirs to copy.
-fn restart_wal(conn: &Connection) {
-    WAL_PAGES.set(0);
+/// Whether it copied the whole WAL back.
+fn restart_wal(conn: &Connection) -> bool {
     // (busy, pages in the WAL, pages copied back)
     match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
         Ok((
@@ -259,9 +269,17 @@ fn restart_wal(conn: &Connection) {
                 copied,
                 "the state WAL could not all be copied back (a reader holds it)"
             );
+            false
         }
-        Ok(_) => {}
-        Err(e) => tracing::warn!("cannot copy the state file's WAL back into it: {e}"),
+        Ok(_) => {
+            // The next commit starts the WAL over and reports its pages.
+            WAL_PAGES.set(0);
+            true
+        }
+        Err(e) => {
+            tracing::warn!("cannot copy the state file's WAL back into it: {e}");
+            false
+        }
     }
 }
 
