@@ -253,6 +253,7 @@ fn note_wal_pages(_: &Wal, pages: c_int) -> rusqlite::Result<()> {
 /// never complete, and a WAL starts over only after a complete one: a
 /// `workflow.start` load grew it by 90 MB a second. This one has only what
 /// came since theirs to copy.
+///
 /// Whether it copied the whole WAL back.
 fn restart_wal(conn: &Connection) -> bool {
     // (busy, pages in the WAL, pages copied back)

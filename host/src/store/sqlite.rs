@@ -31,11 +31,11 @@ const FOREIGN: &str = "it holds another application's database, not wf-host stat
 
 /// The SQLite store.
 ///
-/// Reads use a pool of connections; the writes of running runs go through
+/// Reads use a pool of connections; the runs' writes and pruning go through
 /// one connection owned by a [`Writer`], which commits concurrent writes
 /// together (see [`super::group_commit`]). The few writes that are not
-/// grouped (a migration, a retry, pruning) use a connection of their own,
-/// and wait on SQLite's lock when the writer holds it.
+/// grouped (a migration, reopening or abandoning a run) use a connection of
+/// their own, and wait on SQLite's lock when the writer holds it.
 pub struct SqliteStore {
     /// For reads.
     pool: SqlitePool,
@@ -714,13 +714,13 @@ impl Store for SqliteStore {
     ) -> Result<Vec<EventRow>, StoreError> {
         // One write of them all, committed together, in order.
         let mut joined: Option<Write> = None;
-        let mut expected = Vec::with_capacity(writes.len());
-        let mut times = Vec::with_capacity(writes.len());
+        // Per transition, the `step.log` it appends first (if any) and its
+        // time.
+        let mut each = Vec::with_capacity(writes.len());
         for &(write, kind, data) in writes {
             let at = now_text();
             let (query, log) = transition_write(run_id, write, fence, kind, data, &at);
-            expected.push(log);
-            times.push(at);
+            each.push((log, at));
             joined = Some(match joined {
                 None => query,
                 Some(before) => before.then(query),
@@ -737,9 +737,9 @@ impl Store for SqliteStore {
             .into_iter()
             .flatten()
             .collect();
-        let count: usize = expected
+        let count: usize = each
             .iter()
-            .map(|log| 1 + usize::from(log.is_some()))
+            .map(|(log, _)| 1 + usize::from(log.is_some()))
             .sum();
         if ids.len() != count {
             return Err(StoreError::Corrupt(format!(
@@ -756,7 +756,7 @@ impl Store for SqliteStore {
         };
         let mut ids = ids.into_iter();
         let mut appended = Vec::with_capacity(count);
-        for ((&(_, kind, data), log), at) in writes.iter().zip(expected).zip(&times) {
+        for (&(_, kind, data), (log, at)) in writes.iter().zip(&each) {
             if let Some(log) = log {
                 appended.push(event(ids.next().expect("counted"), STEP_LOG, log, at));
             }

@@ -495,7 +495,7 @@ async fn transition(
     error: Option<Failure>,
     log: Option<Value>,
 ) -> Result<(), StoreError> {
-    let data = json!({"step": id, "status": status, "error": error});
+    let data = step_finished_data(id, status, error.as_ref());
     let write = Transition::StepFinished {
         step_id: id,
         status,
@@ -506,11 +506,27 @@ async fn transition(
     ctx.events
         .transition(&ctx.run_id, write, &ctx.fence, "step.finished", data)
         .await?;
+    set_finished(states, id, status, output, error);
+    Ok(())
+}
+
+/// The data of a `step.finished` event.
+fn step_finished_data(id: &str, status: StepStatus, error: Option<&Failure>) -> Value {
+    json!({"step": id, "status": status, "error": error})
+}
+
+/// The scheduler's view of a step that finished.
+fn set_finished(
+    states: &mut HashMap<String, StepState>,
+    id: &str,
+    status: StepStatus,
+    output: Option<Value>,
+    error: Option<Failure>,
+) {
     let state = states.get_mut(id).expect("every step has a state");
     state.status = status;
     state.output = output;
     state.error = error;
-    Ok(())
 }
 
 /// Settles a step without running it (it can no longer run, or is not to):
@@ -578,11 +594,8 @@ async fn record(
     // two are then stored together (one write, where the store can). A
     // crash before that write leaves the step to run again, as it would
     // between two writes.
-    let data = json!({"step": id, "status": status, "error": error});
-    let state = states.get_mut(id).expect("every step has a state");
-    state.status = status;
-    state.output = output;
-    state.error = error;
+    let data = step_finished_data(id, status, error.as_ref());
+    set_finished(states, id, status, output, error);
     let end = run_end(ctx, states, stop).await;
     let state = &states[id];
     let step = Transition::StepFinished {
@@ -682,22 +695,15 @@ async fn end_run(
         output: output.as_ref(),
         error: error.as_ref(),
     };
-    let at = match &step {
-        Some((step, step_data)) => {
-            let writes = [
-                (*step, "step.finished", step_data),
-                (write, "run.finished", &data),
-            ];
-            ctx.events
-                .transitions(&ctx.run_id, &writes, &ctx.fence)
-                .await?
-        }
-        None => {
-            ctx.events
-                .transition(&ctx.run_id, write, &ctx.fence, "run.finished", data)
-                .await?
-        }
-    };
+    let mut writes = Vec::with_capacity(2);
+    if let Some((step, step_data)) = &step {
+        writes.push((*step, "step.finished", step_data));
+    }
+    writes.push((write, "run.finished", &data));
+    let at = ctx
+        .events
+        .transitions(&ctx.run_id, &writes, &ctx.fence)
+        .await?;
     trace::record_status(
         &ctx.span,
         status.as_str(),

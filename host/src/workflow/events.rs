@@ -96,14 +96,8 @@ impl Events {
         kind: &str,
         data: Value,
     ) -> Result<String, StoreError> {
-        self.publish(async {
-            let rows = self
-                .store
-                .transition(run_id, write, fence, kind, &data)
-                .await?;
-            Ok((own_time(&rows), rows))
-        })
-        .await
+        self.transitions(run_id, &[(write, kind, &data)], fence)
+            .await
     }
 
     /// [`Events::transition`] of several writes of one run, in order,
