@@ -910,3 +910,71 @@ async fn a_run_never_sees_what_the_previous_run_left_in_memory() {
         }
     }
 }
+
+/// Answers every tool call from another task, so a run waits on its call
+/// (the answer is not ready when the guest asks).
+struct LaterBackend;
+
+#[async_trait]
+impl CapabilityBackend for LaterBackend {
+    async fn call_tool(
+        &self,
+        _: &str,
+        _: &str,
+        arguments: Map<String, Value>,
+    ) -> Result<Value, CapabilityError> {
+        let answer = tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            json!({"content": [], "structuredContent": arguments, "isError": false})
+        });
+        Ok(answer.await.expect("the answering task"))
+    }
+    async fn read_resource(&self, _: &str, _: &str) -> Result<Value, CapabilityError> {
+        Err(CapabilityError::NotFound("no resources".into()))
+    }
+    async fn get_prompt(
+        &self,
+        _: &str,
+        _: &str,
+        _: Map<String, Value>,
+    ) -> Result<Value, CapabilityError> {
+        Err(CapabilityError::NotFound("no prompts".into()))
+    }
+    async fn list(&self) -> Result<Vec<CapabilityEntry>, CapabilityError> {
+        Ok(vec![])
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_waited_keeps_its_slot_until_its_instance_is_gone() {
+    // One instance slot. A run that waited on a host call hands its answer
+    // back before its instance is torn down; the next run must still find the
+    // slot free (it waits for the run slot, which the teardown holds), never
+    // `busy`.
+    let (runtime, _cache) = runtime_with(
+        RuntimeConfig {
+            pool_instances: 1,
+            max_concurrent_runs: 1,
+            ..Default::default()
+        },
+        Arc::new(LaterBackend),
+    );
+    let runtime = Arc::new(runtime);
+    let node = runtime.load(&plugin("call")).unwrap();
+    let loops = (0..4).map(|i| {
+        let (runtime, node) = (runtime.clone(), node.clone());
+        tokio::spawn(async move {
+            for n in 0..25 {
+                let input = json!({"capability": "notes.search", "arguments": {"loop": i, "n": n}});
+                let report = runtime
+                    .run(&node, &input.to_string(), granting(&["notes.search"]))
+                    .await;
+                let output: Value = serde_json::from_str(expect_ok(&report)).unwrap();
+                assert_eq!(output["structuredContent"], json!({"loop": i, "n": n}));
+            }
+        })
+    });
+    for handle in loops.collect::<Vec<_>>() {
+        handle.await.unwrap();
+    }
+}

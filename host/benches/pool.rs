@@ -17,8 +17,9 @@
 //!    backend that answers at once (f) or from another task (g), and the
 //!    backend call as seen from inside (a) (a').
 //!
-//! For profiling part 3, `WF_BENCH_ONLY=<0..6>` runs one of its modes ((a) is
-//! 0) and `WF_BENCH_ROUNDS=N` sets its rounds.
+//! `WF_BENCH_PART=3` skips parts 1 and 2. For profiling part 3,
+//! `WF_BENCH_ONLY=<0..6>` runs one of its modes ((a) is 0) and
+//! `WF_BENCH_ROUNDS=N` sets its rounds.
 //!
 //! `WF_BENCH_RUNTIME=current-thread` runs everything on a current-thread tokio
 //! runtime instead of the default multi-thread one; `WF_BENCH_WORKERS=N` sets
@@ -116,11 +117,15 @@ fn main() {
     // every call comes from a task on a worker thread (an RPC handler, a
     // workflow step), and a `block_on` future on the main thread pays a
     // cross-thread wake-up per answer that no caller there pays.
+    // `WF_BENCH_PART=3` runs part 3 alone (for comparing two builds).
+    let part3_only = std::env::var("WF_BENCH_PART").is_ok_and(|v| v == "3");
     rt.block_on(async {
-        tokio::spawn(async {
+        tokio::spawn(async move {
             let servers = servers().await;
             let pool = pool_for(&servers);
-            pooled_vs_fresh(&pool, &servers).await;
+            if !part3_only {
+                pooled_vs_fresh(&pool, &servers).await;
+            }
             node_vs_bare(&pool).await;
             pool.shutdown().await;
         })
