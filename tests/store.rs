@@ -100,6 +100,7 @@ every_backend!(
     prune_follows_runs_that_reopen_and_finish_again,
     an_idempotency_key_finds_the_first_run,
     a_new_run_is_stored_with_its_first_event,
+    a_new_run_s_first_steps_start_with_it,
     a_bad_cursor_is_refused,
     a_run_s_progress_is_recorded,
     runs_page_newest_first,
@@ -601,12 +602,13 @@ async fn a_new_run_is_stored_with_its_first_event(b: Backend) {
     let mut first = new_run("r1", 1);
     first.run.idempotency_key = Some("k".into());
     let data = json!({"workflow": "w", "input": null});
-    let (created, event) = store
-        .create_run_with_event(&first, Some(&lease("w1")), "run.started", &data)
+    let written = store
+        .create_run_with_event(&first, Some(&lease("w1")), "run.started", &data, None)
         .await
         .unwrap();
-    assert_eq!(created, Created::New);
-    let event = event.expect("the new run's event");
+    assert_eq!(written.created, Created::New);
+    assert!(!written.then_stored, "nothing was asked to follow");
+    let [event] = <[_; 1]>::try_from(written.events).expect("the new run's one event");
     assert_eq!(
         (event.run_id.as_str(), event.kind.as_str(), &event.data),
         ("r1", "run.started", &data)
@@ -618,16 +620,95 @@ async fn a_new_run_is_stored_with_its_first_event(b: Backend) {
     assert_eq!(store.steps("r1").await.unwrap()[0].step_id, "a");
     let mut again = new_run("r2", 2);
     again.run.idempotency_key = Some("k".into());
-    let (created, none) = store
-        .create_run_with_event(&again, None, "run.started", &data)
+    let written = store
+        .create_run_with_event(&again, None, "run.started", &data, None)
         .await
         .unwrap();
-    match created {
+    match written.created {
         Created::Existing(run) => assert_eq!(run.run_id, "r1"),
         Created::New => panic!("a second run with the same key"),
     }
-    assert_eq!(none, None);
+    assert_eq!(written.events, []);
     assert_eq!(store.last_event_id().await.unwrap(), event.id);
+}
+
+/// `Store::create_run_with_event` with transitions to follow: a new run's
+/// first steps' starts are stored with it, their events right after its
+/// first one; a run found by its idempotency key is left as it was.
+async fn a_new_run_s_first_steps_start_with_it(b: Backend) {
+    let store = &b.store;
+    let f = fence("w1");
+    let data = json!({"workflow": "w", "input": null});
+    let input = json!({"x": 1});
+    let start = Transition::StepStarted {
+        step_id: "a",
+        attempt: 1,
+        input: Some(&input),
+    };
+    let start_data = json!({"step": "a", "attempt": 1});
+    let then = [(start, "step.started", &start_data)];
+    // Without a key and with one: each a new run.
+    for (id, key) in [("r1", None), ("r2", Some("k"))] {
+        let mut new = new_run(id, 1);
+        new.steps = vec!["a".into(), "b".into()];
+        new.run.idempotency_key = key.map(str::to_owned);
+        let written = store
+            .create_run_with_event(
+                &new,
+                Some(&lease("w1")),
+                "run.started",
+                &data,
+                Some((&f, &then)),
+            )
+            .await
+            .unwrap();
+        assert_eq!(written.created, Created::New, "{id}");
+        assert!(written.then_stored, "{id}: the start was stored");
+        let kinds: Vec<_> = written.events.iter().map(|e| e.kind.as_str()).collect();
+        assert_eq!(kinds, ["run.started", "step.started"], "{id}");
+        assert_eq!(written.events[1].data, start_data);
+        assert!(written.events[0].id < written.events[1].id);
+        assert_eq!(store.events(Some(id), 0, 10).await.unwrap(), written.events);
+        let steps = store.steps(id).await.unwrap();
+        assert_eq!(
+            (steps[0].status, steps[0].attempts, steps[0].input.as_ref()),
+            (StepStatus::Running, 1, Some(&input)),
+            "{id}"
+        );
+        assert_eq!(steps[0].workers.len(), 1, "{id}: one attempt, by w1");
+        assert_eq!(steps[0].workers[0].worker, "w1");
+        assert_eq!(
+            (steps[1].status, steps[1].attempts),
+            (StepStatus::Pending, 0)
+        );
+    }
+    // The key again: the run it finds is not started a second time.
+    let last = store.last_event_id().await.unwrap();
+    let mut again = new_run("r3", 2);
+    again.run.idempotency_key = Some("k".into());
+    let other = json!({"x": 2});
+    let start = Transition::StepStarted {
+        step_id: "a",
+        attempt: 1,
+        input: Some(&other),
+    };
+    let written = store
+        .create_run_with_event(
+            &again,
+            Some(&lease("w1")),
+            "run.started",
+            &data,
+            Some((&f, &[(start, "step.started", &start_data)])),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(written.created, Created::Existing(ref run) if run.run_id == "r2"));
+    assert!(!written.then_stored);
+    assert_eq!(written.events, []);
+    assert_eq!(store.last_event_id().await.unwrap(), last);
+    let steps = store.steps("r2").await.unwrap();
+    assert_eq!(steps[0].input.as_ref(), Some(&input));
+    assert_eq!(steps[0].workers.len(), 1);
 }
 
 async fn a_bad_cursor_is_refused(b: Backend) {

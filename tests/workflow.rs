@@ -545,13 +545,16 @@ input = '{capability: "fixture.sleep", arguments: {ms: 30000}}'
     }
 }
 
-/// A run's last step ends in the same write as the run (one commit, not
-/// two): with many runs ending at once in a SQLite file, each run's
-/// `step.finished` is still followed at once by its `run.finished`, with no
-/// other run's event between them. A failed run and a two-step chain end
-/// so too; the chain's first step ends on its own, before the second starts.
+/// A run's first step starts in the same write as the run, and its last
+/// step ends in the same write as the run (one commit each, not two): with
+/// many runs starting and ending at once in a SQLite file, each run's
+/// `run.started` is still followed at once by its first step's
+/// `step.started`, and its last `step.finished` by its `run.finished`, with
+/// no other run's event between them; no step starts twice. A failed run and
+/// a two-step chain go so too; the chain's second step starts and its first
+/// ends on their own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_run_s_last_step_ends_in_the_same_write_as_the_run() {
+async fn a_run_starts_and_ends_in_the_same_writes_as_its_first_and_last_steps() {
     const RUNS: usize = 24;
     let dir = tempfile::tempdir().unwrap();
     let options = Options {
@@ -626,6 +629,30 @@ needs = ["a"]
             (next.run_id.as_str(), next.kind.as_str()),
             (run_id.as_str(), "run.finished"),
             "{workflow} {run_id}: the event after its last step.finished"
+        );
+        let start = events
+            .iter()
+            .position(|e| e.run_id == run_id && e.kind == "run.started")
+            .unwrap_or_else(|| panic!("{workflow} {run_id}: {of_run:?}"));
+        let first_step = if workflow == "chain" { "a" } else { "s" };
+        let next = &events[start + 1];
+        assert_eq!(
+            (next.run_id.as_str(), next.kind.as_str(), &next.data),
+            (
+                run_id.as_str(),
+                "step.started",
+                &json!({"step": first_step, "attempt": 1})
+            ),
+            "{workflow} {run_id}: the event after its run.started"
+        );
+        let starts = of_run.iter().filter(|k| **k == "step.started").count();
+        let steps = if workflow == "chain" { 2 } else { 1 };
+        assert_eq!(starts, steps, "{workflow} {run_id}: {of_run:?}");
+        let run = wf.get(&run_id, false).await.unwrap();
+        let steps = run.steps.expect("get shows the steps");
+        assert!(
+            steps.iter().all(|s| s.attempts == 1),
+            "{workflow} {run_id}: {steps:#?}"
         );
         if workflow == "chain" {
             let steps: Vec<&str> = of_run

@@ -292,6 +292,24 @@ pub enum Created {
     Existing(Box<RunRow>),
 }
 
+/// Transitions of a new run to write with it
+/// ([`Store::create_run_with_event`]), under the run's fence: `(write, kind,
+/// data)` each, as [`Store::transitions`] takes them.
+pub type FirstTransitions<'a> = (&'a Fence, &'a [(Transition<'a>, &'a str, &'a Value)]);
+
+/// What [`Store::create_run_with_event`] wrote.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewRunWrite {
+    pub created: Created,
+    /// The events appended, in id order: the run's first, then those of the
+    /// transitions that followed it.
+    pub events: Vec<EventRow>,
+    /// Whether the transitions that follow the first event were stored
+    /// (always, where the backend writes all in one; only when they were
+    /// asked for and the run is new).
+    pub then_stored: bool,
+}
+
 /// Which runs [`Store::list_runs`] returns, newest first.
 #[derive(Debug, Clone, Default)]
 pub struct ListQuery {
@@ -398,29 +416,46 @@ pub trait Store: Send + Sync {
     /// (its [`Fence`] has epoch 1); without, a shared store leaves it for any
     /// worker to claim and sends [`Note::Ready`].
     async fn create_run(&self, run: &NewRun, lease: Option<&Lease>) -> Result<Created, StoreError>;
-    /// [`Store::create_run`], and when the run is new its first event
-    /// (`kind`, `data`), in one write where the backend can. An event that
-    /// cannot be appended after its run was created is logged, not an error:
-    /// the run is stored either way.
+    /// [`Store::create_run`], and when the run is new: its first event
+    /// (`kind`, `data`), then the transitions of `then` (the starts of the
+    /// steps that start with the run) under its fence; all in one write where
+    /// the backend can. What cannot be written after the run was created is
+    /// logged, not an error: the run is stored either way, and
+    /// [`NewRunWrite::then_stored`] says whether `then` was.
     async fn create_run_with_event(
         &self,
         new: &NewRun,
         lease: Option<&Lease>,
         kind: &str,
         data: &Value,
-    ) -> Result<(Created, Option<EventRow>), StoreError> {
+        then: Option<FirstTransitions<'_>>,
+    ) -> Result<NewRunWrite, StoreError> {
         let created = self.create_run(new, lease).await?;
-        if created != Created::New {
-            return Ok((created, None));
+        let mut written = NewRunWrite {
+            created,
+            events: Vec::new(),
+            then_stored: false,
+        };
+        if written.created != Created::New {
+            return Ok(written);
         }
         let run_id = &new.run.run_id;
         match self.append_event(run_id, kind, data).await {
-            Ok(event) => Ok((created, Some(event))),
-            Err(e) => {
-                tracing::warn!(run = %run_id, kind, "cannot record the event: {e}");
-                Ok((created, None))
+            Ok(event) => written.events.push(event),
+            Err(e) => tracing::warn!(run = %run_id, kind, "cannot record the event: {e}"),
+        }
+        if let Some((fence, writes)) = then.filter(|(_, writes)| !writes.is_empty()) {
+            match self.transitions(run_id, writes, fence).await {
+                Ok(events) => {
+                    written.events.extend(events);
+                    written.then_stored = true;
+                }
+                Err(e) => {
+                    tracing::warn!(run = %run_id, "cannot record the run's first steps' starts: {e}")
+                }
             }
         }
+        Ok(written)
     }
     async fn run(&self, run_id: &str) -> Result<Option<RunRow>, StoreError>;
     /// Steps in definition order.

@@ -869,11 +869,15 @@ impl Store for PgStore {
 
     async fn prune(&self, keep_runs: u64, finished_before_ms: i64) -> Result<u64, StoreError> {
         let deleted = sqlx::query(
-            "DELETE FROM runs WHERE status != 'running' AND (
-                 finished_ms < $1
-                 OR run_id NOT IN (SELECT run_id FROM runs WHERE status != 'running'
-                                   ORDER BY finished_ms DESC NULLS LAST, run_id DESC
-                                   LIMIT $2))",
+            // As SQLite's: the newest finished run past `keep_runs` and
+            // every one finished before it, by a range of finished times.
+            "WITH cut AS (SELECT finished_ms AS ms, run_id AS id FROM runs
+                          WHERE status != 'running'
+                          ORDER BY finished_ms DESC NULLS LAST, run_id DESC LIMIT 1 OFFSET $2)
+             DELETE FROM runs WHERE status != 'running'
+                 AND (finished_ms < $1
+                      OR (finished_ms, run_id) <= (SELECT ms, id FROM cut)
+                      OR (finished_ms IS NULL AND EXISTS (SELECT 1 FROM cut)))",
         )
         .bind(finished_before_ms)
         .bind(i64::try_from(keep_runs).unwrap_or(i64::MAX))

@@ -19,9 +19,9 @@ use sqlx::{ConnectOptions, Row};
 
 use super::group_commit::{Write, Writer};
 use super::{
-    AttemptWorker, CallRow, Counts, Created, EventRow, Failure, Fence, Lease, ListQuery, NewRun,
-    RunRow, RunStatus, STEP_LOG, StepRow, StepStatus, Store, StoreError, Transition, now_ms,
-    now_text,
+    AttemptWorker, CallRow, Counts, Created, EventRow, Failure, Fence, FirstTransitions, Lease,
+    ListQuery, NewRun, NewRunWrite, RunRow, RunStatus, STEP_LOG, StepRow, StepStatus, Store,
+    StoreError, Transition, now_ms, now_text,
 };
 
 /// `PRAGMA application_id` of a wf-host state file: "wfhs".
@@ -242,14 +242,16 @@ impl SqliteStore {
         &self.pool
     }
 
-    /// A new run with its pending steps and, with `event`, its first event,
-    /// in one write; or the run that used the same idempotency key.
+    /// A new run with its pending steps and, with `event`, its first event
+    /// and then the transitions of `then`, in one write; or the run that used
+    /// the same idempotency key.
     async fn create(
         &self,
         new: &NewRun,
         _lease: Option<&Lease>,
         event: Option<(&str, &Value)>,
-    ) -> Result<(Created, Option<EventRow>), StoreError> {
+        then: Option<FirstTransitions<'_>>,
+    ) -> Result<NewRunWrite, StoreError> {
         // One worker: every run is this process's, without a lease.
         let run = &new.run;
         // The run and all its steps in one write (the steps from a JSON array
@@ -295,19 +297,42 @@ impl SqliteStore {
             None => write,
             Some((kind, data)) => write.arg(kind).arg(json_text(data)).arg(at.as_str()),
         };
+        // The transitions that follow go in the same write, but only where
+        // the run's id alone decides that the run is new: with a key, a run
+        // found by it is not this one, and its steps are not to be touched.
+        let then = then.filter(|(_, writes)| event.is_some() && !writes.is_empty());
+        let (write, then) = match then {
+            Some((fence, writes)) if run.idempotency_key.is_none() => {
+                let (joined, each) = transitions_write(&run.run_id, writes, fence);
+                (write.then(joined), Some((writes, each)))
+            }
+            _ => (write, None),
+        };
         let done = self.writer.write(write).await?;
         if done.first().is_some_and(|insert| !insert.is_empty()) {
-            let event = match (event, done.get(2).and_then(|ids| ids.first())) {
-                (Some((kind, data)), Some(&id)) => Some(EventRow {
+            let mut written = NewRunWrite {
+                created: Created::New,
+                events: Vec::new(),
+                then_stored: then.is_some(),
+            };
+            if let (Some((kind, data)), Some(&id)) =
+                (event, done.get(2).and_then(|ids| ids.first()))
+            {
+                written.events.push(EventRow {
                     id,
                     run_id: run.run_id.clone(),
                     kind: kind.to_owned(),
                     data: data.clone(),
                     at,
-                }),
-                _ => None,
-            };
-            return Ok((Created::New, event));
+                });
+            }
+            if let Some((writes, each)) = then {
+                let ids = done.into_iter().skip(3).flatten().collect();
+                written
+                    .events
+                    .extend(transition_events(&run.run_id, writes, &each, ids)?);
+            }
+            return Ok(written);
         }
         // Committed by now, so a reader sees the run it conflicts with.
         let existing = sqlx::query(
@@ -324,7 +349,11 @@ impl SqliteStore {
                 run.run_id
             ))
         })?;
-        Ok((Created::Existing(Box::new(run_row(&existing)?)), None))
+        Ok(NewRunWrite {
+            created: Created::Existing(Box::new(run_row(&existing)?)),
+            events: Vec::new(),
+            then_stored: false,
+        })
     }
 }
 
@@ -479,18 +508,38 @@ impl Store for SqliteStore {
     }
 
     async fn create_run(&self, new: &NewRun, lease: Option<&Lease>) -> Result<Created, StoreError> {
-        Ok(self.create(new, lease, None).await?.0)
+        Ok(self.create(new, lease, None, None).await?.created)
     }
 
-    /// The run, its steps and its first event in one write.
+    /// The run, its steps, its first event and (for a run without an
+    /// idempotency key) the transitions that follow, in one write. With a
+    /// key, the transitions are a second write, once the run is known new.
     async fn create_run_with_event(
         &self,
         new: &NewRun,
         lease: Option<&Lease>,
         kind: &str,
         data: &Value,
-    ) -> Result<(Created, Option<EventRow>), StoreError> {
-        self.create(new, lease, Some((kind, data))).await
+        then: Option<FirstTransitions<'_>>,
+    ) -> Result<NewRunWrite, StoreError> {
+        let mut written = self.create(new, lease, Some((kind, data)), then).await?;
+        if let Some((fence, writes)) = then
+            && written.created == Created::New
+            && !written.then_stored
+            && !writes.is_empty()
+        {
+            let run_id = &new.run.run_id;
+            match self.transitions(run_id, writes, fence).await {
+                Ok(events) => {
+                    written.events.extend(events);
+                    written.then_stored = true;
+                }
+                Err(e) => {
+                    tracing::warn!(run = %run_id, "cannot record the run's first steps' starts: {e}")
+                }
+            }
+        }
+        Ok(written)
     }
 
     async fn run(&self, run_id: &str) -> Result<Option<RunRow>, StoreError> {
@@ -713,56 +762,19 @@ impl Store for SqliteStore {
         fence: &Fence,
     ) -> Result<Vec<EventRow>, StoreError> {
         // One write of them all, committed together, in order.
-        let mut joined: Option<Write> = None;
-        // Per transition, the `step.log` it appends first (if any) and its
-        // time.
-        let mut each = Vec::with_capacity(writes.len());
-        for &(write, kind, data) in writes {
-            let at = now_text();
-            let (query, log) = transition_write(run_id, write, fence, kind, data, &at);
-            each.push((log, at));
-            joined = Some(match joined {
-                None => query,
-                Some(before) => before.then(query),
-            });
-        }
-        let Some(joined) = joined else {
+        if writes.is_empty() {
             return Ok(Vec::new());
-        };
+        }
+        let (joined, each) = transitions_write(run_id, writes, fence);
         // One id per event inserted, in order.
-        let ids: Vec<i64> = self
+        let ids = self
             .writer
             .write(joined)
             .await?
             .into_iter()
             .flatten()
             .collect();
-        let count: usize = each
-            .iter()
-            .map(|(log, _)| 1 + usize::from(log.is_some()))
-            .sum();
-        if ids.len() != count {
-            return Err(StoreError::Corrupt(format!(
-                "the event inserts returned {} ids, not {count}",
-                ids.len()
-            )));
-        }
-        let event = |id, kind: &str, data: &Value, at: &str| EventRow {
-            id,
-            run_id: run_id.to_owned(),
-            kind: kind.to_owned(),
-            data: data.clone(),
-            at: at.to_owned(),
-        };
-        let mut ids = ids.into_iter();
-        let mut appended = Vec::with_capacity(count);
-        for (&(_, kind, data), (log, at)) in writes.iter().zip(&each) {
-            if let Some(log) = log {
-                appended.push(event(ids.next().expect("counted"), STEP_LOG, log, at));
-            }
-            appended.push(event(ids.next().expect("counted"), kind, data, at));
-        }
-        Ok(appended)
+        transition_events(run_id, writes, &each, ids)
     }
 
     async fn reopen_run(&self, run_id: &str) -> Result<bool, StoreError> {
@@ -943,11 +955,17 @@ impl Store for SqliteStore {
         let deleted = self
             .writer
             .write(
+                // The newest finished run past `keep_runs` is the cut: it and
+                // every run finished before it go, found by a range of the
+                // `runs_finished` index (a `NOT IN` of the runs kept built a
+                // list of them all each time: 22 ms with 10,000 kept).
                 Write::new(
-                    "DELETE FROM runs WHERE status != 'running' AND (
-                         finished_ms < ?1
-                         OR run_id NOT IN (SELECT run_id FROM runs WHERE status != 'running'
-                                           ORDER BY finished_ms DESC, run_id DESC LIMIT ?2))
+                    "WITH cut AS (SELECT finished_ms AS ms, run_id AS id FROM runs
+                                  WHERE status != 'running'
+                                  ORDER BY finished_ms DESC, run_id DESC LIMIT 1 OFFSET ?2)
+                     DELETE FROM runs WHERE status != 'running'
+                         AND finished_ms <= max(?1, coalesce((SELECT ms FROM cut), ?1))
+                         AND (finished_ms < ?1 OR (finished_ms, run_id) <= (SELECT ms, id FROM cut))
                      RETURNING 1",
                 )
                 .arg(finished_before_ms)
@@ -956,6 +974,67 @@ impl Store for SqliteStore {
             .await?;
         Ok(deleted.first().map_or(0, |rows| rows.len() as u64))
     }
+}
+
+/// Per transition of a [`transitions_write`], the `step.log` event it
+/// appends first (if any) and its time.
+type TransitionTimes<'a> = Vec<(Option<&'a Value>, String)>;
+
+/// `writes` (not empty) as one write, in order, and what
+/// [`transition_events`] needs to read its result.
+fn transitions_write<'a>(
+    run_id: &str,
+    writes: &[(Transition<'a>, &str, &Value)],
+    fence: &Fence,
+) -> (Write, TransitionTimes<'a>) {
+    let mut joined: Option<Write> = None;
+    let mut each = Vec::with_capacity(writes.len());
+    for &(write, kind, data) in writes {
+        let at = now_text();
+        let (query, log) = transition_write(run_id, write, fence, kind, data, &at);
+        each.push((log, at));
+        joined = Some(match joined {
+            None => query,
+            Some(before) => before.then(query),
+        });
+    }
+    (joined.expect("writes is not empty"), each)
+}
+
+/// The events a [`transitions_write`] appended, from the ids its inserts
+/// returned (in order).
+fn transition_events(
+    run_id: &str,
+    writes: &[(Transition<'_>, &str, &Value)],
+    each: &TransitionTimes<'_>,
+    ids: Vec<i64>,
+) -> Result<Vec<EventRow>, StoreError> {
+    let count: usize = each
+        .iter()
+        .map(|(log, _)| 1 + usize::from(log.is_some()))
+        .sum();
+    if ids.len() != count {
+        return Err(StoreError::Corrupt(format!(
+            "the event inserts returned {} ids, not {count}",
+            ids.len()
+        )));
+    }
+    let event = |id, kind: &str, data: &Value, at: &str| EventRow {
+        id,
+        run_id: run_id.to_owned(),
+        kind: kind.to_owned(),
+        data: data.clone(),
+        at: at.to_owned(),
+    };
+    let mut ids = ids.into_iter();
+    let mut appended = Vec::with_capacity(count);
+    for (&(_, kind, data), (log, at)) in writes.iter().zip(each) {
+        if let Some(log) = log {
+            appended.push(event(ids.next().expect("counted"), STEP_LOG, log, at));
+        }
+        appended.push(event(ids.next().expect("counted"), kind, data, at));
+    }
+    Ok(appended)
 }
 
 /// A [`Store::transition`]'s write (its update and its events' inserts, with

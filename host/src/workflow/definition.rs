@@ -261,6 +261,18 @@ pub struct Step {
     pub limits: Limits,
 }
 
+impl Step {
+    /// Whether the step starts the moment its run does, on the run's input
+    /// as it is: it needs nothing and has no expression to evaluate first.
+    /// Its start is then stored with the run, in the same write.
+    pub fn starts_with_run(&self) -> bool {
+        self.spec.needs.is_empty()
+            && self.input.is_none()
+            && self.condition.is_none()
+            && self.for_each.is_none()
+    }
+}
+
 /// A compiled workflow.
 #[derive(Clone)]
 pub struct Definition {

@@ -176,6 +176,9 @@ pub(crate) struct RunCtx {
     pub fence: Fence,
     /// The run's root span: every step span is its child.
     pub span: tracing::Span,
+    /// The steps whose first attempt's start was stored with the run
+    /// ([`Step::starts_with_run`]): they start without another write.
+    pub started: Vec<String>,
 }
 
 /// How driving a run ended.
@@ -449,6 +452,7 @@ async fn launch_ready(
         let state = states.get_mut(id).expect("every step has a state");
         state.status = StepStatus::Running;
         let first_attempt = state.attempts + 1;
+        let recorded = first_attempt == 1 && ctx.started.contains(id);
         let ctx = ctx.clone();
         let step = step.clone();
         let stop = stop_token.clone();
@@ -457,7 +461,11 @@ async fn launch_ready(
         running.start(async move {
             let started = Instant::now();
             let mut log = None;
-            let outcome = run_step(&ctx, &step, data, first_attempt, &stop, &span, &mut log).await;
+            let attempt = Attempt {
+                first: first_attempt,
+                recorded,
+            };
+            let outcome = run_step(&ctx, &step, data, attempt, &stop, &span, &mut log).await;
             crate::metrics::metrics().step_finished(&ctx.def.name, &id, started.elapsed());
             outcome.trace(&span);
             (id, outcome, log)
@@ -725,16 +733,23 @@ async fn step_started(
     attempt: u32,
     input: &Value,
 ) -> Result<(), StoreError> {
+    let (write, data) = start_of(id, attempt, input);
+    ctx.events
+        .transition(&ctx.run_id, write, &ctx.fence, "step.started", data)
+        .await
+        .map(drop)
+}
+
+/// The transition that marks a step `running` in `attempt` with its input,
+/// and the data of its `step.started` event.
+pub(crate) fn start_of<'a>(id: &'a str, attempt: u32, input: &'a Value) -> (Transition<'a>, Value) {
     let data = json!({"step": id, "attempt": attempt});
     let write = Transition::StepStarted {
         step_id: id,
         attempt,
         input: Some(input),
     };
-    ctx.events
-        .transition(&ctx.run_id, write, &ctx.fence, "step.started", data)
-        .await
-        .map(drop)
+    (write, data)
 }
 
 /// The `output` mapping, or the output of the one step nothing needs (an
@@ -751,13 +766,21 @@ async fn run_output(ctx: &RunCtx, states: &HashMap<String, StepState>) -> Result
     })
 }
 
+/// The first attempt a step's launch makes, and whether its start is
+/// stored already (with the run).
+#[derive(Clone, Copy)]
+struct Attempt {
+    first: u32,
+    recorded: bool,
+}
+
 /// Runs one step: its condition, its input mapping, then its node once (or
 /// once per `for_each` item), with retries.
 async fn run_step(
     ctx: &Arc<RunCtx>,
     step: &Step,
     data: Value,
-    first_attempt: u32,
+    attempt: Attempt,
     stop: &CancellationToken,
     span: &tracing::Span,
     log: &mut Option<Value>,
@@ -775,13 +798,16 @@ async fn run_step(
     // The attempt counter is the step's, shared by its items: every node run
     // (a first try or a retry) takes the next number, so the journal never
     // mixes two runs of the node.
+    let first_attempt = attempt.first;
     let attempts = AtomicU32::new(first_attempt);
     let Some(each) = step.for_each.clone() else {
         let input = match step_input(step, &data, None).await {
             Ok(input) => input,
             Err(f) => return Outcome::Failed(f),
         };
-        if let Err(e) = step_started(ctx, id, first_attempt, &input).await {
+        if !attempt.recorded
+            && let Err(e) = step_started(ctx, id, first_attempt, &input).await
+        {
             return store_failure(e);
         }
         return match run_item(ctx, step, None, &input, &attempts, stop, span, Some(log)).await {

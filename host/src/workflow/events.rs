@@ -13,7 +13,8 @@ use serde_json::Value;
 use tokio::sync::broadcast;
 
 use crate::store::{
-    Created, EventRow, Fence, Lease, NewRun, Store, StoreError, Transition, now_text,
+    Created, EventRow, Fence, FirstTransitions, Lease, NewRun, Store, StoreError, Transition,
+    now_text,
 };
 
 /// Live events buffered per subscriber; one that falls further behind
@@ -64,21 +65,23 @@ impl Events {
         }
     }
 
-    /// Stores a new run and its first event together
-    /// ([`Store::create_run_with_event`]), then tells the live streams.
+    /// Stores a new run, its first event and the transitions of `then`
+    /// together ([`Store::create_run_with_event`]), then tells the live
+    /// streams. Returns what was created, and whether `then` was stored.
     pub(crate) async fn create_run(
         &self,
         new: &NewRun,
         lease: Option<&Lease>,
         kind: &str,
         data: Value,
-    ) -> Result<Created, StoreError> {
+        then: Option<FirstTransitions<'_>>,
+    ) -> Result<(Created, bool), StoreError> {
         self.publish(async {
-            let (created, event) = self
+            let written = self
                 .store
-                .create_run_with_event(new, lease, kind, &data)
+                .create_run_with_event(new, lease, kind, &data, then)
                 .await?;
-            Ok((created, event.into_iter().collect()))
+            Ok(((written.created, written.then_stored), written.events))
         })
         .await
     }
