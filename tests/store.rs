@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
 use common::postgres::TestPostgres;
@@ -20,6 +20,151 @@ use wf_host::store::{
     AttemptWorker, CallRow, CancelRequest, Created, Failure, Fence, Lease, ListQuery, NewRun, Note,
     RunRow, RunStatus, StepStatus, Store, StoreError, Transition, WorkerRow, now_ms, now_text,
 };
+
+/// The single moves these tests make, each one [`Store::transitions`] of
+/// one [`Transition`]: the engine's own moves, by name.
+trait Moves {
+    async fn step_started(
+        &self,
+        run_id: &str,
+        step_id: &str,
+        attempt: u32,
+        input: Option<&Value>,
+        fence: &Fence,
+    ) -> Result<(), StoreError>;
+    async fn step_attempt(
+        &self,
+        run_id: &str,
+        step_id: &str,
+        attempt: u32,
+        fence: &Fence,
+    ) -> Result<(), StoreError>;
+    async fn step_finished(
+        &self,
+        run_id: &str,
+        step_id: &str,
+        status: StepStatus,
+        output: Option<&Value>,
+        error: Option<&Failure>,
+        fence: &Fence,
+    ) -> Result<(), StoreError>;
+    async fn run_finished(
+        &self,
+        run_id: &str,
+        status: RunStatus,
+        output: Option<&Value>,
+        error: Option<&Failure>,
+        fence: &Fence,
+    ) -> Result<(), StoreError>;
+    /// `workflow.retry`'s move: false when the run is not failed or
+    /// cancelled (the store refused it).
+    async fn reopen_run(&self, run_id: &str) -> Result<bool, StoreError>;
+    /// Ends a run nothing drives; nothing happens to a run that is not
+    /// running (the store refused it).
+    async fn abandon_run(
+        &self,
+        run_id: &str,
+        status: RunStatus,
+        failure: &Failure,
+    ) -> Result<(), StoreError>;
+}
+
+impl<S: Store + ?Sized> Moves for S {
+    async fn step_started(
+        &self,
+        run_id: &str,
+        step_id: &str,
+        attempt: u32,
+        input: Option<&Value>,
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
+        let write = Transition::StepStarted {
+            step_id,
+            attempt,
+            input,
+        };
+        self.transitions(run_id, &[write], Some(fence))
+            .await
+            .map(drop)
+    }
+
+    async fn step_attempt(
+        &self,
+        run_id: &str,
+        step_id: &str,
+        attempt: u32,
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
+        let write = Transition::StepAttempt { step_id, attempt };
+        self.transitions(run_id, &[write], Some(fence))
+            .await
+            .map(drop)
+    }
+
+    async fn step_finished(
+        &self,
+        run_id: &str,
+        step_id: &str,
+        status: StepStatus,
+        output: Option<&Value>,
+        error: Option<&Failure>,
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
+        let write = Transition::StepFinished {
+            step_id,
+            status,
+            output,
+            error,
+            log: None,
+        };
+        self.transitions(run_id, &[write], Some(fence))
+            .await
+            .map(drop)
+    }
+
+    async fn run_finished(
+        &self,
+        run_id: &str,
+        status: RunStatus,
+        output: Option<&Value>,
+        error: Option<&Failure>,
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
+        let write = Transition::RunFinished {
+            status,
+            output,
+            error,
+        };
+        self.transitions(run_id, &[write], Some(fence))
+            .await
+            .map(drop)
+    }
+
+    async fn reopen_run(&self, run_id: &str) -> Result<bool, StoreError> {
+        let write = Transition::RunReopened { workflow: "w" };
+        match self.transitions(run_id, &[write], None).await {
+            Ok(_) => Ok(true),
+            Err(StoreError::Refused(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn abandon_run(
+        &self,
+        run_id: &str,
+        status: RunStatus,
+        failure: &Failure,
+    ) -> Result<(), StoreError> {
+        let write = Transition::RunAbandoned {
+            status,
+            error: failure,
+        };
+        match self.transitions(run_id, &[write], None).await {
+            Ok(_) | Err(StoreError::Refused(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
 
 /// A store under test and what keeps it alive (its file, its server).
 struct Backend {
@@ -110,6 +255,7 @@ every_backend!(
     a_step_s_end_and_its_run_s_end_are_stored_together_in_order,
     a_pruned_run_takes_its_events_and_calls_and_ids_are_not_reused,
     concurrent_writes_each_get_their_own_result_and_a_bad_one_fails_alone,
+    a_move_its_guard_refuses_writes_nothing_of_its_batch,
 );
 
 /// Many writers at once (SQLite commits them in groups): every run, step
@@ -152,10 +298,7 @@ async fn concurrent_writes_each_get_their_own_result_and_a_bad_one_fails_alone(b
                         log: Some(&log),
                     },
                 ] {
-                    let events = store
-                        .transition(&id, write, &f, "step", &json!({"r": r, "step": step}))
-                        .await
-                        .unwrap();
+                    let events = store.transitions(&id, &[write], Some(&f)).await.unwrap();
                     ids.extend(events.iter().map(|e| e.id));
                 }
             }
@@ -164,10 +307,7 @@ async fn concurrent_writes_each_get_their_own_result_and_a_bad_one_fails_alone(b
                 output: Some(&json!(r)),
                 error: None,
             };
-            let events = store
-                .transition(&id, finished, &f, "run.finished", &json!({"r": r}))
-                .await
-                .unwrap();
+            let events = store.transitions(&id, &[finished], Some(&f)).await.unwrap();
             ids.extend(events.iter().map(|e| e.id));
             (id, ids)
         });
@@ -290,9 +430,9 @@ async fn a_pruned_run_takes_its_events_and_calls_and_ids_are_not_reused(b: Backe
     assert!(next.id > newest, "{} reuses an id up to {newest}", next.id);
 }
 
-/// `Store::transition`: each write lands as its own method would, and its
-/// event is appended with the next id; a finished step's log event just
-/// before its own. A store that says it stamps writes with their event's
+/// `Store::transitions` of one move at a time: each write lands, and its
+/// event (of the kind and with the data the move gives) is appended with the
+/// next id; a finished step's log event just before its own. A store that says it stamps writes with their event's
 /// time does: a step's start and end and the run's end carry the `at` of
 /// the event that recorded them.
 async fn a_transition_records_the_write_and_its_event(b: Backend) {
@@ -331,18 +471,28 @@ async fn a_transition_records_the_write_and_its_event(b: Backend) {
     ];
     let mut ids = Vec::new();
     let mut ats = Vec::new();
+    let expected = [
+        ("step.started", json!({"step": "a", "attempt": 1})),
+        ("step.started", json!({"step": "a", "attempt": 2})),
+        (
+            "step.finished",
+            json!({"step": "a", "status": "succeeded", "error": null}),
+        ),
+        (
+            "run.finished",
+            json!({"status": "failed", "error": {"code": "unavailable", "message": "try later"}}),
+        ),
+    ];
     for (n, write) in writes.into_iter().enumerate() {
-        let events = store
-            .transition("r1", write, &f, "test", &json!({"n": n}))
-            .await
-            .unwrap();
+        let events = store.transitions("r1", &[write], Some(&f)).await.unwrap();
         ats.push(events.last().unwrap().at.clone());
         let kinds: Vec<(&str, &serde_json::Value)> =
             events.iter().map(|e| (e.kind.as_str(), &e.data)).collect();
+        let (kind, data) = &expected[n];
         if n == 2 {
-            assert_eq!(kinds, [("step.log", &log), ("test", &json!({"n": n}))]);
+            assert_eq!(kinds, [("step.log", &log), (*kind, data)]);
         } else {
-            assert_eq!(kinds, [("test", &json!({"n": n}))]);
+            assert_eq!(kinds, [(*kind, data)]);
         }
         ids.extend(events.iter().map(|e| e.id));
     }
@@ -386,48 +536,27 @@ async fn a_step_s_end_and_its_run_s_end_are_stored_together_in_order(b: Backend)
     run.steps = vec!["a".into()];
     store.create_run(&run, Some(&lease("w1"))).await.unwrap();
     let f = fence("w1");
-    store
-        .transition(
-            "r1",
-            Transition::StepStarted {
-                step_id: "a",
-                attempt: 1,
-                input: None,
-            },
-            &f,
-            "step.started",
-            &json!({}),
-        )
-        .await
-        .unwrap();
+    store.step_started("r1", "a", 1, None, &f).await.unwrap();
     let before = store.last_event_id().await.unwrap();
     let output = json!({"out": 2});
     let log = json!({"step": "a", "records": [{"level": "info", "message": "hi"}]});
-    let step_data = json!({"step": "a"});
-    let run_data = json!({"status": "succeeded"});
+    let step_data = json!({"step": "a", "status": "succeeded", "error": null});
+    let run_data = json!({"status": "succeeded", "error": null});
     let writes = [
-        (
-            Transition::StepFinished {
-                step_id: "a",
-                status: StepStatus::Succeeded,
-                output: Some(&output),
-                error: None,
-                log: Some(&log),
-            },
-            "step.finished",
-            &step_data,
-        ),
-        (
-            Transition::RunFinished {
-                status: RunStatus::Succeeded,
-                output: Some(&output),
-                error: None,
-            },
-            "run.finished",
-            &run_data,
-        ),
+        Transition::StepFinished {
+            step_id: "a",
+            status: StepStatus::Succeeded,
+            output: Some(&output),
+            error: None,
+            log: Some(&log),
+        },
+        Transition::RunFinished {
+            status: RunStatus::Succeeded,
+            output: Some(&output),
+            error: None,
+        },
     ];
-    let events = store.transitions("r1", &writes, &f).await.unwrap();
+    let events = store.transitions("r1", &writes, Some(&f)).await.unwrap();
     let kinds: Vec<(&str, &serde_json::Value)> =
         events.iter().map(|e| (e.kind.as_str(), &e.data)).collect();
     assert_eq!(
@@ -456,7 +585,114 @@ async fn a_step_s_end_and_its_run_s_end_are_stored_together_in_order(b: Backend)
         assert_eq!(run.finished_at.as_ref(), Some(&events[2].at));
     }
     // Nothing to write is no write.
-    assert!(store.transitions("r1", &[], &f).await.unwrap().is_empty());
+    assert!(
+        store
+            .transitions("r1", &[], Some(&f))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// The guards of the state machine, in every backend: a move from a state
+/// its guard does not allow is refused ([`StoreError::Refused`]), and so is
+/// its whole batch: the moves before it in the batch are not written and no
+/// event is appended. A run move of a run in another state is refused too.
+async fn a_move_its_guard_refuses_writes_nothing_of_its_batch(b: Backend) {
+    let store = &b.store;
+    let mut run = new_run("r1", 1);
+    run.steps = vec!["a".into(), "b".into()];
+    store.create_run(&run, Some(&lease("w1"))).await.unwrap();
+    let f = fence("w1");
+    store.step_started("r1", "a", 1, None, &f).await.unwrap();
+    let before = store.last_event_id().await.unwrap();
+    let refused = |r: Result<Vec<wf_host::store::EventRow>, StoreError>, what: &str| match r {
+        Err(StoreError::Refused(message)) => message,
+        other => panic!("{what}: {other:?}"),
+    };
+    // `a` succeeds, then a retry attempt of it (only a running step
+    // retries), in one batch: neither lands.
+    let batch = [
+        Transition::StepFinished {
+            step_id: "a",
+            status: StepStatus::Succeeded,
+            output: Some(&json!(1)),
+            error: None,
+            log: Some(&json!({"records": []})),
+        },
+        Transition::StepAttempt {
+            step_id: "a",
+            attempt: 2,
+        },
+    ];
+    let message = refused(
+        store.transitions("r1", &batch, Some(&f)).await,
+        "a retry of a finished step",
+    );
+    assert_eq!(
+        message,
+        "run `r1`: step.started (StepAttempt) refused: step `a` is not running"
+    );
+    let a = &store.steps("r1").await.unwrap()[0];
+    assert_eq!((a.status, a.output.as_ref()), (StepStatus::Running, None));
+    assert_eq!(store.last_event_id().await.unwrap(), before, "no event");
+    // A pending step does not retry; an unknown step does not move.
+    refused(
+        store
+            .transitions(
+                "r1",
+                &[Transition::StepAttempt {
+                    step_id: "b",
+                    attempt: 2,
+                }],
+                Some(&f),
+            )
+            .await,
+        "a retry of a pending step",
+    );
+    refused(
+        store
+            .transitions(
+                "r1",
+                &[Transition::StepStarted {
+                    step_id: "nope",
+                    attempt: 1,
+                    input: None,
+                }],
+                Some(&f),
+            )
+            .await,
+        "an unknown step",
+    );
+    // A running run does not reopen; a finished one does not end again.
+    refused(
+        store
+            .transitions("r1", &[Transition::RunReopened { workflow: "w" }], None)
+            .await,
+        "a reopen of a running run",
+    );
+    store
+        .run_finished("r1", RunStatus::Succeeded, None, None, &f)
+        .await
+        .unwrap();
+    let after_end = store.last_event_id().await.unwrap();
+    let failure = Failure::new("cancelled", "too late");
+    refused(
+        store
+            .transitions(
+                "r1",
+                &[Transition::RunAbandoned {
+                    status: RunStatus::Cancelled,
+                    error: &failure,
+                }],
+                None,
+            )
+            .await,
+        "an abandon of a finished run",
+    );
+    let run = store.run("r1").await.unwrap().unwrap();
+    assert_eq!((run.status, run.error), (RunStatus::Succeeded, None));
+    assert_eq!(store.last_event_id().await.unwrap(), after_end);
 }
 
 fn new_run(id: &str, created_ms: i64) -> NewRun {
@@ -603,7 +839,12 @@ async fn a_new_run_is_stored_with_its_first_event(b: Backend) {
     first.run.idempotency_key = Some("k".into());
     let data = json!({"workflow": "w", "input": null});
     let written = store
-        .create_run_with_event(&first, Some(&lease("w1")), "run.started", &data, None)
+        .create_run_with_event(
+            &first,
+            Some(&lease("w1")),
+            Some(("run.started", &data)),
+            None,
+        )
         .await
         .unwrap();
     assert_eq!(written.created, Created::New);
@@ -621,7 +862,7 @@ async fn a_new_run_is_stored_with_its_first_event(b: Backend) {
     let mut again = new_run("r2", 2);
     again.run.idempotency_key = Some("k".into());
     let written = store
-        .create_run_with_event(&again, None, "run.started", &data, None)
+        .create_run_with_event(&again, None, Some(("run.started", &data)), None)
         .await
         .unwrap();
     match written.created {
@@ -646,7 +887,7 @@ async fn a_new_run_s_first_steps_start_with_it(b: Backend) {
         input: Some(&input),
     };
     let start_data = json!({"step": "a", "attempt": 1});
-    let then = [(start, "step.started", &start_data)];
+    let then = [start];
     // Without a key and with one: each a new run.
     for (id, key) in [("r1", None), ("r2", Some("k"))] {
         let mut new = new_run(id, 1);
@@ -656,8 +897,7 @@ async fn a_new_run_s_first_steps_start_with_it(b: Backend) {
             .create_run_with_event(
                 &new,
                 Some(&lease("w1")),
-                "run.started",
-                &data,
+                Some(("run.started", &data)),
                 Some((&f, &then)),
             )
             .await
@@ -696,9 +936,8 @@ async fn a_new_run_s_first_steps_start_with_it(b: Backend) {
         .create_run_with_event(
             &again,
             Some(&lease("w1")),
-            "run.started",
-            &data,
-            Some((&f, &[(start, "step.started", &start_data)])),
+            Some(("run.started", &data)),
+            Some((&f, &[start])),
         )
         .await
         .unwrap();
@@ -786,6 +1025,10 @@ async fn a_run_s_progress_is_recorded(b: Backend) {
     assert!(steps[1].workers.is_empty());
     assert_eq!(store.calls("r1", "a").await.unwrap(), [call]);
 
+    // Each move above appended its own event (three); these two follow.
+    let moved = store.events(Some("r1"), 0, 10).await.unwrap();
+    let kinds: Vec<&str> = moved.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(kinds, ["step.started", "step.started", "step.finished"]);
     let e1 = store
         .append_event("r1", "step.started", &json!({"step": "a"}))
         .await
@@ -796,7 +1039,7 @@ async fn a_run_s_progress_is_recorded(b: Backend) {
         .unwrap();
     assert!(e2.id > e1.id);
     assert_eq!(
-        store.events(Some("r1"), 0, 10).await.unwrap(),
+        store.events(Some("r1"), moved[2].id, 10).await.unwrap(),
         [e1.clone(), e2.clone()]
     );
     assert_eq!(store.events(None, e1.id, 10).await.unwrap(), [e2]);
@@ -1301,9 +1544,19 @@ mod shared {
         );
         // Held by nobody: ended here.
         store.create_run(&new_run("free", 2), None).await.unwrap();
+        let CancelRequest::Ended(events) = store.request_cancel("free", &failure).await.unwrap()
+        else {
+            panic!("a run nobody holds is ended here");
+        };
+        let kinds: Vec<(&str, &Value)> =
+            events.iter().map(|e| (e.kind.as_str(), &e.data)).collect();
         assert_eq!(
-            store.request_cancel("free", &failure).await.unwrap(),
-            CancelRequest::Ended
+            kinds,
+            [(
+                "run.finished",
+                &json!({"status": "cancelled", "error": {"code": "cancelled", "message": "asked to"}})
+            )],
+            "its end is on the event log"
         );
         let run = store.run("free").await.unwrap().unwrap();
         assert_eq!(
@@ -1327,10 +1580,10 @@ mod shared {
             .await
             .unwrap();
         tokio::time::sleep(Duration::from_millis(20)).await;
-        assert_eq!(
+        assert!(matches!(
             store.request_cancel("expired", &failure).await.unwrap(),
-            CancelRequest::Ended
-        );
+            CancelRequest::Ended(_)
+        ));
     }
 
     #[tokio::test]

@@ -8,7 +8,9 @@
 //! numbering its own parameters. A write is atomic: its statements commit
 //! together or not at all. In a group, each write runs in a savepoint of its
 //! own, so a write that fails is rolled back alone and only its caller gets
-//! the error. Every caller is answered after the commit, with the rows of its
+//! the error. A part of a write may be guarded ([`Write::guard`]): when its
+//! first statement changes no row, the whole write fails as refused (a
+//! transition whose from-states did not hold). Every caller is answered after the commit, with the rows of its
 //! own statements.
 //!
 //! Why a thread with its own synchronous connection: through sqlx, each
@@ -100,6 +102,9 @@ pub(super) struct Write {
 struct Part {
     sql: &'static str,
     args: Vec<Arg>,
+    /// A guarded part: its first statement must change a row, or the whole
+    /// write fails with [`StoreError::Refused`] and this message.
+    refused: Option<String>,
 }
 
 impl Write {
@@ -108,8 +113,17 @@ impl Write {
             parts: vec![Part {
                 sql,
                 args: Vec::new(),
+                refused: None,
             }],
         }
+    }
+
+    /// Guards the last part: when its first statement changes no row, the
+    /// write is rolled back and fails with [`StoreError::Refused`]
+    /// (`refusal`).
+    pub(super) fn guard(mut self, refusal: String) -> Write {
+        self.parts.last_mut().expect("a write has a part").refused = Some(refusal);
+        self
     }
 
     /// The next parameter (of the last part).
@@ -300,7 +314,7 @@ fn commit(
         match run(&tx, split, &alone.write) {
             Ok(done) => results.push(Ok(done)),
             Err(e) => {
-                results.push(Err(StoreError::Write(e.to_string())));
+                results.push(Err(e.into()));
                 return Ok(results);
             }
         }
@@ -315,7 +329,7 @@ fn commit(
                 Err(e) => {
                     tx.prepare_cached("ROLLBACK TO write")?.execute([])?;
                     tx.prepare_cached("RELEASE write")?.execute([])?;
-                    results.push(Err(StoreError::Write(e.to_string())));
+                    results.push(Err(e.into()));
                 }
             }
         }
@@ -324,12 +338,34 @@ fn commit(
     Ok(results)
 }
 
+/// Why a write failed.
+enum Failed {
+    Sql(rusqlite::Error),
+    /// A guarded part's first statement changed nothing.
+    Refused(String),
+}
+
+impl From<rusqlite::Error> for Failed {
+    fn from(e: rusqlite::Error) -> Failed {
+        Failed::Sql(e)
+    }
+}
+
+impl From<Failed> for StoreError {
+    fn from(failed: Failed) -> StoreError {
+        match failed {
+            Failed::Sql(e) => StoreError::Write(e.to_string()),
+            Failed::Refused(message) => StoreError::Refused(message),
+        }
+    }
+}
+
 /// Runs each statement of `write`, in order; the first column of each row
 /// each returned.
-fn run(conn: &Connection, split: &mut Statements, write: &Write) -> rusqlite::Result<Vec<Done>> {
+fn run(conn: &Connection, split: &mut Statements, write: &Write) -> Result<Vec<Done>, Failed> {
     let mut done = Vec::new();
     for part in &write.parts {
-        for &sql in split.of(part.sql) {
+        for (n, &sql) in split.of(part.sql).iter().enumerate() {
             let mut statement = conn.prepare_cached(sql)?;
             // `?N` is argument N of the statement's part; a statement need
             // not use every one.
@@ -344,6 +380,13 @@ fn run(conn: &Connection, split: &mut Statements, write: &Write) -> rusqlite::Re
             let mut ints = Done::new();
             while let Some(row) = rows.next()? {
                 ints.push(row.get::<_, i64>(0).unwrap_or_default());
+            }
+            drop(rows);
+            if n == 0
+                && let Some(refusal) = &part.refused
+                && conn.changes() == 0
+            {
+                return Err(Failed::Refused(refusal.clone()));
             }
             done.push(ints);
         }

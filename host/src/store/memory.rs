@@ -12,11 +12,11 @@ use std::sync::{Mutex, MutexGuard};
 use async_trait::async_trait;
 use serde_json::Value;
 
-use super::sqlite::{cursor_of, parse_cursor};
+use super::rows::{cursor_of, parse_cursor};
 use super::{
-    AttemptWorker, CallRow, Counts, Created, EventRow, Failure, Fence, Lease, ListQuery, NewRun,
-    RunRow, RunStatus, STEP_LOG, StepRow, StepStatus, Store, StoreError, Transition, now_ms,
-    now_text,
+    AttemptWorker, CallRow, Counts, Created, EventRow, Fence, FirstTransitions, Lease, ListQuery,
+    NewRun, NewRunWrite, RunRow, RunStatus, STEP_LOG, StepRow, StepStatus, Store, StoreError,
+    Transition, now_ms, now_text,
 };
 
 /// The in-memory store.
@@ -79,12 +79,55 @@ impl MemoryStore {
 }
 
 impl State {
-    /// Applies `write` to the run, if it exists (an update of a missing run
-    /// changes nothing, as SQL's `UPDATE … WHERE` would).
-    fn apply(&mut self, run_id: &str, write: Transition<'_>, fence: &Fence, at: &str) {
+    /// Whether every move of `moves` is allowed, one after the other, from
+    /// the run's state: [`StoreError::Refused`] for the first that is not.
+    fn check(&self, run_id: &str, moves: &[Transition<'_>]) -> Result<(), StoreError> {
+        let refused = |m: &Transition<'_>| Err(StoreError::Refused(m.refusal(run_id)));
+        let Some(run) = self.runs.get(run_id) else {
+            return match moves.first() {
+                Some(m) => refused(m),
+                None => Ok(()),
+            };
+        };
+        // The statuses as the moves before each one leave them.
+        let mut run_status = run.row.status;
+        let mut steps: HashMap<&str, StepStatus> = run
+            .steps
+            .iter()
+            .map(|s| (s.step_id.as_str(), s.status))
+            .collect();
+        for m in moves {
+            match m.step_id() {
+                Some(id) => match steps.get_mut(id) {
+                    Some(from) if m.allows_step(*from) => {
+                        *from = m.step_to().expect("a step move moves its step");
+                    }
+                    _ => return refused(m),
+                },
+                None => {
+                    if !m.allows_run(run_status) {
+                        return refused(m);
+                    }
+                    run_status = m.run_to().expect("a run move moves its run");
+                    if let Some(to) = m.step_to() {
+                        for from in steps.values_mut() {
+                            if m.allows_step(*from) {
+                                *from = to;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies `write` to the run (checked with [`State::check`]).
+    fn apply(&mut self, run_id: &str, write: Transition<'_>, fence: Option<&Fence>, at: &str) {
         let Some(run) = self.runs.get_mut(run_id) else {
             return;
         };
+        let worker = || fence.map(|f| f.worker.to_string()).unwrap_or_default();
         match write {
             Transition::StepStarted {
                 step_id,
@@ -101,7 +144,7 @@ impl State {
                     step.finished_at = None;
                     step.workers.push(AttemptWorker {
                         attempt,
-                        worker: fence.worker.to_string(),
+                        worker: worker(),
                     });
                 }
             }
@@ -110,7 +153,7 @@ impl State {
                     step.attempts = step.attempts.max(attempt);
                     step.workers.push(AttemptWorker {
                         attempt,
-                        worker: fence.worker.to_string(),
+                        worker: worker(),
                     });
                 }
             }
@@ -141,7 +184,59 @@ impl State {
                 run.finished_ms = Some(now_ms());
                 reindex(&mut self.finished, before, run.finished_key());
             }
+            Transition::RunReopened { .. } => {
+                let guard = write.guard();
+                reindex(&mut self.finished, run.finished_key(), None);
+                run.row.status = RunStatus::Running;
+                run.row.output = None;
+                run.row.error = None;
+                run.row.finished_at = None;
+                run.finished_ms = None;
+                for step in &mut run.steps {
+                    if guard.steps.contains(&step.status) {
+                        step.status = StepStatus::Pending;
+                        step.error = None;
+                        step.finished_at = None;
+                    }
+                }
+            }
+            Transition::RunAbandoned { status, error } => {
+                let guard = write.guard();
+                let before = run.finished_key();
+                run.row.status = status;
+                run.row.error = Some(error.clone());
+                run.row.finished_at = Some(at.to_owned());
+                run.finished_ms = Some(now_ms());
+                reindex(&mut self.finished, before, run.finished_key());
+                for step in &mut run.steps {
+                    if guard.steps.contains(&step.status) {
+                        step.status = StepStatus::Cancelled;
+                        step.error = Some(error.clone());
+                        step.finished_at = Some(at.to_owned());
+                    }
+                }
+            }
         }
+    }
+
+    /// Checks `moves`, then applies them with their events, all at `at`.
+    fn transitions(
+        &mut self,
+        run_id: &str,
+        moves: &[Transition<'_>],
+        fence: Option<&Fence>,
+        at: &str,
+    ) -> Result<Vec<EventRow>, StoreError> {
+        self.check(run_id, moves)?;
+        let mut appended = Vec::with_capacity(moves.len() + 1);
+        for &write in moves {
+            if let Some(log) = write.log() {
+                appended.push(self.append(run_id, STEP_LOG, log, at)?);
+            }
+            self.apply(run_id, write, fence, at);
+            appended.push(self.append(run_id, write.kind(), &write.data(), at)?);
+        }
+        Ok(appended)
     }
 
     /// Appends an event; an event of a run that is not kept is not kept
@@ -224,13 +319,22 @@ impl Store for MemoryStore {
         true
     }
 
-    async fn create_run(
+    /// The run, its first event and the transitions that follow, under one
+    /// lock.
+    async fn create_run_with_event(
         &self,
         new: &NewRun,
         _lease: Option<&Lease>,
-    ) -> Result<Created, StoreError> {
+        first: Option<(&str, &Value)>,
+        then: Option<FirstTransitions<'_>>,
+    ) -> Result<NewRunWrite, StoreError> {
         let run = &new.run;
         let mut state = self.lock();
+        let mut written = NewRunWrite {
+            created: Created::New,
+            events: Vec::new(),
+            then_stored: false,
+        };
         let key = run
             .idempotency_key
             .as_ref()
@@ -241,7 +345,8 @@ impl Store for MemoryStore {
             .and_then(|id| state.runs.get(id))
             .or_else(|| state.runs.get(&run.run_id));
         if let Some(existing) = existing {
-            return Ok(Created::Existing(Box::new(existing.row.clone())));
+            written.created = Created::Existing(Box::new(existing.row.clone()));
+            return Ok(written);
         }
         if let Some(key) = key {
             state.by_key.insert(key, run.run_id.clone());
@@ -259,7 +364,25 @@ impl Store for MemoryStore {
         };
         reindex(&mut state.finished, None, entry.finished_key());
         state.runs.insert(run.run_id.clone(), entry);
-        Ok(Created::New)
+        let Some((kind, data)) = first else {
+            return Ok(written);
+        };
+        let at = now_text();
+        written
+            .events
+            .push(state.append(&run.run_id, kind, data, &at)?);
+        if let Some((fence, moves)) = then.filter(|(_, moves)| !moves.is_empty()) {
+            match state.transitions(&run.run_id, moves, Some(fence), &at) {
+                Ok(events) => {
+                    written.events.extend(events);
+                    written.then_stored = true;
+                }
+                Err(e) => {
+                    tracing::warn!(run = %run.run_id, "cannot record the run's first steps' starts: {e}")
+                }
+            }
+        }
+        Ok(written)
     }
 
     async fn run(&self, run_id: &str) -> Result<Option<RunRow>, StoreError> {
@@ -324,115 +447,14 @@ impl Store for MemoryStore {
             .collect())
     }
 
-    async fn step_started(
+    async fn transitions(
         &self,
         run_id: &str,
-        step_id: &str,
-        attempt: u32,
-        input: Option<&Value>,
-        fence: &Fence,
-    ) -> Result<(), StoreError> {
-        let write = Transition::StepStarted {
-            step_id,
-            attempt,
-            input,
-        };
-        self.lock().apply(run_id, write, fence, &now_text());
-        Ok(())
-    }
-
-    async fn step_attempt(
-        &self,
-        run_id: &str,
-        step_id: &str,
-        attempt: u32,
-        fence: &Fence,
-    ) -> Result<(), StoreError> {
-        let write = Transition::StepAttempt { step_id, attempt };
-        self.lock().apply(run_id, write, fence, &now_text());
-        Ok(())
-    }
-
-    async fn step_finished(
-        &self,
-        run_id: &str,
-        step_id: &str,
-        status: StepStatus,
-        output: Option<&Value>,
-        error: Option<&Failure>,
-        fence: &Fence,
-    ) -> Result<(), StoreError> {
-        let write = Transition::StepFinished {
-            step_id,
-            status,
-            output,
-            error,
-            log: None,
-        };
-        self.lock().apply(run_id, write, fence, &now_text());
-        Ok(())
-    }
-
-    async fn run_finished(
-        &self,
-        run_id: &str,
-        status: RunStatus,
-        output: Option<&Value>,
-        error: Option<&Failure>,
-        fence: &Fence,
-    ) -> Result<(), StoreError> {
-        let write = Transition::RunFinished {
-            status,
-            output,
-            error,
-        };
-        self.lock().apply(run_id, write, fence, &now_text());
-        Ok(())
-    }
-
-    async fn transition(
-        &self,
-        run_id: &str,
-        write: Transition<'_>,
-        fence: &Fence,
-        kind: &str,
-        data: &Value,
+        moves: &[Transition<'_>],
+        fence: Option<&Fence>,
     ) -> Result<Vec<EventRow>, StoreError> {
-        // One time for the write and its events, as SQLite stamps them.
-        let at = now_text();
-        let mut state = self.lock();
-        let mut appended = Vec::with_capacity(2);
-        if let Transition::StepFinished { log: Some(log), .. } = write {
-            appended.push(state.append(run_id, STEP_LOG, log, &at)?);
-        }
-        state.apply(run_id, write, fence, &at);
-        appended.push(state.append(run_id, kind, data, &at)?);
-        Ok(appended)
-    }
-
-    async fn reopen_run(&self, run_id: &str) -> Result<bool, StoreError> {
-        let mut state = self.lock();
-        let state = &mut *state;
-        let Some(run) = state.runs.get_mut(run_id) else {
-            return Ok(false);
-        };
-        if !matches!(run.row.status, RunStatus::Failed | RunStatus::Cancelled) {
-            return Ok(false);
-        }
-        reindex(&mut state.finished, run.finished_key(), None);
-        run.row.status = RunStatus::Running;
-        run.row.output = None;
-        run.row.error = None;
-        run.row.finished_at = None;
-        run.finished_ms = None;
-        for step in &mut run.steps {
-            if matches!(step.status, StepStatus::Failed | StepStatus::Cancelled) {
-                step.status = StepStatus::Pending;
-                step.error = None;
-                step.finished_at = None;
-            }
-        }
-        Ok(true)
+        // One time for the writes and their events, as SQLite stamps them.
+        self.lock().transitions(run_id, moves, fence, &now_text())
     }
 
     async fn record_call(&self, call: &CallRow, _fence: &Fence) -> Result<(), StoreError> {
@@ -447,36 +469,6 @@ impl Store for MemoryStore {
             .entry(call.step_id.clone())
             .or_default()
             .insert((call.attempt, call.item, call.seq), call.clone());
-        Ok(())
-    }
-
-    async fn abandon_run(
-        &self,
-        run_id: &str,
-        status: RunStatus,
-        failure: &Failure,
-    ) -> Result<(), StoreError> {
-        let mut state = self.lock();
-        let state = &mut *state;
-        let Some(run) = state.runs.get_mut(run_id) else {
-            return Ok(());
-        };
-        if run.row.status != RunStatus::Running {
-            return Ok(());
-        }
-        let at = now_text();
-        run.row.status = status;
-        run.row.error = Some(failure.clone());
-        run.row.finished_at = Some(at.clone());
-        run.finished_ms = Some(now_ms());
-        reindex(&mut state.finished, None, run.finished_key());
-        for step in &mut run.steps {
-            if matches!(step.status, StepStatus::Pending | StepStatus::Running) {
-                step.status = StepStatus::Cancelled;
-                step.error = Some(failure.clone());
-                step.finished_at = Some(at.clone());
-            }
-        }
         Ok(())
     }
 

@@ -10,7 +10,11 @@
 mod group_commit;
 pub mod memory;
 pub mod postgres;
+mod rows;
 pub mod sqlite;
+pub mod transition;
+
+pub use transition::{Guard, RUN_STARTED, STEP_LOG, Transition};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -207,34 +211,6 @@ pub enum Note {
     Reconnected,
 }
 
-/// A fenced write of a driven run that has an event ([`Store::transition`]).
-#[derive(Debug, Clone, Copy)]
-pub enum Transition<'a> {
-    StepStarted {
-        step_id: &'a str,
-        attempt: u32,
-        input: Option<&'a Value>,
-    },
-    StepAttempt {
-        step_id: &'a str,
-        attempt: u32,
-    },
-    StepFinished {
-        step_id: &'a str,
-        status: StepStatus,
-        output: Option<&'a Value>,
-        error: Option<&'a Failure>,
-        /// The data of a `step.log` event (the records of the step's last
-        /// attempt), appended just before the transition's own event.
-        log: Option<&'a Value>,
-    },
-    RunFinished {
-        status: RunStatus,
-        output: Option<&'a Value>,
-        error: Option<&'a Failure>,
-    },
-}
-
 /// What [`Store::renew`] found of the leases it renewed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Renewed {
@@ -246,12 +222,13 @@ pub struct Renewed {
 }
 
 /// What [`Store::request_cancel`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum CancelRequest {
     /// The run is not running.
     NotRunning,
-    /// No worker held the run: it was ended here, as cancelled.
-    Ended,
+    /// No worker held the run: it was ended here, as cancelled
+    /// ([`Transition::RunAbandoned`]), with these events.
+    Ended(Vec<EventRow>),
     /// A worker holds the run and was told to cancel it.
     Signalled,
 }
@@ -293,9 +270,8 @@ pub enum Created {
 }
 
 /// Transitions of a new run to write with it
-/// ([`Store::create_run_with_event`]), under the run's fence: `(write, kind,
-/// data)` each, as [`Store::transitions`] takes them.
-pub type FirstTransitions<'a> = (&'a Fence, &'a [(Transition<'a>, &'a str, &'a Value)]);
+/// ([`Store::create_run_with_event`]), under the run's fence.
+pub type FirstTransitions<'a> = (&'a Fence, &'a [Transition<'a>]);
 
 /// What [`Store::create_run_with_event`] wrote.
 #[derive(Debug, Clone, PartialEq)]
@@ -349,6 +325,10 @@ pub enum StoreError {
         "run `{0}` is no longer held by this worker (its lease expired and another worker took it)"
     )]
     LeaseLost(String),
+    /// A [`Transition`] whose guard did not hold (see
+    /// [`Transition::refusal`]): nothing was written.
+    #[error("state store: {0}")]
+    Refused(String),
 }
 
 impl StoreError {
@@ -415,48 +395,23 @@ pub trait Store: Send + Sync {
     /// same idempotency key. With `lease`, the new run is held by that worker
     /// (its [`Fence`] has epoch 1); without, a shared store leaves it for any
     /// worker to claim and sends [`Note::Ready`].
-    async fn create_run(&self, run: &NewRun, lease: Option<&Lease>) -> Result<Created, StoreError>;
+    async fn create_run(&self, run: &NewRun, lease: Option<&Lease>) -> Result<Created, StoreError> {
+        let written = self.create_run_with_event(run, lease, None, None).await?;
+        Ok(written.created)
+    }
     /// [`Store::create_run`], and when the run is new: its first event
-    /// (`kind`, `data`), then the transitions of `then` (the starts of the
-    /// steps that start with the run) under its fence; all in one write where
-    /// the backend can. What cannot be written after the run was created is
-    /// logged, not an error: the run is stored either way, and
+    /// (`first`: kind and data), then the transitions of `then` (the starts
+    /// of the steps that start with the run) under its fence; all in one
+    /// write where the backend can. What cannot be written after the run was
+    /// created is logged, not an error: the run is stored either way, and
     /// [`NewRunWrite::then_stored`] says whether `then` was.
     async fn create_run_with_event(
         &self,
         new: &NewRun,
         lease: Option<&Lease>,
-        kind: &str,
-        data: &Value,
+        first: Option<(&str, &Value)>,
         then: Option<FirstTransitions<'_>>,
-    ) -> Result<NewRunWrite, StoreError> {
-        let created = self.create_run(new, lease).await?;
-        let mut written = NewRunWrite {
-            created,
-            events: Vec::new(),
-            then_stored: false,
-        };
-        if written.created != Created::New {
-            return Ok(written);
-        }
-        let run_id = &new.run.run_id;
-        match self.append_event(run_id, kind, data).await {
-            Ok(event) => written.events.push(event),
-            Err(e) => tracing::warn!(run = %run_id, kind, "cannot record the event: {e}"),
-        }
-        if let Some((fence, writes)) = then.filter(|(_, writes)| !writes.is_empty()) {
-            match self.transitions(run_id, writes, fence).await {
-                Ok(events) => {
-                    written.events.extend(events);
-                    written.then_stored = true;
-                }
-                Err(e) => {
-                    tracing::warn!(run = %run_id, "cannot record the run's first steps' starts: {e}")
-                }
-            }
-        }
-        Ok(written)
-    }
+    ) -> Result<NewRunWrite, StoreError>;
     async fn run(&self, run_id: &str) -> Result<Option<RunRow>, StoreError>;
     /// Steps in definition order.
     async fn steps(&self, run_id: &str) -> Result<Vec<StepRow>, StoreError>;
@@ -469,140 +424,35 @@ pub trait Store: Send + Sync {
     /// Runs still `running`: what a start-up resumes.
     async fn unfinished_runs(&self) -> Result<Vec<RunRow>, StoreError>;
 
-    // The writes of a driven run are fenced: each fails with
-    // [`StoreError::LeaseLost`] (and changes nothing) when `fence` no longer
-    // holds the run.
-
-    /// Marks a step `running` in `attempt` with its input, run by
-    /// `fence.worker`.
-    async fn step_started(
+    /// The one write of a run's state: `moves` of one run, in order, each
+    /// with its events (a finished step's `step.log`, then the move's own;
+    /// see [`Transition::kind`]), committed together: all or nothing. Returns
+    /// the events appended, in id order.
+    ///
+    /// A move whose guard ([`Transition::guard`]) does not hold fails the
+    /// whole batch with [`StoreError::Refused`]. A fenced move
+    /// ([`Transition::fenced`]) needs `fence`, and fails with
+    /// [`StoreError::LeaseLost`] (changing nothing) when `fence` no longer
+    /// holds the run. Ending a run ([`Transition::RunFinished`],
+    /// [`Transition::RunAbandoned`]) releases its lease and, on a shared
+    /// store, sends [`Note::Finished`]; reopening it sends [`Note::Ready`].
+    async fn transitions(
         &self,
         run_id: &str,
-        step_id: &str,
-        attempt: u32,
-        input: Option<&Value>,
-        fence: &Fence,
-    ) -> Result<(), StoreError>;
-    /// Records that a step retries, as `attempt`, run by `fence.worker`.
-    async fn step_attempt(
-        &self,
-        run_id: &str,
-        step_id: &str,
-        attempt: u32,
-        fence: &Fence,
-    ) -> Result<(), StoreError>;
-    /// Records how a step ended.
-    async fn step_finished(
-        &self,
-        run_id: &str,
-        step_id: &str,
-        status: StepStatus,
-        output: Option<&Value>,
-        error: Option<&Failure>,
-        fence: &Fence,
-    ) -> Result<(), StoreError>;
-    /// Records how a run ended, and releases its lease; a shared store sends
-    /// [`Note::Finished`].
-    async fn run_finished(
-        &self,
-        run_id: &str,
-        status: RunStatus,
-        output: Option<&Value>,
-        error: Option<&Failure>,
-        fence: &Fence,
-    ) -> Result<(), StoreError>;
-    /// `workflow.retry`: a failed or cancelled run goes back to `running`
-    /// (unclaimed, so any worker may take it; a shared store sends
-    /// [`Note::Ready`]) and its failed or cancelled steps to `pending`. False
-    /// when the run is not failed or cancelled.
-    async fn reopen_run(&self, run_id: &str) -> Result<bool, StoreError>;
+        moves: &[Transition<'_>],
+        fence: Option<&Fence>,
+    ) -> Result<Vec<EventRow>, StoreError>;
+    /// Journals one capability call of a step attempt (fenced).
     async fn record_call(&self, call: &CallRow, fence: &Fence) -> Result<(), StoreError>;
-    /// Ends a run that nothing drives any more (its task failed, or it is
-    /// cancelled while not running here): the run gets `status` and
-    /// `failure`, its pending and running steps become `cancelled`. Does
-    /// nothing to a finished run.
-    async fn abandon_run(
-        &self,
-        run_id: &str,
-        status: RunStatus,
-        failure: &Failure,
-    ) -> Result<(), StoreError>;
     async fn counts(&self) -> Result<Counts, StoreError>;
-    /// Appends an event of `run_id` to the event log; returns it with its id.
+    /// Appends an event of `run_id` that goes with no move (a retried
+    /// attempt's log) to the event log; returns it with its id.
     async fn append_event(
         &self,
         run_id: &str,
         kind: &str,
         data: &Value,
     ) -> Result<EventRow, StoreError>;
-    /// A fenced write and its event (`kind`, `data`): the write as its own
-    /// method does it, then the event appended, in one round trip to the
-    /// database where the backend can. Returns the events appended, in id
-    /// order: a step's `step.log` (see [`Transition::StepFinished`]), then the
-    /// transition's own.
-    async fn transition(
-        &self,
-        run_id: &str,
-        write: Transition<'_>,
-        fence: &Fence,
-        kind: &str,
-        data: &Value,
-    ) -> Result<Vec<EventRow>, StoreError> {
-        let mut appended = Vec::with_capacity(2);
-        match write {
-            Transition::StepStarted {
-                step_id,
-                attempt,
-                input,
-            } => {
-                self.step_started(run_id, step_id, attempt, input, fence)
-                    .await?
-            }
-            Transition::StepAttempt { step_id, attempt } => {
-                self.step_attempt(run_id, step_id, attempt, fence).await?
-            }
-            Transition::StepFinished {
-                step_id,
-                status,
-                output,
-                error,
-                log,
-            } => {
-                if let Some(log) = log {
-                    appended.push(self.append_event(run_id, STEP_LOG, log).await?);
-                }
-                self.step_finished(run_id, step_id, status, output, error, fence)
-                    .await?
-            }
-            Transition::RunFinished {
-                status,
-                output,
-                error,
-            } => {
-                self.run_finished(run_id, status, output, error, fence)
-                    .await?
-            }
-        }
-        appended.push(self.append_event(run_id, kind, data).await?);
-        Ok(appended)
-    }
-    /// Several [`Store::transition`]s of one run (`(write, kind, data)`), in
-    /// order, committed together where the backend can: a run's last step
-    /// ends with the run. Returns every event appended, in id order. By
-    /// default one after the other, so a crash between two leaves the first
-    /// done and the rest not, as separate transitions would.
-    async fn transitions(
-        &self,
-        run_id: &str,
-        writes: &[(Transition<'_>, &str, &Value)],
-        fence: &Fence,
-    ) -> Result<Vec<EventRow>, StoreError> {
-        let mut appended = Vec::new();
-        for &(write, kind, data) in writes {
-            appended.extend(self.transition(run_id, write, fence, kind, data).await?);
-        }
-        Ok(appended)
-    }
     /// Up to `limit` events with an id past `after`, oldest first; of one run,
     /// or of all runs.
     async fn events(
@@ -658,16 +508,15 @@ pub trait Store: Send + Sync {
         run_id: &str,
         failure: &Failure,
     ) -> Result<CancelRequest, StoreError> {
-        let running = self
-            .run(run_id)
-            .await?
-            .is_some_and(|r| r.status == RunStatus::Running);
-        if !running {
-            return Ok(CancelRequest::NotRunning);
+        let abandon = Transition::RunAbandoned {
+            status: RunStatus::Cancelled,
+            error: failure,
+        };
+        match self.transitions(run_id, &[abandon], None).await {
+            Ok(events) => Ok(CancelRequest::Ended(events)),
+            Err(StoreError::Refused(_)) => Ok(CancelRequest::NotRunning),
+            Err(e) => Err(e),
         }
-        self.abandon_run(run_id, RunStatus::Cancelled, failure)
-            .await?;
-        Ok(CancelRequest::Ended)
     }
     /// Registers `worker` or refreshes its heartbeat.
     async fn heartbeat(&self, _worker: &WorkerRow) -> Result<(), StoreError> {
@@ -681,9 +530,6 @@ pub trait Store: Send + Sync {
     }
 }
 
-/// The kind of the event that carries a node's log records.
-pub const STEP_LOG: &str = "step.log";
-
 /// One event of a run: `run.started`, `step.started`, `step.log`,
 /// `step.finished`, `run.finished` (and `step.progress`, which is not kept).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -694,6 +540,26 @@ pub struct EventRow {
     pub kind: String,
     pub data: Value,
     pub at: String,
+}
+
+/// Whether `state` names a PostgreSQL database rather than a SQLite file.
+pub fn is_postgres_url(state: &str) -> bool {
+    state.starts_with("postgres://") || state.starts_with("postgresql://")
+}
+
+/// Opens the store `state` names: a PostgreSQL URL (shared by workers),
+/// `:memory:` (kept in the process), or a SQLite file.
+///
+/// # Errors
+/// [`StoreError::Open`] or [`StoreError::Db`] when it cannot be opened.
+pub async fn open(state: &str) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(if is_postgres_url(state) {
+        Arc::new(postgres::PgStore::open(state).await?)
+    } else if state == ":memory:" {
+        Arc::new(memory::MemoryStore::new())
+    } else {
+        Arc::new(sqlite::SqliteStore::open(state).await?)
+    })
 }
 
 /// Milliseconds since the epoch.

@@ -19,17 +19,17 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::Value;
 use sqlx::migrate::{MigrateError, Migrator};
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, Row};
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::sqlite::{attempt_workers, cursor_of, failure, json_text, parse_cursor, parse_json};
+use super::rows::{cursor_of, json_text, parse_cursor, parse_json, run_row, step_row};
 use super::{
-    CallRow, CancelRequest, Counts, Created, EventRow, Failure, Fence, Lease, ListQuery, NewRun,
-    Note, Renewed, RunRow, RunStatus, StepRow, StepStatus, Store, StoreError, WorkerRow, now_ms,
-    now_text,
+    CallRow, CancelRequest, Counts, Created, EventRow, Failure, Fence, FirstTransitions, Lease,
+    ListQuery, NewRun, NewRunWrite, Note, Renewed, RunRow, RunStatus, STEP_LOG, StepRow, Store,
+    StoreError, Transition, WorkerRow, now_ms, now_text,
 };
 
 // sqlx's PostgreSQL migrator takes a session advisory lock (`pg_advisory_lock`
@@ -124,25 +124,6 @@ impl PgStore {
     pub async fn close(&self) {
         self.listener.stop.cancel();
         self.pool.close().await;
-    }
-
-    /// [`StoreError::LeaseLost`] when `fence` does not hold `run_id`, else
-    /// `Ok`: what a fenced write that changed nothing means.
-    async fn check_fence(&self, run_id: &str, fence: &Fence) -> Result<(), StoreError> {
-        let held: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM runs WHERE run_id = $1 AND lease_owner = $2
-                                                 AND lease_epoch = $3 AND status = 'running')",
-        )
-        .bind(run_id)
-        .bind(&*fence.worker)
-        .bind(fence.epoch)
-        .fetch_one(&self.pool)
-        .await?;
-        if held {
-            Ok(())
-        } else {
-            Err(StoreError::LeaseLost(run_id.to_owned()))
-        }
     }
 }
 
@@ -318,37 +299,6 @@ fn parse_note(payload: &str) -> Option<Note> {
     }
 }
 
-fn run_row(row: &PgRow) -> Result<RunRow, StoreError> {
-    Ok(RunRow {
-        run_id: row.try_get("run_id")?,
-        workflow: row.try_get("workflow")?,
-        status: RunStatus::parse(row.try_get::<&str, _>("status")?)?,
-        input: parse_json(row.try_get("input")?)?.unwrap_or(Value::Null),
-        output: parse_json(row.try_get("output")?)?,
-        error: failure(row.try_get("error_code")?, row.try_get("error_message")?),
-        definition: Arc::new(parse_json(row.try_get("definition")?)?.unwrap_or(Value::Null)),
-        definition_hash: row.try_get("definition_hash")?,
-        idempotency_key: row.try_get("idempotency_key")?,
-        created_ms: row.try_get("created_ms")?,
-        started_at: row.try_get("started_at")?,
-        finished_at: row.try_get("finished_at")?,
-    })
-}
-
-fn step_row(row: &PgRow) -> Result<StepRow, StoreError> {
-    Ok(StepRow {
-        step_id: row.try_get("step_id")?,
-        status: StepStatus::parse(row.try_get::<&str, _>("status")?)?,
-        attempts: row.try_get::<i64, _>("attempts")? as u32,
-        input: parse_json(row.try_get("input")?)?,
-        output: parse_json(row.try_get("output")?)?,
-        error: failure(row.try_get("error_code")?, row.try_get("error_message")?),
-        started_at: row.try_get("started_at")?,
-        finished_at: row.try_get("finished_at")?,
-        workers: attempt_workers(row.try_get("workers")?)?,
-    })
-}
-
 fn ms_text(ms: i64) -> String {
     let at = std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
     humantime::format_rfc3339_millis(at).to_string()
@@ -358,45 +308,285 @@ fn duration_ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// Ends a running run as `status`, its unfinished steps `cancelled`, its
-/// lease cleared, and sends [`Note::Finished`]; false when it was not running.
-async fn end_run(
+/// Applies `moves` of `run_id` in `tx`, which the caller commits: each
+/// move's guarded update in order (a refused or unfenced one fails them all,
+/// as the caller then rolls back), then their events, appended under the
+/// event lock. Returns the events, in id order.
+async fn apply_moves(
     tx: &mut sqlx::PgConnection,
     run_id: &str,
-    status: RunStatus,
-    failure: &Failure,
-) -> Result<bool, StoreError> {
-    let ended = sqlx::query(
-        "UPDATE runs SET status = $2, error_code = $3, error_message = $4,
-                         finished_at = $5, finished_ms = $6,
-                         lease_owner = NULL, lease_until_ms = NULL
-         WHERE run_id = $1 AND status = 'running'",
-    )
-    .bind(run_id)
-    .bind(status.as_str())
-    .bind(&failure.code)
-    .bind(&failure.message)
-    .bind(now_text())
-    .bind(now_ms())
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if ended == 0 {
-        return Ok(false);
+    moves: &[Transition<'_>],
+    fence: Option<&Fence>,
+) -> Result<Vec<EventRow>, StoreError> {
+    if moves.is_empty() {
+        return Ok(Vec::new());
     }
-    sqlx::query(
-        "UPDATE steps SET status = 'cancelled', error_code = $2, error_message = $3,
-                          finished_at = $4
-         WHERE run_id = $1 AND status IN ('pending', 'running')",
+    for &write in moves {
+        let changed = apply_move(tx, run_id, write, fence).await?;
+        if changed == 0 {
+            if let (true, Some(fence)) = (write.fenced(), fence)
+                && !held(tx, run_id, fence).await?
+            {
+                return Err(StoreError::LeaseLost(run_id.to_owned()));
+            }
+            return Err(StoreError::Refused(write.refusal(run_id)));
+        }
+        match write {
+            Transition::RunFinished { .. } | Transition::RunAbandoned { .. } => {
+                notify(tx, &format!("finished:{run_id}")).await?;
+            }
+            Transition::RunReopened { .. } => notify(tx, "ready").await?,
+            _ => {}
+        }
+    }
+    let at = now_text();
+    let mut events = Vec::with_capacity(moves.len() + 1);
+    for write in moves {
+        if let Some(log) = write.log() {
+            events.push((STEP_LOG, log.clone()));
+        }
+        events.push((write.kind(), write.data()));
+    }
+    append_events(tx, run_id, events, &at).await
+}
+
+/// One move's update; how many rows its guarded statement changed.
+async fn apply_move(
+    tx: &mut sqlx::PgConnection,
+    run_id: &str,
+    write: Transition<'_>,
+    fence: Option<&Fence>,
+) -> Result<u64, StoreError> {
+    let guard = write.guard();
+    if write.fenced() && fence.is_none() {
+        return Err(StoreError::Corrupt(format!(
+            "run `{run_id}`: {} without the run's fence",
+            write.name()
+        )));
+    }
+    // A fenced move binds $1 run id, $2 worker, $3 epoch (see `HELD`), $4
+    // the guard's states; its own from $5.
+    let worker = fence.map(|f| &*f.worker);
+    let epoch = fence.map_or(0, |f| f.epoch);
+    let now = now_text();
+    let query = match write {
+        Transition::StepStarted {
+            step_id,
+            attempt,
+            input,
+        } => sqlx::query(sqlx::AssertSqlSafe(format!(
+            "WITH {HELD}
+             UPDATE steps SET status = 'running', attempts = $6, input = $7, output = NULL,
+                              error_code = NULL, error_message = NULL,
+                              started_at = $8, finished_at = NULL,
+                              workers = (coalesce(workers, '[]')::jsonb || jsonb_build_array(
+                                  jsonb_build_object('attempt', $6, 'worker', $2::text)))::text
+             WHERE run_id = $1 AND step_id = $5 AND status = ANY($4)
+               AND EXISTS (SELECT 1 FROM held)"
+        )))
+        .bind(run_id)
+        .bind(worker)
+        .bind(epoch)
+        .bind(guard.steps_text())
+        .bind(step_id)
+        .bind(i64::from(attempt))
+        .bind(input.map(json_text))
+        .bind(now),
+        Transition::StepAttempt { step_id, attempt } => sqlx::query(sqlx::AssertSqlSafe(format!(
+            "WITH {HELD}
+             UPDATE steps SET attempts = greatest(attempts, $6),
+                              workers = (coalesce(workers, '[]')::jsonb || jsonb_build_array(
+                                  jsonb_build_object('attempt', $6, 'worker', $2::text)))::text
+             WHERE run_id = $1 AND step_id = $5 AND status = ANY($4)
+               AND EXISTS (SELECT 1 FROM held)"
+        )))
+        .bind(run_id)
+        .bind(worker)
+        .bind(epoch)
+        .bind(guard.steps_text())
+        .bind(step_id)
+        .bind(i64::from(attempt)),
+        Transition::StepFinished {
+            step_id,
+            status,
+            output,
+            error,
+            log: _,
+        } => sqlx::query(sqlx::AssertSqlSafe(format!(
+            "WITH {HELD}
+             UPDATE steps SET status = $6, output = $7, error_code = $8, error_message = $9,
+                              finished_at = $10
+             WHERE run_id = $1 AND step_id = $5 AND status = ANY($4)
+               AND EXISTS (SELECT 1 FROM held)"
+        )))
+        .bind(run_id)
+        .bind(worker)
+        .bind(epoch)
+        .bind(guard.steps_text())
+        .bind(step_id)
+        .bind(status.as_str())
+        .bind(output.map(json_text))
+        .bind(error.map(|e| e.code.as_str()))
+        .bind(error.map(|e| e.message.as_str()))
+        .bind(now),
+        Transition::RunFinished {
+            status,
+            output,
+            error,
+        } => sqlx::query(
+            "UPDATE runs SET status = $5, output = $6, error_code = $7, error_message = $8,
+                             finished_at = $9, finished_ms = $10,
+                             lease_owner = NULL, lease_until_ms = NULL
+             WHERE run_id = $1 AND lease_owner = $2 AND lease_epoch = $3
+               AND status = ANY($4)",
+        )
+        .bind(run_id)
+        .bind(worker)
+        .bind(epoch)
+        .bind(guard.run_text())
+        .bind(status.as_str())
+        .bind(output.map(json_text))
+        .bind(error.map(|e| e.code.as_str()))
+        .bind(error.map(|e| e.message.as_str()))
+        .bind(now)
+        .bind(now_ms()),
+        // Unfenced run moves: $2 the steps' guard; the run first, so that
+        // its steps move only when it did.
+        Transition::RunReopened { .. } => {
+            let changed = sqlx::query(
+                "UPDATE runs SET status = 'running', output = NULL, error_code = NULL,
+                                 error_message = NULL, finished_at = NULL, finished_ms = NULL,
+                                 lease_owner = NULL, lease_until_ms = NULL,
+                                 cancel_requested = FALSE
+                 WHERE run_id = $1 AND status = ANY($2)",
+            )
+            .bind(run_id)
+            .bind(guard.run_text())
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if changed > 0 {
+                sqlx::query(
+                    "UPDATE steps SET status = 'pending', error_code = NULL, error_message = NULL,
+                                      finished_at = NULL
+                     WHERE run_id = $1 AND status = ANY($2)",
+                )
+                .bind(run_id)
+                .bind(guard.steps_text())
+                .execute(&mut *tx)
+                .await?;
+            }
+            return Ok(changed);
+        }
+        Transition::RunAbandoned { status, error } => {
+            let changed = sqlx::query(
+                "UPDATE runs SET status = $3, error_code = $4, error_message = $5,
+                                 finished_at = $6, finished_ms = $7,
+                                 lease_owner = NULL, lease_until_ms = NULL
+                 WHERE run_id = $1 AND status = ANY($2)",
+            )
+            .bind(run_id)
+            .bind(guard.run_text())
+            .bind(status.as_str())
+            .bind(&error.code)
+            .bind(&error.message)
+            .bind(&now)
+            .bind(now_ms())
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if changed > 0 {
+                sqlx::query(
+                    "UPDATE steps SET status = 'cancelled', error_code = $3, error_message = $4,
+                                      finished_at = $5
+                     WHERE run_id = $1 AND status = ANY($2)",
+                )
+                .bind(run_id)
+                .bind(guard.steps_text())
+                .bind(&error.code)
+                .bind(&error.message)
+                .bind(&now)
+                .execute(&mut *tx)
+                .await?;
+            }
+            return Ok(changed);
+        }
+    };
+    Ok(query.execute(&mut *tx).await?.rows_affected())
+}
+
+/// Whether `fence` holds `run_id`.
+async fn held(
+    tx: &mut sqlx::PgConnection,
+    run_id: &str,
+    fence: &Fence,
+) -> Result<bool, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM runs WHERE run_id = $1 AND lease_owner = $2
+                                             AND lease_epoch = $3 AND status = 'running')",
     )
     .bind(run_id)
-    .bind(&failure.code)
-    .bind(&failure.message)
-    .bind(now_text())
-    .execute(&mut *tx)
+    .bind(&*fence.worker)
+    .bind(fence.epoch)
+    .fetch_one(tx)
+    .await?)
+}
+
+/// Appends `events` (kind, data) of `run_id` in `tx`, in order, all at
+/// `at`, and sends the `event` note when it commits.
+///
+/// Ids are drawn from a sequence when a row is inserted, but become
+/// visible when it commits: two workers appending at once could commit ids
+/// 8 and 7 in that order, and a client that read 8 and resumes after it
+/// would never see 7. Held until commit, the event lock makes drawing and
+/// committing one step, so ids appear in order.
+async fn append_events(
+    tx: &mut sqlx::PgConnection,
+    run_id: &str,
+    events: Vec<(&str, Value)>,
+    at: &str,
+) -> Result<Vec<EventRow>, StoreError> {
+    sqlx::query("SELECT pg_advisory_xact_lock($1), pg_notify($2, 'event')")
+        .bind(EVENT_LOCK)
+        .bind(CHANNEL)
+        .execute(&mut *tx)
+        .await?;
+    let kinds: Vec<&str> = events.iter().map(|(kind, _)| *kind).collect();
+    let data: Vec<String> = events.iter().map(|(_, data)| json_text(data)).collect();
+    // One statement for them all; each row draws its id in `n` order, so
+    // the ids, sorted, are the events' in order (RETURNING has none).
+    let mut ids: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO events (run_id, kind, data, at)
+         SELECT $1, e.kind, e.data, $4
+         FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS e (kind, data, n)
+         ORDER BY e.n
+         RETURNING id",
+    )
+    .bind(run_id)
+    .bind(&kinds)
+    .bind(&data)
+    .bind(at)
+    .fetch_all(&mut *tx)
     .await?;
-    notify(tx, &format!("finished:{run_id}")).await?;
-    Ok(true)
+    if ids.len() != events.len() {
+        return Err(StoreError::Corrupt(format!(
+            "{} events appended, not {}",
+            ids.len(),
+            events.len()
+        )));
+    }
+    ids.sort_unstable();
+    Ok(ids
+        .into_iter()
+        .zip(events)
+        .map(|(id, (kind, data))| EventRow {
+            id,
+            run_id: run_id.to_owned(),
+            kind: kind.to_owned(),
+            data,
+            at: at.to_owned(),
+        })
+        .collect())
 }
 
 /// `pg_notify` on the channel; delivered when the transaction commits.
@@ -431,7 +621,15 @@ impl Store for PgStore {
         true
     }
 
-    async fn create_run(&self, new: &NewRun, lease: Option<&Lease>) -> Result<Created, StoreError> {
+    /// The run, its steps, its first event and the transitions that
+    /// follow, in one transaction.
+    async fn create_run_with_event(
+        &self,
+        new: &NewRun,
+        lease: Option<&Lease>,
+        first: Option<(&str, &Value)>,
+        then: Option<FirstTransitions<'_>>,
+    ) -> Result<NewRunWrite, StoreError> {
         let run = &new.run;
         let mut tx = self.pool.begin().await?;
         let inserted = sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -468,7 +666,11 @@ impl Store for PgStore {
             .fetch_one(&mut *tx)
             .await?;
             tx.rollback().await?;
-            return Ok(Created::Existing(Box::new(run_row(&existing)?)));
+            return Ok(NewRunWrite {
+                created: Created::Existing(Box::new(run_row(&existing)?)),
+                events: Vec::new(),
+                then_stored: false,
+            });
         }
         sqlx::query(
             "INSERT INTO steps (run_id, step_id, position, status)
@@ -482,8 +684,38 @@ impl Store for PgStore {
         if lease.is_none() {
             notify(&mut tx, "ready").await?;
         }
+        let mut written = NewRunWrite {
+            created: Created::New,
+            events: Vec::new(),
+            then_stored: false,
+        };
+        if let Some((kind, data)) = first {
+            written.events = append_events(
+                &mut tx,
+                &run.run_id,
+                vec![(kind, data.clone())],
+                &now_text(),
+            )
+            .await?;
+            // The steps that start with the run, under its fence; a
+            // savepoint, so that their failure leaves the run stored.
+            if let Some((fence, moves)) = then.filter(|(_, moves)| !moves.is_empty()) {
+                let mut starts = tx.begin().await?;
+                match apply_moves(&mut starts, &run.run_id, moves, Some(fence)).await {
+                    Ok(events) => {
+                        starts.commit().await?;
+                        written.events.extend(events);
+                        written.then_stored = true;
+                    }
+                    Err(e) => {
+                        starts.rollback().await?;
+                        tracing::warn!(run = %run.run_id, "cannot record the run's first steps' starts: {e}");
+                    }
+                }
+            }
+        }
         tx.commit().await?;
-        Ok(Created::New)
+        Ok(written)
     }
 
     async fn run(&self, run_id: &str) -> Result<Option<RunRow>, StoreError> {
@@ -572,165 +804,19 @@ impl Store for PgStore {
             .collect()
     }
 
-    async fn step_started(
+    async fn transitions(
         &self,
         run_id: &str,
-        step_id: &str,
-        attempt: u32,
-        input: Option<&Value>,
-        fence: &Fence,
-    ) -> Result<(), StoreError> {
-        let updated = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "WITH {HELD}
-             UPDATE steps SET status = 'running', attempts = $5, input = $6, output = NULL,
-                              error_code = NULL, error_message = NULL,
-                              started_at = $7, finished_at = NULL,
-                              workers = (coalesce(workers, '[]')::jsonb || jsonb_build_array(
-                                  jsonb_build_object('attempt', $5, 'worker', $2::text)))::text
-             WHERE run_id = $1 AND step_id = $4 AND EXISTS (SELECT 1 FROM held)"
-        )))
-        .bind(run_id)
-        .bind(&*fence.worker)
-        .bind(fence.epoch)
-        .bind(step_id)
-        .bind(i64::from(attempt))
-        .bind(input.map(json_text))
-        .bind(now_text())
-        .execute(&self.pool)
-        .await?
-        .rows_affected();
-        if updated == 0 {
-            self.check_fence(run_id, fence).await?;
+        moves: &[Transition<'_>],
+        fence: Option<&Fence>,
+    ) -> Result<Vec<EventRow>, StoreError> {
+        if moves.is_empty() {
+            return Ok(Vec::new());
         }
-        Ok(())
-    }
-
-    async fn step_attempt(
-        &self,
-        run_id: &str,
-        step_id: &str,
-        attempt: u32,
-        fence: &Fence,
-    ) -> Result<(), StoreError> {
-        let updated = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "WITH {HELD}
-             UPDATE steps SET attempts = greatest(attempts, $5),
-                              workers = (coalesce(workers, '[]')::jsonb || jsonb_build_array(
-                                  jsonb_build_object('attempt', $5, 'worker', $2::text)))::text
-             WHERE run_id = $1 AND step_id = $4 AND EXISTS (SELECT 1 FROM held)"
-        )))
-        .bind(run_id)
-        .bind(&*fence.worker)
-        .bind(fence.epoch)
-        .bind(step_id)
-        .bind(i64::from(attempt))
-        .execute(&self.pool)
-        .await?
-        .rows_affected();
-        if updated == 0 {
-            self.check_fence(run_id, fence).await?;
-        }
-        Ok(())
-    }
-
-    async fn step_finished(
-        &self,
-        run_id: &str,
-        step_id: &str,
-        status: StepStatus,
-        output: Option<&Value>,
-        error: Option<&Failure>,
-        fence: &Fence,
-    ) -> Result<(), StoreError> {
-        let updated = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "WITH {HELD}
-             UPDATE steps SET status = $5, output = $6, error_code = $7, error_message = $8,
-                              finished_at = $9
-             WHERE run_id = $1 AND step_id = $4 AND EXISTS (SELECT 1 FROM held)"
-        )))
-        .bind(run_id)
-        .bind(&*fence.worker)
-        .bind(fence.epoch)
-        .bind(step_id)
-        .bind(status.as_str())
-        .bind(output.map(json_text))
-        .bind(error.map(|e| e.code.as_str()))
-        .bind(error.map(|e| e.message.as_str()))
-        .bind(now_text())
-        .execute(&self.pool)
-        .await?
-        .rows_affected();
-        if updated == 0 {
-            self.check_fence(run_id, fence).await?;
-        }
-        Ok(())
-    }
-
-    async fn run_finished(
-        &self,
-        run_id: &str,
-        status: RunStatus,
-        output: Option<&Value>,
-        error: Option<&Failure>,
-        fence: &Fence,
-    ) -> Result<(), StoreError> {
-        // The update and its note in one statement: the note goes out when
-        // (and only if) the run is ended by this fence.
-        let ended = sqlx::query(
-            "WITH ended AS (
-                 UPDATE runs SET status = $4, output = $5, error_code = $6, error_message = $7,
-                                 finished_at = $8, finished_ms = $9,
-                                 lease_owner = NULL, lease_until_ms = NULL
-                 WHERE run_id = $1 AND lease_owner = $2 AND lease_epoch = $3
-                   AND status = 'running'
-                 RETURNING run_id)
-             SELECT pg_notify($10, 'finished:' || run_id) FROM ended",
-        )
-        .bind(run_id)
-        .bind(&*fence.worker)
-        .bind(fence.epoch)
-        .bind(status.as_str())
-        .bind(output.map(json_text))
-        .bind(error.map(|e| e.code.as_str()))
-        .bind(error.map(|e| e.message.as_str()))
-        .bind(now_text())
-        .bind(now_ms())
-        .bind(CHANNEL)
-        .fetch_all(&self.pool)
-        .await?;
-        if ended.is_empty() {
-            return Err(StoreError::LeaseLost(run_id.to_owned()));
-        }
-        Ok(())
-    }
-
-    async fn reopen_run(&self, run_id: &str) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let reopened = sqlx::query(
-            "UPDATE runs SET status = 'running', output = NULL, error_code = NULL,
-                             error_message = NULL, finished_at = NULL, finished_ms = NULL,
-                             lease_owner = NULL, lease_until_ms = NULL,
-                             cancel_requested = FALSE
-             WHERE run_id = $1 AND status IN ('failed', 'cancelled')",
-        )
-        .bind(run_id)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if reopened == 0 {
-            return Ok(false);
-        }
-        sqlx::query(
-            "UPDATE steps SET status = 'pending', error_code = NULL, error_message = NULL,
-                              finished_at = NULL
-             WHERE run_id = $1 AND status IN ('failed', 'cancelled')",
-        )
-        .bind(run_id)
-        .execute(&mut *tx)
-        .await?;
-        notify(&mut tx, "ready").await?;
+        let events = apply_moves(&mut tx, run_id, moves, fence).await?;
         tx.commit().await?;
-        Ok(true)
+        Ok(events)
     }
 
     async fn record_call(&self, call: &CallRow, fence: &Fence) -> Result<(), StoreError> {
@@ -766,18 +852,6 @@ impl Store for PgStore {
         Ok(())
     }
 
-    async fn abandon_run(
-        &self,
-        run_id: &str,
-        status: RunStatus,
-        failure: &Failure,
-    ) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
-        end_run(&mut tx, run_id, status, failure).await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
     async fn counts(&self) -> Result<Counts, StoreError> {
         let row = sqlx::query(
             "SELECT count(*) AS total, count(*) FILTER (WHERE status = 'running') AS running,
@@ -799,35 +873,11 @@ impl Store for PgStore {
         kind: &str,
         data: &Value,
     ) -> Result<EventRow, StoreError> {
-        let at = now_text();
         let mut tx = self.pool.begin().await?;
-        // Ids are drawn from a sequence when the row is inserted, but become
-        // visible when it commits: two workers appending at once could commit
-        // ids 8 and 7 in that order, and a client that read 8 and resumes
-        // after it would never see 7. Held until commit, this lock makes
-        // drawing and committing one step, so ids appear in order.
-        sqlx::query("SELECT pg_advisory_xact_lock($1), pg_notify($2, 'event')")
-            .bind(EVENT_LOCK)
-            .bind(CHANNEL)
-            .execute(&mut *tx)
-            .await?;
-        let id: i64 = sqlx::query_scalar(
-            "INSERT INTO events (run_id, kind, data, at) VALUES ($1, $2, $3, $4) RETURNING id",
-        )
-        .bind(run_id)
-        .bind(kind)
-        .bind(json_text(data))
-        .bind(&at)
-        .fetch_one(&mut *tx)
-        .await?;
+        let mut events =
+            append_events(&mut tx, run_id, vec![(kind, data.clone())], &now_text()).await?;
         tx.commit().await?;
-        Ok(EventRow {
-            id,
-            run_id: run_id.to_owned(),
-            kind: kind.to_owned(),
-            data: data.clone(),
-            at,
-        })
+        Ok(events.remove(0))
     }
 
     async fn events(
@@ -1010,8 +1060,11 @@ impl Store for PgStore {
                 CancelRequest::Signalled
             }
             Some((_, false)) => {
-                end_run(&mut tx, run_id, RunStatus::Cancelled, failure).await?;
-                CancelRequest::Ended
+                let abandon = Transition::RunAbandoned {
+                    status: RunStatus::Cancelled,
+                    error: failure,
+                };
+                CancelRequest::Ended(apply_moves(&mut tx, run_id, &[abandon], None).await?)
             }
         };
         tx.commit().await?;

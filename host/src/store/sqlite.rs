@@ -6,22 +6,21 @@
 //! upgrades in place.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::Value;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::{ConnectOptions, Row};
 
 use super::group_commit::{Write, Writer};
+use super::rows::{cursor_of, json_text, parse_cursor, parse_json, run_row, step_row};
 use super::{
-    AttemptWorker, CallRow, Counts, Created, EventRow, Failure, Fence, FirstTransitions, Lease,
-    ListQuery, NewRun, NewRunWrite, RunRow, RunStatus, STEP_LOG, StepRow, StepStatus, Store,
-    StoreError, Transition, now_ms, now_text,
+    CallRow, Counts, Created, EventRow, Fence, FirstTransitions, Lease, ListQuery, NewRun,
+    NewRunWrite, RunRow, RunStatus, STEP_LOG, StepRow, Store, StoreError, Transition, now_ms,
+    now_text,
 };
 
 /// `PRAGMA application_id` of a wf-host state file: "wfhs".
@@ -31,15 +30,14 @@ const FOREIGN: &str = "it holds another application's database, not wf-host stat
 
 /// The SQLite store.
 ///
-/// Reads use a pool of connections; the runs' writes and pruning go through
-/// one connection owned by a [`Writer`], which commits concurrent writes
-/// together (see [`super::group_commit`]). The few writes that are not
-/// grouped (a migration, reopening or abandoning a run) use a connection of
-/// their own, and wait on SQLite's lock when the writer holds it.
+/// Reads use a pool of connections; every write of the runs and pruning go
+/// through one connection owned by a [`Writer`], which commits concurrent
+/// writes together (see [`super::group_commit`]). Only a migration, at
+/// open, uses a connection of its own.
 pub struct SqliteStore {
     /// For reads.
     pool: SqlitePool,
-    /// Its one connection, for the writes that are not grouped.
+    /// Its one connection, for migrations.
     writes: SqlitePool,
     writer: Writer,
     location: String,
@@ -303,7 +301,7 @@ impl SqliteStore {
         let then = then.filter(|(_, writes)| event.is_some() && !writes.is_empty());
         let (write, then) = match then {
             Some((fence, writes)) if run.idempotency_key.is_none() => {
-                let (joined, each) = transitions_write(&run.run_id, writes, fence);
+                let (joined, each) = transitions_write(&run.run_id, writes, Some(fence));
                 (write.then(joined), Some((writes, each)))
             }
             _ => (write, None),
@@ -420,73 +418,6 @@ fn lock_file(path: &Path) -> Result<std::fs::File, String> {
     Ok(file)
 }
 
-pub(super) fn json_text(value: &Value) -> String {
-    value.to_string()
-}
-
-pub(super) fn parse_json(text: Option<String>) -> Result<Option<Value>, StoreError> {
-    text.map(|t| serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(e.to_string())))
-        .transpose()
-}
-
-pub(super) fn failure(code: Option<String>, message: Option<String>) -> Option<Failure> {
-    code.map(|code| Failure {
-        code,
-        message: message.unwrap_or_default(),
-    })
-}
-
-fn run_row(row: &SqliteRow) -> Result<RunRow, StoreError> {
-    Ok(RunRow {
-        run_id: row.try_get("run_id")?,
-        workflow: row.try_get("workflow")?,
-        status: RunStatus::parse(row.try_get::<&str, _>("status")?)?,
-        input: parse_json(row.try_get("input")?)?.unwrap_or(Value::Null),
-        output: parse_json(row.try_get("output")?)?,
-        error: failure(row.try_get("error_code")?, row.try_get("error_message")?),
-        definition: Arc::new(parse_json(row.try_get("definition")?)?.unwrap_or(Value::Null)),
-        definition_hash: row.try_get("definition_hash")?,
-        idempotency_key: row.try_get("idempotency_key")?,
-        created_ms: row.try_get("created_ms")?,
-        started_at: row.try_get("started_at")?,
-        finished_at: row.try_get("finished_at")?,
-    })
-}
-
-fn step_row(row: &SqliteRow) -> Result<StepRow, StoreError> {
-    Ok(StepRow {
-        step_id: row.try_get("step_id")?,
-        status: StepStatus::parse(row.try_get::<&str, _>("status")?)?,
-        attempts: row.try_get::<i64, _>("attempts")? as u32,
-        input: parse_json(row.try_get("input")?)?,
-        output: parse_json(row.try_get("output")?)?,
-        error: failure(row.try_get("error_code")?, row.try_get("error_message")?),
-        started_at: row.try_get("started_at")?,
-        finished_at: row.try_get("finished_at")?,
-        workers: attempt_workers(row.try_get("workers")?)?,
-    })
-}
-
-/// The `workers` column of a step: a JSON array of `{attempt, worker}`.
-pub(crate) fn attempt_workers(text: Option<String>) -> Result<Vec<AttemptWorker>, StoreError> {
-    match text {
-        None => Ok(Vec::new()),
-        Some(text) => serde_json::from_str(&text)
-            .map_err(|e| StoreError::Corrupt(format!("a step's workers: {e}"))),
-    }
-}
-
-pub(super) fn cursor_of(run: &RunRow) -> String {
-    format!("{}.{}", run.created_ms, run.run_id)
-}
-
-pub(super) fn parse_cursor(cursor: &str) -> Result<(i64, String), StoreError> {
-    cursor
-        .split_once('.')
-        .and_then(|(ms, id)| Some((ms.parse().ok()?, id.to_owned())))
-        .ok_or_else(|| StoreError::BadCursor(cursor.to_owned()))
-}
-
 #[async_trait]
 impl Store for SqliteStore {
     fn backend(&self) -> &'static str {
@@ -507,10 +438,6 @@ impl Store for SqliteStore {
         true
     }
 
-    async fn create_run(&self, new: &NewRun, lease: Option<&Lease>) -> Result<Created, StoreError> {
-        Ok(self.create(new, lease, None, None).await?.created)
-    }
-
     /// The run, its steps, its first event and (for a run without an
     /// idempotency key) the transitions that follow, in one write. With a
     /// key, the transitions are a second write, once the run is known new.
@@ -518,18 +445,18 @@ impl Store for SqliteStore {
         &self,
         new: &NewRun,
         lease: Option<&Lease>,
-        kind: &str,
-        data: &Value,
+        first: Option<(&str, &Value)>,
         then: Option<FirstTransitions<'_>>,
     ) -> Result<NewRunWrite, StoreError> {
-        let mut written = self.create(new, lease, Some((kind, data)), then).await?;
+        let mut written = self.create(new, lease, first, then).await?;
         if let Some((fence, writes)) = then
+            && first.is_some()
             && written.created == Created::New
             && !written.then_stored
             && !writes.is_empty()
         {
             let run_id = &new.run.run_id;
-            match self.transitions(run_id, writes, fence).await {
+            match self.transitions(run_id, writes, Some(fence)).await {
                 Ok(events) => {
                     written.events.extend(events);
                     written.then_stored = true;
@@ -635,137 +562,17 @@ impl Store for SqliteStore {
             .collect()
     }
 
-    async fn step_started(
-        &self,
-        run_id: &str,
-        step_id: &str,
-        attempt: u32,
-        input: Option<&Value>,
-        fence: &Fence,
-    ) -> Result<(), StoreError> {
-        self.writer
-            .write(
-                Write::new(
-                    "UPDATE steps SET status = 'running', attempts = ?1, input = ?2, output = NULL,
-                                      error_code = NULL, error_message = NULL,
-                                      started_at = ?3, finished_at = NULL,
-                                      workers = json_insert(coalesce(workers, '[]'), '$[#]',
-                                                            json_object('attempt', ?1, 'worker', ?6))
-                     WHERE run_id = ?4 AND step_id = ?5",
-                )
-                .arg(i64::from(attempt))
-                .arg(input.map(json_text))
-                .arg(now_text())
-                .arg(run_id)
-                .arg(step_id)
-                .arg(&*fence.worker),
-            )
-            .await?;
-        Ok(())
-    }
-
-    async fn step_attempt(
-        &self,
-        run_id: &str,
-        step_id: &str,
-        attempt: u32,
-        fence: &Fence,
-    ) -> Result<(), StoreError> {
-        self.writer
-            .write(
-                Write::new(
-                    "UPDATE steps SET attempts = max(attempts, ?1),
-                                      workers = json_insert(coalesce(workers, '[]'), '$[#]',
-                                                            json_object('attempt', ?1, 'worker', ?4))
-                     WHERE run_id = ?2 AND step_id = ?3",
-                )
-                .arg(i64::from(attempt))
-                .arg(run_id)
-                .arg(step_id)
-                .arg(&*fence.worker),
-            )
-            .await?;
-        Ok(())
-    }
-
-    async fn step_finished(
-        &self,
-        run_id: &str,
-        step_id: &str,
-        status: StepStatus,
-        output: Option<&Value>,
-        error: Option<&Failure>,
-        _fence: &Fence,
-    ) -> Result<(), StoreError> {
-        self.writer
-            .write(
-                Write::new(
-                    "UPDATE steps SET status = ?1, output = ?2, error_code = ?3, error_message = ?4,
-                                      finished_at = ?5
-                     WHERE run_id = ?6 AND step_id = ?7",
-                )
-                .arg(status.as_str())
-                .arg(output.map(json_text))
-                .arg(error.map(|e| e.code.as_str()))
-                .arg(error.map(|e| e.message.as_str()))
-                .arg(now_text())
-                .arg(run_id)
-                .arg(step_id),
-            )
-            .await?;
-        Ok(())
-    }
-
-    async fn run_finished(
-        &self,
-        run_id: &str,
-        status: RunStatus,
-        output: Option<&Value>,
-        error: Option<&Failure>,
-        _fence: &Fence,
-    ) -> Result<(), StoreError> {
-        self.writer
-            .write(
-                Write::new(
-                    "UPDATE runs SET status = ?1, output = ?2, error_code = ?3, error_message = ?4,
-                                     finished_at = ?5, finished_ms = ?6
-                     WHERE run_id = ?7",
-                )
-                .arg(status.as_str())
-                .arg(output.map(json_text))
-                .arg(error.map(|e| e.code.as_str()))
-                .arg(error.map(|e| e.message.as_str()))
-                .arg(now_text())
-                .arg(now_ms())
-                .arg(run_id),
-            )
-            .await?;
-        Ok(())
-    }
-
-    async fn transition(
-        &self,
-        run_id: &str,
-        write: Transition<'_>,
-        fence: &Fence,
-        kind: &str,
-        data: &Value,
-    ) -> Result<Vec<EventRow>, StoreError> {
-        self.transitions(run_id, &[(write, kind, data)], fence)
-            .await
-    }
-
     async fn transitions(
         &self,
         run_id: &str,
-        writes: &[(Transition<'_>, &str, &Value)],
-        fence: &Fence,
+        moves: &[Transition<'_>],
+        fence: Option<&Fence>,
     ) -> Result<Vec<EventRow>, StoreError> {
         // One write of them all, committed together, in order.
-        if writes.is_empty() {
+        if moves.is_empty() {
             return Ok(Vec::new());
         }
-        let (joined, each) = transitions_write(run_id, writes, fence);
+        let (joined, each) = transitions_write(run_id, moves, fence);
         // One id per event inserted, in order.
         let ids = self
             .writer
@@ -774,33 +581,7 @@ impl Store for SqliteStore {
             .into_iter()
             .flatten()
             .collect();
-        transition_events(run_id, writes, &each, ids)
-    }
-
-    async fn reopen_run(&self, run_id: &str) -> Result<bool, StoreError> {
-        let mut tx = self.writes.begin().await?;
-        let reopened = sqlx::query(
-            "UPDATE runs SET status = 'running', output = NULL, error_code = NULL,
-                             error_message = NULL, finished_at = NULL, finished_ms = NULL
-             WHERE run_id = ? AND status IN ('failed', 'cancelled')",
-        )
-        .bind(run_id)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if reopened == 0 {
-            return Ok(false);
-        }
-        sqlx::query(
-            "UPDATE steps SET status = 'pending', error_code = NULL, error_message = NULL,
-                              finished_at = NULL
-             WHERE run_id = ? AND status IN ('failed', 'cancelled')",
-        )
-        .bind(run_id)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(true)
+        transition_events(run_id, moves, &each, ids)
     }
 
     async fn record_call(&self, call: &CallRow, _fence: &Fence) -> Result<(), StoreError> {
@@ -824,44 +605,6 @@ impl Store for SqliteStore {
                 .arg(call.at.as_str()),
             )
             .await?;
-        Ok(())
-    }
-
-    async fn abandon_run(
-        &self,
-        run_id: &str,
-        status: RunStatus,
-        failure: &Failure,
-    ) -> Result<(), StoreError> {
-        let mut tx = self.writes.begin().await?;
-        let ended = sqlx::query(
-            "UPDATE runs SET status = ?, error_code = ?, error_message = ?,
-                             finished_at = ?, finished_ms = ?
-             WHERE run_id = ? AND status = 'running'",
-        )
-        .bind(status.as_str())
-        .bind(&failure.code)
-        .bind(&failure.message)
-        .bind(now_text())
-        .bind(now_ms())
-        .bind(run_id)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if ended > 0 {
-            sqlx::query(
-                "UPDATE steps SET status = 'cancelled', error_code = ?, error_message = ?,
-                                  finished_at = ?
-                 WHERE run_id = ? AND status IN ('pending', 'running')",
-            )
-            .bind(&failure.code)
-            .bind(&failure.message)
-            .bind(now_text())
-            .bind(run_id)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
         Ok(())
     }
 
@@ -980,32 +723,32 @@ impl Store for SqliteStore {
 /// appends first (if any) and its time.
 type TransitionTimes<'a> = Vec<(Option<&'a Value>, String)>;
 
-/// `writes` (not empty) as one write, in order, and what
+/// `moves` (not empty) as one write, in order, and what
 /// [`transition_events`] needs to read its result.
 fn transitions_write<'a>(
     run_id: &str,
-    writes: &[(Transition<'a>, &str, &Value)],
-    fence: &Fence,
+    moves: &[Transition<'a>],
+    fence: Option<&Fence>,
 ) -> (Write, TransitionTimes<'a>) {
     let mut joined: Option<Write> = None;
-    let mut each = Vec::with_capacity(writes.len());
-    for &(write, kind, data) in writes {
+    let mut each = Vec::with_capacity(moves.len());
+    for &write in moves {
         let at = now_text();
-        let (query, log) = transition_write(run_id, write, fence, kind, data, &at);
-        each.push((log, at));
+        let query = transition_write(run_id, write, fence, &at);
+        each.push((write.log(), at));
         joined = Some(match joined {
             None => query,
             Some(before) => before.then(query),
         });
     }
-    (joined.expect("writes is not empty"), each)
+    (joined.expect("moves is not empty"), each)
 }
 
 /// The events a [`transitions_write`] appended, from the ids its inserts
 /// returned (in order).
 fn transition_events(
     run_id: &str,
-    writes: &[(Transition<'_>, &str, &Value)],
+    moves: &[Transition<'_>],
     each: &TransitionTimes<'_>,
     ids: Vec<i64>,
 ) -> Result<Vec<EventRow>, StoreError> {
@@ -1019,37 +762,43 @@ fn transition_events(
             ids.len()
         )));
     }
-    let event = |id, kind: &str, data: &Value, at: &str| EventRow {
+    let event = |id, kind: &str, data: Value, at: &str| EventRow {
         id,
         run_id: run_id.to_owned(),
         kind: kind.to_owned(),
-        data: data.clone(),
+        data,
         at: at.to_owned(),
     };
     let mut ids = ids.into_iter();
     let mut appended = Vec::with_capacity(count);
-    for (&(_, kind, data), (log, at)) in writes.iter().zip(each) {
+    for (write, (log, at)) in moves.iter().zip(each) {
         if let Some(log) = log {
-            appended.push(event(ids.next().expect("counted"), STEP_LOG, log, at));
+            appended.push(event(
+                ids.next().expect("counted"),
+                STEP_LOG,
+                (*log).clone(),
+                at,
+            ));
         }
-        appended.push(event(ids.next().expect("counted"), kind, data, at));
+        appended.push(event(
+            ids.next().expect("counted"),
+            write.kind(),
+            write.data(),
+            at,
+        ));
     }
     Ok(appended)
 }
 
-/// A [`Store::transition`]'s write (its update and its events' inserts, with
-/// `at` as now), and its `step.log` data if it appends one first.
-fn transition_write<'a>(
-    run_id: &str,
-    write: Transition<'a>,
-    fence: &Fence,
-    kind: &str,
-    data: &Value,
-    at: &str,
-) -> (Write, Option<&'a Value>) {
-    // The write and the event's insert as one write of two statements,
-    // committed together. Both use numbered parameters: ?1 run id, ?2
-    // kind, ?3 data, ?4 now; the write's own from ?5.
+/// A [`Transition`]'s write, with `at` as now: its guarded update (see
+/// [`Write::guard`]), the updates that go with it, and its events' inserts.
+///
+/// SQLite has one worker, so the fence is recorded (the worker of an
+/// attempt), never checked.
+fn transition_write(run_id: &str, write: Transition<'_>, fence: Option<&Fence>, at: &str) -> Write {
+    // The move's statements, then its event's insert, committed together.
+    // All use numbered parameters: ?1 run id, ?2 kind, ?3 data, ?4 now, ?5
+    // the guard's states (a JSON array); the move's own from ?6.
     macro_rules! with_event {
         ($write:literal) => {
             concat!(
@@ -1058,66 +807,81 @@ fn transition_write<'a>(
             )
         };
     }
-    let base = |sql: &'static str| {
+    let guard = write.guard();
+    let states = |states: Vec<&str>| serde_json::to_string(&states).expect("names are strings");
+    let base = |sql: &'static str, states_json: String| {
         Write::new(sql)
             .arg(run_id)
-            .arg(kind)
-            .arg(json_text(data))
+            .arg(write.kind())
+            .arg(json_text(&write.data()))
             .arg(at)
+            .arg(states_json)
     };
-    // A finished step's log event, inserted before the transition's own.
-    let log = match write {
-        Transition::StepFinished { log, .. } => log,
-        _ => None,
-    };
+    let worker = fence.map(|f| &*f.worker);
     let query = match write {
         Transition::StepStarted {
             step_id,
             attempt,
             input,
-        } => base(with_event!(
-            "UPDATE steps SET status = 'running', attempts = ?6, input = ?7, output = NULL,
-                              error_code = NULL, error_message = NULL,
-                              started_at = ?4, finished_at = NULL,
-                              workers = json_insert(coalesce(workers, '[]'), '$[#]',
-                                                    json_object('attempt', ?6, 'worker', ?8))
-             WHERE run_id = ?1 AND step_id = ?5"
-        ))
+        } => base(
+            with_event!(
+                "UPDATE steps SET status = 'running', attempts = ?7, input = ?8, output = NULL,
+                                  error_code = NULL, error_message = NULL,
+                                  started_at = ?4, finished_at = NULL,
+                                  workers = json_insert(coalesce(workers, '[]'), '$[#]',
+                                                        json_object('attempt', ?7, 'worker', ?9))
+                 WHERE run_id = ?1 AND step_id = ?6
+                   AND status IN (SELECT value FROM json_each(?5))"
+            ),
+            states(guard.steps_text()),
+        )
         .arg(step_id)
         .arg(i64::from(attempt))
         .arg(input.map(json_text))
-        .arg(&*fence.worker),
-        Transition::StepAttempt { step_id, attempt } => base(with_event!(
-            "UPDATE steps SET attempts = max(attempts, ?6),
-                              workers = json_insert(coalesce(workers, '[]'), '$[#]',
-                                                    json_object('attempt', ?6, 'worker', ?7))
-             WHERE run_id = ?1 AND step_id = ?5"
-        ))
+        .arg(worker),
+        Transition::StepAttempt { step_id, attempt } => base(
+            with_event!(
+                "UPDATE steps SET attempts = max(attempts, ?7),
+                                  workers = json_insert(coalesce(workers, '[]'), '$[#]',
+                                                        json_object('attempt', ?7, 'worker', ?8))
+                 WHERE run_id = ?1 AND step_id = ?6
+                   AND status IN (SELECT value FROM json_each(?5))"
+            ),
+            states(guard.steps_text()),
+        )
         .arg(step_id)
         .arg(i64::from(attempt))
-        .arg(&*fence.worker),
+        .arg(worker),
         Transition::StepFinished {
             step_id,
             status,
             output,
             error,
-            log: _,
+            log,
         } => {
             let query = match log {
-                None => base(with_event!(
-                    "UPDATE steps SET status = ?6, output = ?7, error_code = ?8,
-                                      error_message = ?9, finished_at = ?4
-                     WHERE run_id = ?1 AND step_id = ?5"
-                )),
-                // The step's log event first (?10 its data), then the
+                None => base(
+                    with_event!(
+                        "UPDATE steps SET status = ?7, output = ?8, error_code = ?9,
+                                          error_message = ?10, finished_at = ?4
+                         WHERE run_id = ?1 AND step_id = ?6
+                           AND status IN (SELECT value FROM json_each(?5))"
+                    ),
+                    states(guard.steps_text()),
+                ),
+                // The step's log event first (?11 its data), then the
                 // step's own.
-                Some(_) => base(with_event!(
-                    "UPDATE steps SET status = ?6, output = ?7, error_code = ?8,
-                                      error_message = ?9, finished_at = ?4
-                     WHERE run_id = ?1 AND step_id = ?5;
-                     INSERT INTO events (run_id, kind, data, at)
-                     VALUES (?1, 'step.log', ?10, ?4) RETURNING id"
-                )),
+                Some(_) => base(
+                    with_event!(
+                        "UPDATE steps SET status = ?7, output = ?8, error_code = ?9,
+                                          error_message = ?10, finished_at = ?4
+                         WHERE run_id = ?1 AND step_id = ?6
+                           AND status IN (SELECT value FROM json_each(?5));
+                         INSERT INTO events (run_id, kind, data, at)
+                         VALUES (?1, 'step.log', ?11, ?4) RETURNING id"
+                    ),
+                    states(guard.steps_text()),
+                ),
             };
             let query = query
                 .arg(step_id)
@@ -1134,16 +898,49 @@ fn transition_write<'a>(
             status,
             output,
             error,
-        } => base(with_event!(
-            "UPDATE runs SET status = ?5, output = ?6, error_code = ?7, error_message = ?8,
-                             finished_at = ?4, finished_ms = ?9
-             WHERE run_id = ?1"
-        ))
+        } => base(
+            with_event!(
+                "UPDATE runs SET status = ?6, output = ?7, error_code = ?8, error_message = ?9,
+                                 finished_at = ?4, finished_ms = ?10
+                 WHERE run_id = ?1 AND status IN (SELECT value FROM json_each(?5))"
+            ),
+            states(guard.run_text()),
+        )
         .arg(status.as_str())
         .arg(output.map(json_text))
         .arg(error.map(|e| e.code.as_str()))
         .arg(error.map(|e| e.message.as_str()))
         .arg(now_ms()),
+        // The run first (the guarded statement), then the steps that move
+        // with it (?6 their states).
+        Transition::RunReopened { .. } => base(
+            with_event!(
+                "UPDATE runs SET status = 'running', output = NULL, error_code = NULL,
+                                 error_message = NULL, finished_at = NULL, finished_ms = NULL
+                 WHERE run_id = ?1 AND status IN (SELECT value FROM json_each(?5));
+                 UPDATE steps SET status = 'pending', error_code = NULL, error_message = NULL,
+                                  finished_at = NULL
+                 WHERE run_id = ?1 AND status IN (SELECT value FROM json_each(?6))"
+            ),
+            states(guard.run_text()),
+        )
+        .arg(states(guard.steps_text())),
+        Transition::RunAbandoned { status, error } => base(
+            with_event!(
+                "UPDATE runs SET status = ?7, error_code = ?8, error_message = ?9,
+                                 finished_at = ?4, finished_ms = ?10
+                 WHERE run_id = ?1 AND status IN (SELECT value FROM json_each(?5));
+                 UPDATE steps SET status = 'cancelled', error_code = ?8, error_message = ?9,
+                                  finished_at = ?4
+                 WHERE run_id = ?1 AND status IN (SELECT value FROM json_each(?6))"
+            ),
+            states(guard.run_text()),
+        )
+        .arg(states(guard.steps_text()))
+        .arg(status.as_str())
+        .arg(error.code.as_str())
+        .arg(error.message.as_str())
+        .arg(now_ms()),
     };
-    (query, log)
+    query.guard(write.refusal(run_id))
 }

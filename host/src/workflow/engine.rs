@@ -491,6 +491,14 @@ fn context(input: &Value, states: &HashMap<String, StepState>, only: Option<&[St
     json!({ "input": input, "steps": steps })
 }
 
+/// Writes `moves` of the run (with their events) under its fence: the one
+/// way the engine moves a run or a step. Each move is a [`Transition`] that
+/// knows its event and the states it may start from; the store refuses a
+/// move whose guard does not hold.
+async fn apply(ctx: &RunCtx, moves: &[Transition<'_>]) -> Result<String, StoreError> {
+    ctx.events.apply(&ctx.run_id, moves, Some(&ctx.fence)).await
+}
+
 /// Moves a step to a finished `status`: stored first, then the scheduler's
 /// view, so nothing acts on a transition that is not durable. `log` is the
 /// `step.log` event of its last attempt, stored with it.
@@ -503,7 +511,6 @@ async fn transition(
     error: Option<Failure>,
     log: Option<Value>,
 ) -> Result<(), StoreError> {
-    let data = step_finished_data(id, status, error.as_ref());
     let write = Transition::StepFinished {
         step_id: id,
         status,
@@ -511,16 +518,9 @@ async fn transition(
         error: error.as_ref(),
         log: log.as_ref(),
     };
-    ctx.events
-        .transition(&ctx.run_id, write, &ctx.fence, "step.finished", data)
-        .await?;
+    apply(ctx, &[write]).await?;
     set_finished(states, id, status, output, error);
     Ok(())
-}
-
-/// The data of a `step.finished` event.
-fn step_finished_data(id: &str, status: StepStatus, error: Option<&Failure>) -> Value {
-    json!({"step": id, "status": status, "error": error})
 }
 
 /// The scheduler's view of a step that finished.
@@ -602,7 +602,6 @@ async fn record(
     // two are then stored together (one write, where the store can). A
     // crash before that write leaves the step to run again, as it would
     // between two writes.
-    let data = step_finished_data(id, status, error.as_ref());
     set_finished(states, id, status, output, error);
     let end = run_end(ctx, states, stop).await;
     let state = &states[id];
@@ -613,7 +612,7 @@ async fn record(
         error: state.error.as_ref(),
         log: log.as_ref(),
     };
-    end_run(ctx, end, Some((step, data))).await.map(Some)
+    end_run(ctx, end, Some(step)).await.map(Some)
 }
 
 /// Settles the steps that never ran and records how the run ended.
@@ -695,23 +694,17 @@ async fn run_end(
 async fn end_run(
     ctx: &RunCtx,
     (status, output, error): (RunStatus, Option<Value>, Option<Failure>),
-    step: Option<(Transition<'_>, Value)>,
+    step: Option<Transition<'_>>,
 ) -> Result<Ending, StoreError> {
-    let data = json!({"status": status, "error": error});
     let write = Transition::RunFinished {
         status,
         output: output.as_ref(),
         error: error.as_ref(),
     };
-    let mut writes = Vec::with_capacity(2);
-    if let Some((step, step_data)) = &step {
-        writes.push((*step, "step.finished", step_data));
-    }
-    writes.push((write, "run.finished", &data));
-    let at = ctx
-        .events
-        .transitions(&ctx.run_id, &writes, &ctx.fence)
-        .await?;
+    let at = match step {
+        Some(step) => apply(ctx, &[step, write]).await?,
+        None => apply(ctx, &[write]).await?,
+    };
     trace::record_status(
         &ctx.span,
         status.as_str(),
@@ -733,23 +726,16 @@ async fn step_started(
     attempt: u32,
     input: &Value,
 ) -> Result<(), StoreError> {
-    let (write, data) = start_of(id, attempt, input);
-    ctx.events
-        .transition(&ctx.run_id, write, &ctx.fence, "step.started", data)
-        .await
-        .map(drop)
+    apply(ctx, &[start_of(id, attempt, input)]).await.map(drop)
 }
 
-/// The transition that marks a step `running` in `attempt` with its input,
-/// and the data of its `step.started` event.
-pub(crate) fn start_of<'a>(id: &'a str, attempt: u32, input: &'a Value) -> (Transition<'a>, Value) {
-    let data = json!({"step": id, "attempt": attempt});
-    let write = Transition::StepStarted {
+/// The transition that marks a step `running` in `attempt` with its input.
+pub(crate) fn start_of<'a>(id: &'a str, attempt: u32, input: &'a Value) -> Transition<'a> {
+    Transition::StepStarted {
         step_id: id,
         attempt,
         input: Some(input),
-    };
-    (write, data)
+    }
 }
 
 /// The `output` mapping, or the output of the one step nothing needs (an
@@ -1038,15 +1024,11 @@ async fn run_item(
         attempt = attempts.fetch_add(1, Ordering::Relaxed) + 1;
         tracing::info!(target: trace::TARGET, parent: span, code = %failure.code, attempt, "retry");
         span.record("wf.attempt", attempt);
-        let data = json!({"step": step.spec.id, "attempt": attempt});
         let write = Transition::StepAttempt {
             step_id: &step.spec.id,
             attempt,
         };
-        ctx.events
-            .transition(&ctx.run_id, write, &ctx.fence, "step.started", data)
-            .await
-            .map_err(store_failure)?;
+        apply(ctx, &[write]).await.map_err(store_failure)?;
     }
 }
 

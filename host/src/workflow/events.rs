@@ -13,8 +13,8 @@ use serde_json::Value;
 use tokio::sync::broadcast;
 
 use crate::store::{
-    Created, EventRow, Fence, FirstTransitions, Lease, NewRun, Store, StoreError, Transition,
-    now_text,
+    CancelRequest, Created, EventRow, Failure, Fence, FirstTransitions, Lease, NewRun, RUN_STARTED,
+    Store, StoreError, Transition, now_text,
 };
 
 /// Live events buffered per subscriber; one that falls further behind
@@ -65,56 +65,61 @@ impl Events {
         }
     }
 
-    /// Stores a new run, its first event and the transitions of `then`
-    /// together ([`Store::create_run_with_event`]), then tells the live
-    /// streams. Returns what was created, and whether `then` was stored.
+    /// Stores a new run, its `run.started` event (`data`) and the
+    /// transitions of `then` together ([`Store::create_run_with_event`]),
+    /// then tells the live streams. Returns what was created, and whether
+    /// `then` was stored.
     pub(crate) async fn create_run(
         &self,
         new: &NewRun,
         lease: Option<&Lease>,
-        kind: &str,
         data: Value,
         then: Option<FirstTransitions<'_>>,
     ) -> Result<(Created, bool), StoreError> {
         self.publish(async {
             let written = self
                 .store
-                .create_run_with_event(new, lease, kind, &data, then)
+                .create_run_with_event(new, lease, Some((RUN_STARTED, &data)), then)
                 .await?;
             Ok(((written.created, written.then_stored), written.events))
         })
         .await
     }
 
-    /// Records a fenced write of a run and its event together
-    /// ([`Store::transition`]), then tells the live streams. Unlike
-    /// [`Events::emit`], a failure is the write's and is returned.
+    /// The one way a stored run moves: `moves` of one run, in order, with
+    /// their events, committed together ([`Store::transitions`]), then told
+    /// to the live streams. Unlike [`Events::emit`], a failure is the
+    /// write's and is returned.
     ///
-    /// Returns the time (`at`) of the transition's own event.
-    pub(crate) async fn transition(
+    /// Returns the time (`at`) of the last move's event.
+    pub(crate) async fn apply(
         &self,
         run_id: &str,
-        write: Transition<'_>,
-        fence: &Fence,
-        kind: &str,
-        data: Value,
-    ) -> Result<String, StoreError> {
-        self.transitions(run_id, &[(write, kind, &data)], fence)
-            .await
-    }
-
-    /// [`Events::transition`] of several writes of one run, in order,
-    /// committed together where the store can; the time of the last one's
-    /// event.
-    pub(crate) async fn transitions(
-        &self,
-        run_id: &str,
-        writes: &[(Transition<'_>, &str, &Value)],
-        fence: &Fence,
+        moves: &[Transition<'_>],
+        fence: Option<&Fence>,
     ) -> Result<String, StoreError> {
         self.publish(async {
-            let rows = self.store.transitions(run_id, writes, fence).await?;
+            let rows = self.store.transitions(run_id, moves, fence).await?;
             Ok((own_time(&rows), rows))
+        })
+        .await
+    }
+
+    /// `workflow.cancel` of a run this worker does not drive
+    /// ([`Store::request_cancel`]), then the live streams are told of the
+    /// run's end when it ended here.
+    pub(crate) async fn request_cancel(
+        &self,
+        run_id: &str,
+        failure: &Failure,
+    ) -> Result<CancelRequest, StoreError> {
+        self.publish(async {
+            let request = self.store.request_cancel(run_id, failure).await?;
+            let events = match &request {
+                CancelRequest::Ended(events) => events.clone(),
+                _ => Vec::new(),
+            };
+            Ok((request, events))
         })
         .await
     }

@@ -1,0 +1,117 @@
+//! Row decoding and text helpers shared by the SQL backends: a run, a step,
+//! JSON columns, failures, list cursors. Both SQLite and PostgreSQL store
+//! JSON as text and statuses as their names, so one decoder serves both.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use sqlx::{ColumnIndex, Decode, Row, Type};
+
+use super::{AttemptWorker, Failure, RunRow, RunStatus, StepRow, StepStatus, StoreError};
+
+/// A JSON value as stored: its text.
+pub(super) fn json_text(value: &Value) -> String {
+    value.to_string()
+}
+
+pub(super) fn parse_json(text: Option<String>) -> Result<Option<Value>, StoreError> {
+    text.map(|t| serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(e.to_string())))
+        .transpose()
+}
+
+pub(super) fn failure(code: Option<String>, message: Option<String>) -> Option<Failure> {
+    code.map(|code| Failure {
+        code,
+        message: message.unwrap_or_default(),
+    })
+}
+
+/// The `workers` column of a step: a JSON array of `{attempt, worker}`.
+pub(super) fn attempt_workers(text: Option<String>) -> Result<Vec<AttemptWorker>, StoreError> {
+    match text {
+        None => Ok(Vec::new()),
+        Some(text) => serde_json::from_str(&text)
+            .map_err(|e| StoreError::Corrupt(format!("a step's workers: {e}"))),
+    }
+}
+
+/// The cursor of the page that follows `run` in [`super::Store::list_runs`].
+pub(super) fn cursor_of(run: &RunRow) -> String {
+    format!("{}.{}", run.created_ms, run.run_id)
+}
+
+pub(super) fn parse_cursor(cursor: &str) -> Result<(i64, String), StoreError> {
+    cursor
+        .split_once('.')
+        .and_then(|(ms, id)| Some((ms.parse().ok()?, id.to_owned())))
+        .ok_or_else(|| StoreError::BadCursor(cursor.to_owned()))
+}
+
+/// A row of a database whose text and integer columns decode as Rust's.
+pub(super) trait SqlRow: Row
+where
+    for<'a> &'a str: ColumnIndex<Self>,
+{
+    fn text(&self, column: &str) -> Result<String, StoreError>;
+    fn text_opt(&self, column: &str) -> Result<Option<String>, StoreError>;
+    fn int(&self, column: &str) -> Result<i64, StoreError>;
+}
+
+impl<R> SqlRow for R
+where
+    R: Row,
+    for<'a> &'a str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    fn text(&self, column: &str) -> Result<String, StoreError> {
+        Ok(self.try_get(column)?)
+    }
+
+    fn text_opt(&self, column: &str) -> Result<Option<String>, StoreError> {
+        Ok(self.try_get(column)?)
+    }
+
+    fn int(&self, column: &str) -> Result<i64, StoreError> {
+        Ok(self.try_get(column)?)
+    }
+}
+
+/// A `runs` row.
+pub(super) fn run_row<R: SqlRow>(row: &R) -> Result<RunRow, StoreError>
+where
+    for<'a> &'a str: ColumnIndex<R>,
+{
+    Ok(RunRow {
+        run_id: row.text("run_id")?,
+        workflow: row.text("workflow")?,
+        status: RunStatus::parse(&row.text("status")?)?,
+        input: parse_json(row.text_opt("input")?)?.unwrap_or(Value::Null),
+        output: parse_json(row.text_opt("output")?)?,
+        error: failure(row.text_opt("error_code")?, row.text_opt("error_message")?),
+        definition: Arc::new(parse_json(row.text_opt("definition")?)?.unwrap_or(Value::Null)),
+        definition_hash: row.text("definition_hash")?,
+        idempotency_key: row.text_opt("idempotency_key")?,
+        created_ms: row.int("created_ms")?,
+        started_at: row.text("started_at")?,
+        finished_at: row.text_opt("finished_at")?,
+    })
+}
+
+/// A `steps` row.
+pub(super) fn step_row<R: SqlRow>(row: &R) -> Result<StepRow, StoreError>
+where
+    for<'a> &'a str: ColumnIndex<R>,
+{
+    Ok(StepRow {
+        step_id: row.text("step_id")?,
+        status: StepStatus::parse(&row.text("status")?)?,
+        attempts: u32::try_from(row.int("attempts")?).unwrap_or(u32::MAX),
+        input: parse_json(row.text_opt("input")?)?,
+        output: parse_json(row.text_opt("output")?)?,
+        error: failure(row.text_opt("error_code")?, row.text_opt("error_message")?),
+        started_at: row.text_opt("started_at")?,
+        finished_at: row.text_opt("finished_at")?,
+        workers: attempt_workers(row.text_opt("workers")?)?,
+    })
+}

@@ -1,0 +1,343 @@
+//! The state machine of runs and steps: every move a stored run or step
+//! makes, with the event it appends and the states it may start from.
+//!
+//! ```text
+//! run:  running ──RunFinished / RunAbandoned──▶ succeeded | failed | cancelled
+//!       failed | cancelled ──RunReopened──▶ running
+//! step: pending ──StepStarted──▶ running ──StepAttempt──▶ running
+//!       pending | running ──StepFinished──▶ succeeded | failed | skipped | cancelled
+//!       running ──StepStarted──▶ running            (after a crash: the next attempt)
+//!       failed | cancelled ──RunReopened──▶ pending   (with its run)
+//!       pending | running ──RunAbandoned──▶ cancelled (with its run)
+//! ```
+//!
+//! A [`Transition`] says what it writes, which event it appends
+//! ([`Transition::kind`], [`Transition::data`]) and from which states
+//! ([`Transition::guard`]); the engine and the run lifecycle only build them,
+//! and every backend writes them through [`super::Store::transitions`],
+//! which refuses a move whose guard does not hold
+//! ([`super::StoreError::Refused`]) and changes nothing then.
+//!
+//! The moves of a driven run are fenced ([`Transition::fenced`]): they carry
+//! the lease of the worker that drives it. A run move of a run nobody drives
+//! (retry, abandon) is not.
+
+use serde_json::{Value, json};
+
+use super::{Failure, RunStatus, StepStatus};
+
+/// A move of a stored run or of one of its steps.
+#[derive(Debug, Clone, Copy)]
+pub enum Transition<'a> {
+    /// A step starts an attempt on `input` (its first, or after a crash its
+    /// next).
+    StepStarted {
+        step_id: &'a str,
+        attempt: u32,
+        input: Option<&'a Value>,
+    },
+    /// A running step retries, as `attempt`.
+    StepAttempt { step_id: &'a str, attempt: u32 },
+    /// A step ends, having run or not.
+    StepFinished {
+        step_id: &'a str,
+        status: StepStatus,
+        output: Option<&'a Value>,
+        error: Option<&'a Failure>,
+        /// The data of a `step.log` event (the records of the step's last
+        /// attempt), appended just before the transition's own event.
+        log: Option<&'a Value>,
+    },
+    /// A driven run ends, as its steps decided. Its lease is released.
+    RunFinished {
+        status: RunStatus,
+        output: Option<&'a Value>,
+        error: Option<&'a Failure>,
+    },
+    /// `workflow.retry`: a failed or cancelled run runs again, unclaimed,
+    /// from its failed and cancelled steps (they go back to `pending`).
+    RunReopened { workflow: &'a str },
+    /// A run that nothing drives ends (its task failed, or it was cancelled
+    /// while no worker held it); its pending and running steps are
+    /// cancelled with the same error.
+    RunAbandoned {
+        status: RunStatus,
+        error: &'a Failure,
+    },
+}
+
+/// The states a [`Transition`] may start from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Guard {
+    /// A run move: the states its run may be in. Empty for a step move,
+    /// whose run is running while its fence holds it.
+    pub run: &'static [RunStatus],
+    /// A step move: the states its step may be in. A run move: the states
+    /// of the steps that move with the run (the others stay as they are).
+    pub steps: &'static [StepStatus],
+}
+
+impl Guard {
+    /// The statuses of `run`, as text, for a backend to bind.
+    pub fn run_text(&self) -> Vec<&'static str> {
+        self.run.iter().map(|s| s.as_str()).collect()
+    }
+
+    /// The statuses of `steps`, as text.
+    pub fn steps_text(&self) -> Vec<&'static str> {
+        self.steps.iter().map(|s| s.as_str()).collect()
+    }
+}
+
+/// The kind of the event that carries a node's log records.
+pub const STEP_LOG: &str = "step.log";
+/// The kind of a run's first event, and of the one that reopens it.
+pub const RUN_STARTED: &str = "run.started";
+
+impl<'a> Transition<'a> {
+    /// The kind of the event the move appends.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Transition::StepStarted { .. } | Transition::StepAttempt { .. } => "step.started",
+            Transition::StepFinished { .. } => "step.finished",
+            Transition::RunFinished { .. } | Transition::RunAbandoned { .. } => "run.finished",
+            Transition::RunReopened { .. } => RUN_STARTED,
+        }
+    }
+
+    /// The data of the event the move appends.
+    pub fn data(&self) -> Value {
+        match *self {
+            Transition::StepStarted {
+                step_id, attempt, ..
+            }
+            | Transition::StepAttempt { step_id, attempt } => {
+                json!({"step": step_id, "attempt": attempt})
+            }
+            Transition::StepFinished {
+                step_id,
+                status,
+                error,
+                ..
+            } => json!({"step": step_id, "status": status, "error": error}),
+            Transition::RunFinished { status, error, .. } => {
+                json!({"status": status, "error": error})
+            }
+            Transition::RunAbandoned { status, error } => {
+                json!({"status": status, "error": error})
+            }
+            Transition::RunReopened { workflow } => json!({"workflow": workflow, "retry": true}),
+        }
+    }
+
+    /// The states the move may start from.
+    pub fn guard(&self) -> Guard {
+        use RunStatus as R;
+        use StepStatus as S;
+        match self {
+            Transition::StepStarted { .. } => Guard {
+                run: &[],
+                steps: &[S::Pending, S::Running],
+            },
+            Transition::StepAttempt { .. } => Guard {
+                run: &[],
+                steps: &[S::Running],
+            },
+            Transition::StepFinished { .. } => Guard {
+                run: &[],
+                steps: &[S::Pending, S::Running],
+            },
+            Transition::RunFinished { .. } => Guard {
+                run: &[R::Running],
+                steps: &[],
+            },
+            Transition::RunReopened { .. } => Guard {
+                run: &[R::Failed, R::Cancelled],
+                steps: &[S::Failed, S::Cancelled],
+            },
+            Transition::RunAbandoned { .. } => Guard {
+                run: &[R::Running],
+                steps: &[S::Pending, S::Running],
+            },
+        }
+    }
+
+    /// Whether the move is made by the worker that drives the run, under its
+    /// lease.
+    pub fn fenced(&self) -> bool {
+        !matches!(
+            self,
+            Transition::RunReopened { .. } | Transition::RunAbandoned { .. }
+        )
+    }
+
+    /// The step a step move moves.
+    pub fn step_id(&self) -> Option<&'a str> {
+        match *self {
+            Transition::StepStarted { step_id, .. }
+            | Transition::StepAttempt { step_id, .. }
+            | Transition::StepFinished { step_id, .. } => Some(step_id),
+            _ => None,
+        }
+    }
+
+    /// The status the step (a step move) or the steps it moves (a run
+    /// move) end in; `None` for a move that leaves steps as they are.
+    pub fn step_to(&self) -> Option<StepStatus> {
+        match *self {
+            Transition::StepStarted { .. } | Transition::StepAttempt { .. } => {
+                Some(StepStatus::Running)
+            }
+            Transition::StepFinished { status, .. } => Some(status),
+            Transition::RunReopened { .. } => Some(StepStatus::Pending),
+            Transition::RunAbandoned { .. } => Some(StepStatus::Cancelled),
+            Transition::RunFinished { .. } => None,
+        }
+    }
+
+    /// The status the run ends in; `None` for a step move.
+    pub fn run_to(&self) -> Option<RunStatus> {
+        match *self {
+            Transition::RunFinished { status, .. } | Transition::RunAbandoned { status, .. } => {
+                Some(status)
+            }
+            Transition::RunReopened { .. } => Some(RunStatus::Running),
+            _ => None,
+        }
+    }
+
+    /// The `step.log` event data appended before the move's own event.
+    pub fn log(&self) -> Option<&'a Value> {
+        match *self {
+            Transition::StepFinished { log, .. } => log,
+            _ => None,
+        }
+    }
+
+    /// Whether `from` satisfies the guard: the step's status for a step
+    /// move, the run's for a run move.
+    pub fn allows_step(&self, from: StepStatus) -> bool {
+        self.guard().steps.contains(&from)
+    }
+
+    /// See [`Transition::allows_step`].
+    pub fn allows_run(&self, from: RunStatus) -> bool {
+        self.guard().run.contains(&from)
+    }
+
+    /// What a refusal of this move says: which run (and step), and the
+    /// states it may start from.
+    pub fn refusal(&self, run_id: &str) -> String {
+        let guard = self.guard();
+        let (what, states) = match self.step_id() {
+            Some(step) => (format!("step `{step}`"), guard.steps_text()),
+            None => ("the run".to_owned(), guard.run_text()),
+        };
+        format!(
+            "run `{run_id}`: {} ({}) refused: {what} is not {}",
+            self.kind(),
+            self.name(),
+            states.join(" or ")
+        )
+    }
+
+    /// The variant's name, for messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Transition::StepStarted { .. } => "StepStarted",
+            Transition::StepAttempt { .. } => "StepAttempt",
+            Transition::StepFinished { .. } => "StepFinished",
+            Transition::RunFinished { .. } => "RunFinished",
+            Transition::RunReopened { .. } => "RunReopened",
+            Transition::RunAbandoned { .. } => "RunAbandoned",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL_STEPS: [StepStatus; 6] = [
+        StepStatus::Pending,
+        StepStatus::Running,
+        StepStatus::Succeeded,
+        StepStatus::Failed,
+        StepStatus::Skipped,
+        StepStatus::Cancelled,
+    ];
+
+    #[test]
+    fn a_finished_step_moves_only_with_a_retry() {
+        let failure = Failure::new("x", "y");
+        let moves = [
+            Transition::StepStarted {
+                step_id: "a",
+                attempt: 1,
+                input: None,
+            },
+            Transition::StepAttempt {
+                step_id: "a",
+                attempt: 2,
+            },
+            Transition::StepFinished {
+                step_id: "a",
+                status: StepStatus::Failed,
+                output: None,
+                error: Some(&failure),
+                log: None,
+            },
+        ];
+        for m in moves {
+            for from in ALL_STEPS {
+                if from.is_finished() {
+                    assert!(!m.allows_step(from), "{} from {from:?}", m.name());
+                }
+            }
+        }
+        let reopen = Transition::RunReopened { workflow: "w" };
+        assert!(reopen.allows_run(RunStatus::Failed));
+        assert!(reopen.allows_run(RunStatus::Cancelled));
+        assert!(!reopen.allows_run(RunStatus::Running));
+        assert!(!reopen.allows_run(RunStatus::Succeeded));
+        // The steps a retry runs again, and only those.
+        let again: Vec<_> = ALL_STEPS
+            .into_iter()
+            .filter(|s| reopen.allows_step(*s))
+            .collect();
+        assert_eq!(again, [StepStatus::Failed, StepStatus::Cancelled]);
+    }
+
+    #[test]
+    fn each_move_knows_its_event() {
+        let failure = Failure::new("cancelled", "the run was cancelled");
+        let abandoned = Transition::RunAbandoned {
+            status: RunStatus::Cancelled,
+            error: &failure,
+        };
+        assert_eq!(abandoned.kind(), "run.finished");
+        assert_eq!(
+            abandoned.data(),
+            json!({"status": "cancelled", "error": {"code": "cancelled", "message": "the run was cancelled"}})
+        );
+        assert!(!abandoned.fenced());
+        let reopened = Transition::RunReopened { workflow: "w" };
+        assert_eq!(
+            (reopened.kind(), reopened.data()),
+            ("run.started", json!({"workflow": "w", "retry": true}))
+        );
+        let attempt = Transition::StepAttempt {
+            step_id: "a",
+            attempt: 3,
+        };
+        assert_eq!(
+            (attempt.kind(), attempt.data()),
+            ("step.started", json!({"step": "a", "attempt": 3}))
+        );
+        assert!(attempt.fenced());
+        assert_eq!(
+            attempt.refusal("r1"),
+            "run `r1`: step.started (StepAttempt) refused: step `a` is not running"
+        );
+    }
+}

@@ -1,0 +1,177 @@
+//! Alone or shared: the one place that knows how this process shares its
+//! store with other workers, and what follows from it.
+//!
+//! - **Alone** (SQLite, `:memory:`): this process is the store's only worker.
+//!   It drives every run it starts, resumes the unfinished ones at start, and
+//!   ends a run nobody drives itself.
+//! - **Shared** (PostgreSQL): this process is one worker of several. A run is
+//!   driven by the worker that holds its lease; runs nobody holds are
+//!   claimed ([`super::maintenance`]), and a run another worker holds is
+//!   asked to cancel through the store.
+
+use std::sync::Arc;
+
+use super::{WorkflowError, Workflows};
+use crate::store::{
+    CancelRequest, Failure, Fence, RunRow, RunStatus, Store, StoreError, WorkerRow,
+};
+
+/// How this process shares its store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Alone,
+    Shared,
+}
+
+impl Mode {
+    pub(crate) fn of(store: &dyn Store) -> Mode {
+        if store.shared() {
+            Mode::Shared
+        } else {
+            Mode::Alone
+        }
+    }
+
+    /// At open: shared, this worker is listed among the workers (before
+    /// anything is served, so a `host.status` right after start-up sees it)
+    /// and keeps its leases and hears the others' notes
+    /// ([`super::maintenance`]); alone, there is nobody to tell.
+    pub(crate) async fn join(self, wf: &Arc<Workflows>) -> Result<(), WorkflowError> {
+        if self == Mode::Shared {
+            wf.store.heartbeat(&wf.worker_row()).await?;
+            super::maintenance::start_upkeep(wf);
+        }
+        Ok(())
+    }
+
+    /// The fence a run this worker starts is driven under: a shared store's
+    /// first lease is epoch 1; alone there are no leases (epoch 0).
+    pub(crate) fn first_fence(self, worker: &Arc<str>) -> Fence {
+        Fence {
+            worker: worker.clone(),
+            epoch: match self {
+                Mode::Alone => 0,
+                Mode::Shared => 1,
+            },
+        }
+    }
+
+    /// Whether this worker drives a run it starts: alone always; shared
+    /// while it has a free slot (otherwise any worker claims it).
+    pub(crate) fn takes_new_run(self, running: usize, slots: usize) -> bool {
+        match self {
+            Mode::Alone => true,
+            Mode::Shared => running < slots,
+        }
+    }
+
+    /// Whether a run whose task stopped on `e` is paused for whoever drives
+    /// it next (another worker holds it now, or the store is away), rather
+    /// than failed.
+    pub(crate) fn pauses_on(self, e: &StoreError) -> bool {
+        self == Mode::Shared && e.is_unavailable()
+    }
+
+    /// At start: alone, drives every run the state holds as `running` (the
+    /// last process stopped or crashed while they ran) and says how many;
+    /// shared, starts claiming runs (an unfinished run is resumed by
+    /// whichever worker claims it once its lease has expired).
+    pub(crate) async fn resume(self, wf: &Arc<Workflows>) -> Result<usize, WorkflowError> {
+        match self {
+            Mode::Shared => {
+                super::maintenance::start_claimer(wf);
+                Ok(0)
+            }
+            Mode::Alone => {
+                let runs = wf.store.unfinished_runs().await?;
+                let count = runs.len();
+                for run in runs {
+                    tracing::info!(run = %run.run_id, workflow = %run.workflow, "resuming run");
+                    let fence = Mode::Alone.first_fence(&wf.worker.id);
+                    wf.launch_stored(run, true, fence).await?;
+                }
+                Ok(count)
+            }
+        }
+    }
+
+    /// A retried run, reopened in the store: alone, drive it; shared, it
+    /// was reopened unclaimed, so whichever worker has a free slot takes it.
+    pub(crate) async fn reopened(
+        self,
+        wf: &Arc<Workflows>,
+        run: RunRow,
+    ) -> Result<(), WorkflowError> {
+        match self {
+            Mode::Shared => {
+                wf.worker.wake.notify_one();
+                Ok(())
+            }
+            Mode::Alone => {
+                let fence = Mode::Alone.first_fence(&wf.worker.id);
+                wf.launch_stored(run, false, fence).await
+            }
+        }
+    }
+
+    /// `workflow.cancel` of a run this process does not drive. Alone, it is
+    /// running in the state but driven by nobody (its task failed): it ends
+    /// here. Shared, the store ends it when nobody holds it, or tells its
+    /// worker. Returns whether to wait for another worker to stop it.
+    pub(crate) async fn cancel_undriven(
+        self,
+        wf: &Workflows,
+        run_id: &str,
+    ) -> Result<bool, WorkflowError> {
+        let failure = Failure::new("cancelled", "the run was cancelled");
+        match self {
+            Mode::Alone => {
+                wf.abandon(run_id, RunStatus::Cancelled, &failure).await?;
+                Ok(false)
+            }
+            Mode::Shared => Ok(matches!(
+                wf.events.request_cancel(run_id, &failure).await?,
+                CancelRequest::Signalled
+            )),
+        }
+    }
+
+    /// The workers `host.status` lists: alone, this one; shared, every
+    /// worker seen within three leases.
+    pub(crate) async fn workers(self, wf: &Workflows) -> Result<Vec<WorkerRow>, WorkflowError> {
+        Ok(match self {
+            Mode::Alone => vec![wf.worker_row()],
+            Mode::Shared => wf.store.workers(wf.worker.lease * 3).await?,
+        })
+    }
+
+    /// A run this process stopped without finishing it. Alone, it stays
+    /// `running` and resumes at the next start. Shared: at shutdown it is
+    /// released so another worker takes it at once; otherwise this worker
+    /// lost its lease, and the run is another's already.
+    pub(crate) async fn interrupted(self, wf: &Workflows, run_id: &str, span: &tracing::Span) {
+        match self {
+            Mode::Alone => {
+                crate::trace::record_status(span, "interrupted", false, None);
+                tracing::info!(run = %run_id, "run interrupted by shutdown; it resumes at the next start");
+            }
+            Mode::Shared if wf.shutdown.is_cancelled() => {
+                match wf
+                    .store
+                    .release_runs(&wf.worker.id, std::slice::from_ref(&run_id.to_owned()))
+                    .await
+                {
+                    Ok(()) => {
+                        tracing::info!(run = %run_id, "run interrupted by shutdown; released for another worker")
+                    }
+                    Err(e) => {
+                        tracing::warn!(run = %run_id, "run interrupted by shutdown; cannot release it ({e}), another worker takes it when its lease expires")
+                    }
+                }
+            }
+            Mode::Shared => {
+                tracing::warn!(run = %run_id, "run stopped here: this worker lost its lease");
+            }
+        }
+    }
+}

@@ -1,0 +1,555 @@
+//! The run lifecycle: a run is started (stored with its first event, and
+//! the starts of the steps that start with it), launched (a task drives it
+//! through the engine), and ends there; or it is retried, cancelled, or
+//! abandoned when nothing drives it. Every move of a stored run is a
+//! [`Transition`] written through the run's events.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::definition::{self, Definition, DefinitionError, Spec};
+use super::engine::{self, Ending, RunCtx};
+use super::{RunRecord, WorkflowError, Workflows};
+use crate::runtime::{LoadError, Node};
+use crate::store::{
+    Created, Failure, Fence, Lease, NewRun, RUN_STARTED, RunRow, RunStatus, StepRow, StepStatus,
+    StoreError, Transition, now_ms, now_text,
+};
+use crate::trace::{self, TraceParent};
+
+/// A run driven by this process.
+pub(super) struct Live {
+    /// Which launch this is: a retried run gets a new entry, and the old
+    /// task must not remove it.
+    pub(super) generation: u64,
+    pub(super) cancel: CancellationToken,
+    /// Becomes [`Done::Ended`] once the run's task has ended; waiters watch it.
+    pub(super) done: watch::Receiver<Done>,
+    pub(super) progress: engine::StepProgress,
+    /// Stops the run here and leaves its state for whoever drives it next:
+    /// shutdown past the grace period, or a lease this worker lost.
+    pub(super) stop: CancellationToken,
+}
+
+/// A live run as its waiters see it.
+#[derive(Debug)]
+pub(super) enum Done {
+    Running,
+    /// The run's task has ended. With the run as its end stored it, where
+    /// that is exact ([`Store::stamps_with_event_time`]); without, a waiter
+    /// reads it.
+    Ended(Option<Box<RunRecord>>),
+}
+
+/// What [`Workflows::launch`] needs to drive a run.
+struct Launch {
+    def: Definition,
+    nodes: HashMap<String, Node>,
+    run: RunRow,
+    /// The run's stored steps.
+    rows: Vec<crate::store::StepRow>,
+    /// How long the run has had already (its deadline counts from its start).
+    elapsed: Duration,
+    fence: Fence,
+    span: tracing::Span,
+    /// The steps whose first start was stored with the run.
+    started: Vec<String>,
+}
+
+pub(super) enum NodeError {
+    Load(LoadError),
+    /// The file's content no longer has the hash the definition names.
+    Changed(String),
+}
+
+/// A run id that is unique across restarts and sorts by creation time (and,
+/// within a millisecond, by start order in this process).
+fn new_run_id(created_ms: i64) -> String {
+    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed) & 0xff_ffff;
+    let noise = rand::random::<u32>() & 0xff_ffff;
+    format!("run-{created_ms:012x}-{seq:06x}-{noise:06x}")
+}
+
+impl Workflows {
+    pub(super) fn node_for(&self, spec: &definition::StepSpec) -> Result<Node, NodeError> {
+        if let Some(node) = self
+            .nodes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&spec.component_hash)
+        {
+            return Ok(node.clone());
+        }
+        let bytes = crate::runtime::read_component(&spec.component).map_err(NodeError::Load)?;
+        let hash = definition::content_hash(&bytes);
+        if hash != spec.component_hash {
+            return Err(NodeError::Changed(hash));
+        }
+        let node = self
+            .runtime
+            .load_bytes(&crate::runtime::node_name(&spec.component), &bytes)
+            .map_err(NodeError::Load)?;
+        self.nodes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(hash, node.clone());
+        Ok(node)
+    }
+
+    /// Starts `workflow` on `input`. With an idempotency key already used for
+    /// this workflow, returns that run instead of starting another.
+    ///
+    /// # Errors
+    /// [`WorkflowError::UnknownWorkflow`], [`WorkflowError::InvalidInput`] when
+    /// the input breaks `input_schema`, [`WorkflowError::ShuttingDown`].
+    pub async fn start(
+        self: &Arc<Self>,
+        workflow: &str,
+        input: Value,
+        idempotency_key: Option<String>,
+    ) -> Result<RunRecord, WorkflowError> {
+        self.start_traced(workflow, input, idempotency_key, &TraceParent::none())
+            .await
+    }
+
+    /// [`Workflows::start`], continuing the caller's trace: the run's span
+    /// is a child of `parent` when it is a valid context.
+    ///
+    /// # Errors
+    /// As [`Workflows::start`].
+    pub async fn start_traced(
+        self: &Arc<Self>,
+        workflow: &str,
+        input: Value,
+        idempotency_key: Option<String>,
+        parent: &TraceParent,
+    ) -> Result<RunRecord, WorkflowError> {
+        let def = self
+            .definition(workflow)
+            .ok_or_else(|| WorkflowError::UnknownWorkflow(workflow.to_owned()))?;
+        if self.tasks.is_closed() {
+            return Err(WorkflowError::ShuttingDown);
+        }
+        def.check_input(&input)
+            .map_err(|message| WorkflowError::InvalidInput {
+                workflow: workflow.to_owned(),
+                message,
+            })?;
+        // The nodes first: a run is stored only when it can run.
+        let nodes = self.nodes_of(&def).map_err(|f| {
+            WorkflowError::Definition(DefinitionError::Workflow {
+                workflow: workflow.to_owned(),
+                message: f.message,
+            })
+        })?;
+        let created_ms = now_ms();
+        let run = RunRow {
+            run_id: new_run_id(created_ms),
+            workflow: workflow.to_owned(),
+            status: RunStatus::Running,
+            input,
+            output: None,
+            error: None,
+            definition: def.spec_json.clone(),
+            definition_hash: def.hash.clone(),
+            idempotency_key,
+            created_ms,
+            started_at: now_text(),
+            finished_at: None,
+        };
+        let new = NewRun {
+            steps: def.spec.steps.iter().map(|s| s.id.clone()).collect(),
+            run: run.clone(),
+        };
+        // On a shared store this worker takes the run itself while it has a
+        // free slot; otherwise any worker claims it.
+        let lease = (self
+            .mode
+            .takes_new_run(self.running(), self.options.max_concurrent_steps))
+        .then(|| Lease {
+            worker: self.worker.id.clone(),
+            duration: self.worker.lease,
+        });
+        let started = |span: &tracing::Span| {
+            let mut data = json!({"workflow": workflow, "input": run.input});
+            // Kept with the run, so a resumed or retried run can link to it.
+            if let Some(traceparent) = trace::traceparent(span) {
+                data["traceparent"] = Value::String(traceparent);
+            }
+            data
+        };
+        // The fence this worker drives the run under, when it takes it.
+        let fence = lease
+            .as_ref()
+            .map(|_| self.mode.first_fence(&self.worker.id));
+        // The steps that start with the run start in its write: one write
+        // fewer before the first node runs.
+        let first_steps: Vec<&str> = match fence {
+            Some(_) => def
+                .steps
+                .iter()
+                .filter(|s| s.starts_with_run())
+                .map(|s| s.spec.id.as_str())
+                .collect(),
+            None => Vec::new(),
+        };
+        let starts: Vec<_> = first_steps
+            .iter()
+            .map(|id| engine::start_of(id, 1, &run.input))
+            .collect();
+        let mut first_started = Vec::new();
+        let span = if run.idempotency_key.is_none() {
+            // Nothing to find: the run's span first, so that its first event
+            // is stored with it, in one write.
+            let span = trace::run_span(workflow, &run.run_id, parent);
+            let then = fence.as_ref().map(|fence| (fence, starts.as_slice()));
+            let (created, then_stored) = self
+                .events
+                .create_run(&new, lease.as_ref(), started(&span), then)
+                .await?;
+            if let Created::Existing(existing) = created {
+                return Ok((*existing).into());
+            }
+            if then_stored {
+                first_started = first_steps.iter().map(|&id| id.to_owned()).collect();
+            }
+            span
+        } else {
+            // The key may find the run it started before: no span for a run
+            // that this start does not make.
+            if let Created::Existing(existing) = self.store.create_run(&new, lease.as_ref()).await?
+            {
+                return Ok((*existing).into());
+            }
+            let span = trace::run_span(workflow, &run.run_id, parent);
+            self.events
+                .emit(&run.run_id, RUN_STARTED, started(&span))
+                .await;
+            span
+        };
+        if let Some(fence) = fence {
+            // Every step of a new run is pending: no need to read them back.
+            let rows = new.steps.into_iter().map(StepRow::pending).collect();
+            self.launch(Launch {
+                def,
+                nodes,
+                run: run.clone(),
+                rows,
+                elapsed: Duration::ZERO,
+                fence,
+                span,
+                started: first_started,
+            });
+        }
+        Ok(run.into())
+    }
+
+    /// The nodes of every step of `def`, checked against the hashes it
+    /// started with.
+    fn nodes_of(&self, def: &Definition) -> Result<HashMap<String, Node>, Failure> {
+        def.steps
+            .iter()
+            .map(|step| {
+                let node = self.node_for(&step.spec).map_err(|e| match e {
+                    NodeError::Changed(now) => Failure::new(
+                        "definition-changed",
+                        format!(
+                            "step `{}`: component `{}` changed since the run started (sha256 {} then, {now} now)",
+                            step.spec.id,
+                            step.spec.component.display(),
+                            step.spec.component_hash
+                        ),
+                    ),
+                    NodeError::Load(e) => Failure::new(
+                        "definition-changed",
+                        format!("step `{}`: {e}", step.spec.id),
+                    ),
+                })?;
+                Ok((step.spec.id.clone(), node))
+            })
+            .collect()
+    }
+
+    /// Drives a stored run (resume or retry) on the definition it started with.
+    pub(super) async fn launch_stored(
+        self: &Arc<Self>,
+        run: RunRow,
+        resumed: bool,
+        fence: Fence,
+    ) -> Result<(), WorkflowError> {
+        let rows = self.store.steps(&run.run_id).await?;
+        let prepared = Spec::deserialize(&*run.definition)
+            .map_err(|e| {
+                Failure::new(
+                    "definition-changed",
+                    format!("the stored definition cannot be read: {e}"),
+                )
+            })
+            .and_then(|spec| {
+                Definition::compile(&run.workflow, spec)
+                    .map_err(|e| Failure::new("definition-changed", e.to_string()))
+            })
+            .and_then(|def| {
+                // Only the steps that will run need their code unchanged.
+                let mut needed = def.clone();
+                needed.steps.retain(|s| {
+                    rows.iter().any(|r| {
+                        r.step_id == s.spec.id
+                            && !matches!(r.status, StepStatus::Succeeded | StepStatus::Skipped)
+                    })
+                });
+                let nodes = self.nodes_of(&needed)?;
+                Ok((def, nodes))
+            });
+        match prepared {
+            Ok((def, nodes)) => {
+                // A resumed run's deadline counts from its start; a retried
+                // run (finished, then reopened) gets a whole new one.
+                let elapsed = if resumed {
+                    Duration::from_millis(u64::try_from(now_ms() - run.created_ms).unwrap_or(0))
+                } else {
+                    Duration::ZERO
+                };
+                let span = self.continued_span(&run, resumed).await;
+                self.launch(Launch {
+                    def,
+                    nodes,
+                    run,
+                    rows,
+                    elapsed,
+                    fence,
+                    span,
+                    started: Vec::new(),
+                });
+                Ok(())
+            }
+            Err(failure) => {
+                tracing::warn!(run = %run.run_id, "cannot continue run: {}", failure.message);
+                self.abandon(&run.run_id, RunStatus::Failed, &failure)
+                    .await?;
+                Ok(())
+            }
+        }
+    }
+
+    /// The span of a run continued in a later launch (resumed after a
+    /// restart, or retried): the root of a new trace, linked to the run's
+    /// first span when its `run.started` event kept that span's context.
+    async fn continued_span(&self, run: &RunRow, resumed: bool) -> tracing::Span {
+        let span = trace::run_span(&run.workflow, &run.run_id, &TraceParent::none());
+        if span.is_disabled() {
+            return span;
+        }
+        span.record("wf.resumed", resumed);
+        let first = self.store.events(Some(&run.run_id), 0, 1).await;
+        if let Ok(Some(event)) = first.map(|events| events.into_iter().next())
+            && event.kind == "run.started"
+            && let Some(traceparent) = event.data["traceparent"].as_str()
+        {
+            trace::link(&span, traceparent);
+        }
+        span
+    }
+
+    fn launch(self: &Arc<Self>, launch: Launch) {
+        use std::sync::atomic::Ordering;
+        let Launch {
+            def,
+            nodes,
+            run,
+            rows,
+            elapsed,
+            fence,
+            span,
+            started,
+        } = launch;
+        let cancel = CancellationToken::new();
+        let stop = self.shutdown.child_token();
+        let (done_tx, done_rx) = watch::channel(Done::Running);
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed);
+        let progress = engine::StepProgress::default();
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            run.run_id.clone(),
+            Live {
+                generation,
+                cancel: cancel.clone(),
+                done: done_rx,
+                progress: progress.clone(),
+                stop: stop.clone(),
+            },
+        );
+        let ctx = Arc::new(RunCtx {
+            run_id: run.run_id.clone(),
+            def,
+            nodes,
+            input: run.input,
+            store: self.store.clone(),
+            runtime: self.runtime.clone(),
+            slots: self.slots.clone(),
+            cancel,
+            shutdown: stop,
+            elapsed,
+            progress,
+            events: self.events.clone(),
+            fence,
+            span,
+            started,
+        });
+        // What waiters get when the run ends here: the run as it started
+        // (its input taken from `ctx` only when someone waits), with what its
+        // end wrote. A read would give the same.
+        let started = self.store.stamps_with_event_time().then(|| {
+            RunRecord::from(RunRow {
+                input: Value::Null,
+                ..run
+            })
+        });
+        let this = self.clone();
+        self.tasks.spawn(async move {
+            let run_id = ctx.run_id.clone();
+            let workflow = ctx.def.name.clone();
+            let span = ctx.span.clone();
+            let run_ctx = ctx.clone();
+            let ending = engine::drive(ctx, rows).await;
+            let paused = match &ending {
+                // Another worker holds the run now, or the store is away:
+                // whoever drives it next picks it up where it stands.
+                Err(e) if this.mode.pauses_on(e) => {
+                    tracing::warn!(run = %run_id, "run paused here: {e}");
+                    true
+                }
+                _ => false,
+            };
+            if let (Err(e), false) = (&ending, paused) {
+                // Nothing drives the run any more: say so in the state rather
+                // than leave it `running`.
+                tracing::error!(run = %run_id, "run stopped: {e}");
+                trace::record_status(&span, "failed", false, Some(&e.to_string()));
+                let failure = Failure::new(
+                    "state",
+                    format!("the run's state could not be recorded: {e}"),
+                );
+                if let Err(e) = this.abandon(&run_id, RunStatus::Failed, &failure).await {
+                    tracing::error!(run = %run_id, "cannot mark the run failed either: {e}");
+                }
+            }
+            {
+                let mut live = this.live.lock().unwrap_or_else(|e| e.into_inner());
+                if live
+                    .get(&run_id)
+                    .is_some_and(|l| l.generation == generation)
+                {
+                    live.remove(&run_id);
+                }
+            }
+            let mut ended = None;
+            match ending {
+                Ok(Ending::Finished(finished)) => {
+                    let status = finished.status;
+                    tracing::debug!(run = %run_id, ?status, "run finished");
+                    crate::metrics::metrics().run_finished(&workflow, status.as_str());
+                    // Every waiter holds a receiver; the live entry's is gone.
+                    ended = started.filter(|_| done_tx.receiver_count() > 0).map(|run| {
+                        Box::new(RunRecord {
+                            status,
+                            input: run_ctx.input.clone(),
+                            output: finished.output,
+                            error: finished.error,
+                            finished_at: Some(finished.at),
+                            ..run
+                        })
+                    });
+                    // Before waiters hear of it: a client that lists runs
+                    // after its wait sees at most `keep_runs` finished ones.
+                    this.after_finish().await;
+                }
+                Ok(Ending::Interrupted) => this.mode.interrupted(&this, &run_id, &span).await,
+                Err(_) => {}
+            }
+            let _ = done_tx.send(Done::Ended(ended));
+            // A slot is free.
+            this.worker.wake.notify_one();
+        });
+    }
+
+    /// Ends a run nothing drives ([`Transition::RunAbandoned`]), with its
+    /// `run.finished` event; a run that is not running is left as it is.
+    pub(super) async fn abandon(
+        &self,
+        run_id: &str,
+        status: RunStatus,
+        failure: &Failure,
+    ) -> Result<(), StoreError> {
+        let abandon = Transition::RunAbandoned {
+            status,
+            error: failure,
+        };
+        match self.events.apply(run_id, &[abandon], None).await {
+            Ok(_) | Err(StoreError::Refused(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Cancels `run_id` (its running nodes are interrupted and in-flight
+    /// upstream calls cancelled) and waits briefly for it to stop.
+    ///
+    /// # Errors
+    /// [`WorkflowError::UnknownRun`], [`WorkflowError::Store`].
+    pub async fn cancel(&self, run_id: &str) -> Result<RunRecord, WorkflowError> {
+        let token = self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(run_id)
+            .map(|l| l.cancel.clone());
+        match token {
+            Some(token) => {
+                token.cancel();
+                self.wait(run_id, Duration::from_secs(5)).await
+            }
+            None => {
+                if self.mode.cancel_undriven(self, run_id).await? {
+                    // Another worker drives it, and was told.
+                    return self.wait(run_id, Duration::from_secs(5)).await;
+                }
+                self.get(run_id, false).await
+            }
+        }
+    }
+
+    /// Starts a failed or cancelled run again from its failed or cancelled
+    /// steps, keeping the outputs of the steps that succeeded. Same run id.
+    ///
+    /// # Errors
+    /// [`WorkflowError::UnknownRun`], [`WorkflowError::NotRetryable`],
+    /// [`WorkflowError::ShuttingDown`], [`WorkflowError::Store`].
+    pub async fn retry(self: &Arc<Self>, run_id: &str) -> Result<RunRecord, WorkflowError> {
+        if self.tasks.is_closed() {
+            return Err(WorkflowError::ShuttingDown);
+        }
+        let run = self.stored_run(run_id).await?;
+        let reopen = Transition::RunReopened {
+            workflow: &run.workflow,
+        };
+        match self.events.apply(run_id, &[reopen], None).await {
+            Ok(_) => {}
+            Err(StoreError::Refused(_)) => {
+                return Err(WorkflowError::NotRetryable {
+                    run_id: run_id.to_owned(),
+                    status: run.status.as_str().to_owned(),
+                });
+            }
+            Err(e) => return Err(e.into()),
+        }
+        let run = self.stored_run(run_id).await?;
+        self.mode.reopened(self, run).await?;
+        self.get(run_id, false).await
+    }
+}
