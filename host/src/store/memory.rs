@@ -372,15 +372,8 @@ impl Store for MemoryStore {
             .events
             .push(state.append(&run.run_id, kind, data, &at)?);
         if let Some((fence, moves)) = then.filter(|(_, moves)| !moves.is_empty()) {
-            match state.transitions(&run.run_id, moves, Some(fence), &at) {
-                Ok(events) => {
-                    written.events.extend(events);
-                    written.then_stored = true;
-                }
-                Err(e) => {
-                    tracing::warn!(run = %run.run_id, "cannot record the run's first steps' starts: {e}")
-                }
-            }
+            let then = state.transitions(&run.run_id, moves, Some(fence), &at);
+            written.then_written(&run.run_id, then);
         }
         Ok(written)
     }

@@ -286,6 +286,22 @@ pub struct NewRunWrite {
     pub then_stored: bool,
 }
 
+impl NewRunWrite {
+    /// Takes what writing `then` after the new run gave: its events, or
+    /// (logged, not an error: the run is stored either way) why it failed.
+    pub(crate) fn then_written(&mut self, run_id: &str, then: Result<Vec<EventRow>, StoreError>) {
+        match then {
+            Ok(events) => {
+                self.events.extend(events);
+                self.then_stored = true;
+            }
+            Err(e) => {
+                tracing::warn!(run = %run_id, "cannot record the run's first steps' starts: {e}");
+            }
+        }
+    }
+}
+
 /// Which runs [`Store::list_runs`] returns, newest first.
 #[derive(Debug, Clone, Default)]
 pub struct ListQuery {

@@ -701,17 +701,13 @@ impl Store for PgStore {
             // savepoint, so that their failure leaves the run stored.
             if let Some((fence, moves)) = then.filter(|(_, moves)| !moves.is_empty()) {
                 let mut starts = tx.begin().await?;
-                match apply_moves(&mut starts, &run.run_id, moves, Some(fence)).await {
-                    Ok(events) => {
-                        starts.commit().await?;
-                        written.events.extend(events);
-                        written.then_stored = true;
-                    }
-                    Err(e) => {
-                        starts.rollback().await?;
-                        tracing::warn!(run = %run.run_id, "cannot record the run's first steps' starts: {e}");
-                    }
+                let then = apply_moves(&mut starts, &run.run_id, moves, Some(fence)).await;
+                if then.is_ok() {
+                    starts.commit().await?;
+                } else {
+                    starts.rollback().await?;
                 }
+                written.then_written(&run.run_id, then);
             }
         }
         tx.commit().await?;

@@ -456,15 +456,8 @@ impl Store for SqliteStore {
             && !writes.is_empty()
         {
             let run_id = &new.run.run_id;
-            match self.transitions(run_id, writes, Some(fence)).await {
-                Ok(events) => {
-                    written.events.extend(events);
-                    written.then_stored = true;
-                }
-                Err(e) => {
-                    tracing::warn!(run = %run_id, "cannot record the run's first steps' starts: {e}")
-                }
-            }
+            let then = self.transitions(run_id, writes, Some(fence)).await;
+            written.then_written(run_id, then);
         }
         Ok(written)
     }
