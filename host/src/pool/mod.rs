@@ -16,6 +16,7 @@ mod http;
 mod oauth;
 pub mod pin;
 mod session;
+mod transport;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
@@ -147,7 +148,7 @@ pub(crate) enum Transport {
         program: PathBuf,
         args: Vec<String>,
         env: BTreeMap<String, String>,
-        /// Host variables passed through besides [`session::DEFAULT_INHERITED_ENV`].
+        /// Host variables passed through besides [`transport::DEFAULT_INHERITED_ENV`].
         inherit_env: Vec<String>,
         cwd: Option<PathBuf>,
     },
@@ -505,7 +506,7 @@ impl Slot {
                 });
             }
         }
-        let connect = session::connect(
+        let connect = transport::connect(
             &self.settings,
             self.counters.clone(),
             self.progress.clone(),
