@@ -13,6 +13,8 @@
 //! - [`rpc`] is the JSON-RPC 2.0 server over HTTP; [`mcp`] offers exposed
 //!   workflows as tools of an MCP server; [`console`] is the web console it
 //!   serves at `/`.
+//! - [`tls`] reads a connection's TLS files (CA, client certificate and key),
+//!   for [`config`] to check and for [`pool`] to connect with.
 //! - [`trace`] makes the OpenTelemetry spans of runs, steps and capability
 //!   calls, exported over OTLP when an endpoint is configured.
 //! - [`fixture`] is an MCP server for tests.
@@ -46,5 +48,6 @@ pub mod runtime;
 pub mod scaffold;
 pub mod store;
 pub mod testing;
+pub mod tls;
 pub mod trace;
 pub mod workflow;
