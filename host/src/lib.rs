@@ -10,6 +10,8 @@
 //! - [`workflow`] runs graphs of nodes (jq between steps, retries, deadlines),
 //!   and [`store`] keeps their runs durable (SQLite, or PostgreSQL shared by
 //!   several workers), so a restarted host resumes them.
+//! - [`host`] builds the pool, the runtime and the workflows together from a
+//!   config, and shuts them down in order.
 //! - [`rpc`] is the JSON-RPC 2.0 server over HTTP; [`mcp`] offers exposed
 //!   workflows as tools of an MCP server; [`console`] is the web console it
 //!   serves at `/`.
@@ -40,6 +42,7 @@ pub mod config;
 pub mod console;
 pub mod fixture;
 pub mod grants;
+pub mod host;
 pub mod mcp;
 pub mod metrics;
 pub mod pool;
