@@ -14,10 +14,10 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 use wf_host::grants::Grants;
-use wf_host::pool::{Pool, PoolConfig};
+use wf_host::host::{Host, HostOptions};
+use wf_host::pool::PoolConfig;
 use wf_host::rpc::{Access, RpcState, handle_body, router};
-use wf_host::runtime::{Runtime, RuntimeConfig};
-use wf_host::workflow::Workflows;
+use wf_host::runtime::RuntimeConfig;
 
 use common::*;
 
@@ -431,30 +431,30 @@ async fn state() -> (RpcState, tempfile::TempDir) {
 async fn state_with(extra: &str) -> (RpcState, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let config = wf_host::config::Config::load(&write_config_with(dir.path(), extra)).unwrap();
-    let pool = Pool::new(PoolConfig {
-        connections: config.connections.clone(),
-        self_exe: Some(wf_host_bin()),
-        ..Default::default()
-    });
-    let runtime = Runtime::new(
-        RuntimeConfig {
-            cache_dir: Some(dir.path().join("cache")),
-            ..Default::default()
+    let host = Host::open(
+        &config,
+        HostOptions {
+            pool: PoolConfig {
+                connections: config.connections.clone(),
+                self_exe: Some(wf_host_bin()),
+                ..Default::default()
+            },
+            runtime: RuntimeConfig {
+                cache_dir: Some(dir.path().join("cache")),
+                ..Default::default()
+            },
+            workflows: wf_host::workflow::Options {
+                keep_runs: 10,
+                ..Default::default()
+            },
         },
-        Arc::new(pool.clone()),
     )
+    .await
     .unwrap();
-    let options = wf_host::workflow::Options {
-        keep_runs: 10,
-        ..Default::default()
-    };
-    let workflows = Workflows::open(&config, Arc::new(runtime), options)
-        .await
-        .unwrap();
     (
         RpcState {
-            workflows,
-            pool,
+            workflows: host.workflows().clone(),
+            pool: host.pool().clone(),
             grants: Arc::new(Grants::new(config.rpc_allow()).unwrap()),
         },
         dir,

@@ -11,12 +11,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use wf_host::capability::NoBackend;
 use wf_host::config::Config;
-use wf_host::pool::{Pool, PoolConfig};
+use wf_host::host::{Host, HostOptions};
 use wf_host::rpc::{RpcState, handle_body};
-use wf_host::runtime::{Runtime, RuntimeConfig};
-use wf_host::workflow::{Options, Workflows};
+use wf_host::runtime::RuntimeConfig;
+use wf_host::workflow::Options;
 
 const CHAINS: [usize; 3] = [1, 10, 50];
 const WARMUP: usize = 5;
@@ -41,27 +40,32 @@ fn config(dir: &Path) -> Config {
     Config::parse(&text, &dir.join("bench.toml"), dir.to_owned()).unwrap()
 }
 
-async fn state(dir: &Path, location: String) -> RpcState {
+/// The host with its state at `location`, and the RPC state over it. The
+/// config has no connections: the pool stays empty.
+async fn state(dir: &Path, location: String) -> (RpcState, Host) {
     let config = config(dir);
-    let runtime = Runtime::new(
-        RuntimeConfig {
-            cache_dir: Some(dir.join("cache")),
-            ..Default::default()
+    let host = Host::open(
+        &config,
+        HostOptions {
+            runtime: RuntimeConfig {
+                cache_dir: Some(dir.join("cache")),
+                ..Default::default()
+            },
+            workflows: Options {
+                state: location,
+                ..Options::default()
+            },
+            ..HostOptions::default()
         },
-        Arc::new(NoBackend),
     )
+    .await
     .unwrap();
-    let options = Options {
-        state: location,
-        ..Options::default()
-    };
-    RpcState {
-        workflows: Workflows::open(&config, Arc::new(runtime), options)
-            .await
-            .unwrap(),
-        pool: Pool::new(PoolConfig::default()),
+    let state = RpcState {
+        workflows: host.workflows().clone(),
+        pool: host.pool().clone(),
         grants: Arc::new(wf_host::grants::Grants::none()),
-    }
+    };
+    (state, host)
 }
 
 async fn run_once(state: &RpcState, chain: usize) -> Duration {
@@ -94,7 +98,7 @@ fn main() {
             modes.retain(|(name, _)| *name == only);
         }
         let mut samples: Vec<Vec<Vec<Duration>>> = vec![vec![Vec::new(); modes.len()]; CHAINS.len()];
-        for (_, state) in &modes {
+        for (_, (state, _)) in &modes {
             for chain in CHAINS {
                 for _ in 0..WARMUP {
                     run_once(state, chain).await;
@@ -104,7 +108,7 @@ fn main() {
         // Interleave rounds so drift on a noisy machine hits every mode alike.
         for _ in 0..ROUNDS {
             for (c, chain) in CHAINS.iter().enumerate() {
-                for (m, (_, state)) in modes.iter().enumerate() {
+                for (m, (_, (state, _))) in modes.iter().enumerate() {
                     for _ in 0..PER_ROUND {
                         samples[c][m].push(run_once(state, *chain).await);
                     }
@@ -136,8 +140,8 @@ fn main() {
                 );
             }
         }
-        for (_, state) in &modes {
-            state.workflows.shutdown(Duration::from_secs(5)).await;
+        for (_, (_, host)) in modes {
+            host.shutdown(Duration::from_secs(5)).await;
         }
     });
 }

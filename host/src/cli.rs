@@ -17,6 +17,7 @@ use opentelemetry_sdk::trace::SdkTracerProvider;
 use wf_host::capability::{CapabilityBackend, NoBackend};
 use wf_host::config::Config;
 use wf_host::grants::Grants;
+use wf_host::host::{Host, HostOptions};
 use wf_host::pool::pin::{self, Pins};
 use wf_host::pool::{Pool, PoolConfig};
 use wf_host::rpc::{Access, RpcState};
@@ -531,17 +532,23 @@ async fn mcp_stdio(args: McpArgs) -> Result<(), Failure> {
     }
     let mut rc = runtime_config(&config, &args.common, config_limits(&config));
     rc.memory_ceiling = memory_ceiling(&config);
-    let pool = Pool::new(pool_config(&config)?);
-    let runtime = Arc::new(Runtime::new(rc, Arc::new(pool.clone())).map_err(usage)?);
+    let pool = pool_config(&config)?;
     let mut options = workflow_options(&config);
     if let Some(state) = &args.state {
         options.state = state.clone();
     }
-    let workflows = Workflows::open(&config, runtime, options)
-        .await
-        .map_err(usage)?;
-    workflows.resume().await.map_err(usage)?;
-    let server = wf_host::mcp::WorkflowServer::new(workflows.clone());
+    let host = Host::open(
+        &config,
+        HostOptions {
+            pool,
+            runtime: rc,
+            workflows: options,
+        },
+    )
+    .await
+    .map_err(usage)?;
+    host.workflows().resume().await.map_err(usage)?;
+    let server = wf_host::mcp::WorkflowServer::new(host.workflows().clone());
     let result = match server.serve(rmcp::transport::stdio()).await {
         Ok(running) => {
             tokio::select! {
@@ -551,8 +558,7 @@ async fn mcp_stdio(args: McpArgs) -> Result<(), Failure> {
         }
         Err(e) => Err(anyhow!(e).context("MCP initialize failed")),
     };
-    workflows.shutdown(Duration::from_secs(10)).await;
-    pool.shutdown().await;
+    host.shutdown(Duration::from_secs(10)).await;
     result.map_err(|error| Failure {
         code: EXIT_RUN_FAILED,
         error,
@@ -615,19 +621,26 @@ async fn run_workflow(args: RunArgs, name: &str) -> Result<(), Failure> {
     let config = load_config(args.common.config.as_deref())?;
     let input: serde_json::Value =
         serde_json::from_str(&read_input(&args)?).expect("read_input checked the JSON");
-    let pool = Pool::new(pool_config(&config)?);
+    let pool = pool_config(&config)?;
     let limits = config_limits(&config);
     let mut rc = runtime_config(&config, &args.common, limits);
     rc.memory_ceiling = memory_ceiling(&config);
-    let runtime = Arc::new(Runtime::new(rc, Arc::new(pool.clone())).map_err(usage)?);
     let options = workflow::Options {
         state: args.state.clone().unwrap_or_else(|| ":memory:".into()),
         ..workflow_options(&config)
     };
+    let host = Host::open(
+        &config,
+        HostOptions {
+            pool,
+            runtime: rc,
+            workflows: options,
+        },
+    )
+    .await
+    .map_err(usage)?;
     let result = async {
-        let workflows = Workflows::open(&config, runtime, options)
-            .await
-            .map_err(usage)?;
+        let workflows = host.workflows();
         if workflows.definition(name).is_none() {
             return Err(usage(anyhow!(
                 "config has no workflow `{name}`; it has: {}",
@@ -672,7 +685,7 @@ async fn run_workflow(args: RunArgs, name: &str) -> Result<(), Failure> {
         }
     }
     .await;
-    pool.shutdown().await;
+    host.shutdown(Duration::ZERO).await;
     result
 }
 
@@ -808,8 +821,7 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
     let mut rc = runtime_config(&config, &args.common, config_limits(&config));
     rc.memory_ceiling = memory_ceiling(&config);
     let rpc_grants = Arc::new(Grants::new(config.rpc_allow()).map_err(usage)?);
-    let pool = Pool::new(pool_config(&config)?);
-    let runtime = Arc::new(Runtime::new(rc, Arc::new(pool.clone())).map_err(usage)?);
+    let pool = pool_config(&config)?;
     let mut options = workflow_options(&config);
     if args.common.config.is_none() {
         // No config, no workflows: nothing worth a state file.
@@ -821,9 +833,17 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
     if let Some(n) = args.max_runs {
         options.keep_runs = n.max(1);
     }
-    let workflows = Workflows::open(&config, runtime, options)
-        .await
-        .map_err(usage)?;
+    let host = Host::open(
+        &config,
+        HostOptions {
+            pool,
+            runtime: rc,
+            workflows: options,
+        },
+    )
+    .await
+    .map_err(usage)?;
+    let (workflows, pool) = (host.workflows(), host.pool());
     let resumed = workflows.resume().await.map_err(usage)?;
     if resumed > 0 {
         eprintln!("wf-host resumed {resumed} unfinished runs");
@@ -858,20 +878,18 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
     tokio::pin!(served);
     let served = tokio::select! {
         // Only an I/O failure ends the server before a signal.
-        result = &mut served => {
-            workflows.shutdown(args.grace).await;
-            result
-        }
+        result = &mut served => result,
         () = shutdown_signal() => {
             eprintln!("wf-host shutting down");
             stopping.cancel();
             // The grace period is for runs only, not for the HTTP requests
-            // waiting on them.
+            // waiting on them. The workflows stop alongside the server, so
+            // `host.shutdown` below finds them stopped.
             let ((), result) = tokio::join!(workflows.shutdown(args.grace), served);
             result
         }
     };
-    pool.shutdown().await;
+    host.shutdown(args.grace).await;
     served.map_err(|e| Failure {
         code: EXIT_RUN_FAILED,
         error: e.into(),

@@ -42,6 +42,8 @@ use bytesize::ByteSize;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::tls::{self, TlsFiles};
+
 /// Why the configuration could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -250,6 +252,18 @@ pub struct ConnectionConfig {
     /// 5m): it catches changes a server announces where we cannot hear them.
     #[serde(default, with = "humantime_serde")]
     pub catalog_refresh: Option<Duration>,
+}
+
+impl ConnectionConfig {
+    /// The connection's TLS files, relative ones resolved against `base_dir`.
+    pub fn tls_files(&self, base_dir: &Path) -> TlsFiles {
+        let resolve = |p: &Option<PathBuf>| p.as_ref().map(|p| base_dir.join(p));
+        TlsFiles {
+            ca_file: resolve(&self.ca_file),
+            client_cert: resolve(&self.client_cert),
+            client_key: resolve(&self.client_key),
+        }
+    }
 }
 
 /// `[connections.<id>.auth]`: how the host gets OAuth access tokens.
@@ -535,8 +549,8 @@ fn check_remote(id: &str, conn: &ConnectionConfig, base_dir: &Path) -> Result<()
         }
         return Ok(());
     }
-    let files = crate::pool::TlsFiles::resolve(conn, base_dir);
-    crate::pool::load_tls_files(&files).map_err(|e| format!("connection `{id}`: {e}"))?;
+    let files = conn.tls_files(base_dir);
+    tls::load_tls_files(&files).map_err(|e| format!("connection `{id}`: {e}"))?;
     if let Some(auth) = &conn.auth {
         if auth.client_secret.is_some() && auth.client_secret_env.is_some() {
             return Err(format!(

@@ -10,9 +10,13 @@
 //! - [`workflow`] runs graphs of nodes (jq between steps, retries, deadlines),
 //!   and [`store`] keeps their runs durable (SQLite, or PostgreSQL shared by
 //!   several workers), so a restarted host resumes them.
+//! - [`host`] builds the pool, the runtime and the workflows together from a
+//!   config, and shuts them down in order.
 //! - [`rpc`] is the JSON-RPC 2.0 server over HTTP; [`mcp`] offers exposed
 //!   workflows as tools of an MCP server; [`console`] is the web console it
 //!   serves at `/`.
+//! - [`tls`] reads a connection's TLS files (CA, client certificate and key),
+//!   for [`config`] to check and for [`pool`] to connect with.
 //! - [`trace`] makes the OpenTelemetry spans of runs, steps and capability
 //!   calls, exported over OTLP when an endpoint is configured.
 //! - [`fixture`] is an MCP server for tests.
@@ -38,6 +42,7 @@ pub mod config;
 pub mod console;
 pub mod fixture;
 pub mod grants;
+pub mod host;
 pub mod mcp;
 pub mod metrics;
 pub mod pool;
@@ -46,5 +51,6 @@ pub mod runtime;
 pub mod scaffold;
 pub mod store;
 pub mod testing;
+pub mod tls;
 pub mod trace;
 pub mod workflow;

@@ -5,7 +5,6 @@
 
 use std::collections::HashMap;
 use std::error::Error as StdError;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -18,97 +17,15 @@ use rmcp::transport::streamable_http_client::{
     StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
     StreamableHttpResponseLimits,
 };
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::CertificateDer;
 use sse_stream::{Error as SseError, Sse};
 
 use super::oauth::OAuth;
-use crate::config::ConnectionConfig;
+use crate::tls::{self, TlsFiles, install_tls_provider};
 
 /// How long an idle pooled connection is kept for reuse.
 const POOL_IDLE: Duration = Duration::from_secs(60);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// A connection's TLS files, resolved against the config file's directory.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, serde::Serialize)]
-pub struct TlsFiles {
-    pub ca_file: Option<PathBuf>,
-    pub client_cert: Option<PathBuf>,
-    pub client_key: Option<PathBuf>,
-}
-
-impl TlsFiles {
-    /// The connection's files, relative ones resolved against `base_dir`.
-    pub fn resolve(conn: &ConnectionConfig, base_dir: &std::path::Path) -> TlsFiles {
-        let resolve = |p: &Option<PathBuf>| p.as_ref().map(|p| base_dir.join(p));
-        TlsFiles {
-            ca_file: resolve(&conn.ca_file),
-            client_cert: resolve(&conn.client_cert),
-            client_key: resolve(&conn.client_key),
-        }
-    }
-}
-
-/// What the TLS files hold.
-pub(crate) struct TlsMaterial {
-    roots: Vec<CertificateDer<'static>>,
-    identity: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
-}
-
-/// Reads and parses the TLS files.
-///
-/// # Errors
-/// A message naming the key and the file: missing, unreadable, or no PEM of
-/// the expected kind in it.
-pub fn load_tls_files(files: &TlsFiles) -> Result<(), String> {
-    load(files).map(drop)
-}
-
-pub(crate) fn load(files: &TlsFiles) -> Result<TlsMaterial, String> {
-    let read = |key: &str, path: &PathBuf| {
-        std::fs::read(path).map_err(|e| format!("`{key}` `{}`: {e}", path.display()))
-    };
-    let certs = |key: &str, path: &PathBuf| -> Result<Vec<CertificateDer<'static>>, String> {
-        let pem = read(key, path)?;
-        let certs = CertificateDer::pem_slice_iter(&pem)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("`{key}` `{}`: not PEM: {e}", path.display()))?;
-        if certs.is_empty() {
-            return Err(format!(
-                "`{key}` `{}`: no PEM certificate in it",
-                path.display()
-            ));
-        }
-        Ok(certs)
-    };
-    let roots = match &files.ca_file {
-        Some(path) => certs("ca_file", path)?,
-        None => Vec::new(),
-    };
-    let identity = match (&files.client_cert, &files.client_key) {
-        (Some(cert), Some(key)) => {
-            let chain = certs("client_cert", cert)?;
-            let pem = read("client_key", key)?;
-            let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
-                format!("`client_key` `{}`: no PEM private key: {e}", key.display())
-            })?;
-            Some((chain, key))
-        }
-        (Some(_), None) => return Err("`client_cert` needs `client_key`".into()),
-        (None, Some(_)) => return Err("`client_key` needs `client_cert`".into()),
-        (None, None) => None,
-    };
-    Ok(TlsMaterial { roots, identity })
-}
-
-/// Makes ring the process-wide rustls provider. Our reqwest has rustls
-/// without a built-in provider (aws-lc-rs is slow to build), so every
-/// `reqwest::Client` built without an explicit TLS config (rmcp's default
-/// transport client, its OAuth discovery client, a test's client) needs this
-/// first; the pool calls it. Idempotent.
-pub fn install_tls_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
 
 /// The system's trusted roots, read once.
 fn system_roots() -> &'static [CertificateDer<'static>] {
@@ -129,7 +46,7 @@ fn system_roots() -> &'static [CertificateDer<'static>] {
 /// A message naming the TLS key that is wrong.
 pub(crate) fn client(files: &TlsFiles) -> Result<reqwest::Client, String> {
     install_tls_provider();
-    let material = load(files)?;
+    let material = tls::load(files)?;
     let mut roots = rustls::RootCertStore::empty();
     let (_, ignored) = roots.add_parsable_certificates(system_roots().iter().cloned());
     if ignored > 0 {

@@ -16,6 +16,7 @@ mod http;
 mod oauth;
 pub mod pin;
 mod session;
+mod transport;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
@@ -35,9 +36,11 @@ use tokio::sync::{oneshot, watch};
 
 pub use backend::to_capability_error;
 pub use catalog::Catalog;
-pub use http::{TlsFiles, install_tls_provider, load_tls_files};
 pub use oauth::login;
 pub use session::{OpFn, OpMeta};
+// Where these lived before `tls` was their own room; kept for the paths
+// callers already use.
+pub use crate::tls::{TlsFiles, install_tls_provider, load_tls_files};
 use session::{Operation, Session};
 
 use crate::capability::{CallExtras, Progress, ProgressSink};
@@ -147,7 +150,7 @@ pub(crate) enum Transport {
         program: PathBuf,
         args: Vec<String>,
         env: BTreeMap<String, String>,
-        /// Host variables passed through besides [`session::DEFAULT_INHERITED_ENV`].
+        /// Host variables passed through besides [`transport::DEFAULT_INHERITED_ENV`].
         inherit_env: Vec<String>,
         cwd: Option<PathBuf>,
     },
@@ -179,7 +182,7 @@ impl Settings {
             (None, url) => Transport::Http {
                 url: url.clone().unwrap_or_default(),
                 headers: c.headers.clone(),
-                tls: TlsFiles::resolve(c, &pool.base_dir),
+                tls: c.tls_files(&pool.base_dir),
                 auth: oauth::AuthSettings::from_config(
                     c,
                     &pool
@@ -505,7 +508,7 @@ impl Slot {
                 });
             }
         }
-        let connect = session::connect(
+        let connect = transport::connect(
             &self.settings,
             self.counters.clone(),
             self.progress.clone(),
@@ -638,8 +641,8 @@ impl Pool {
     /// A pool for `config.connections`. Nothing connects until first use.
     pub fn new(config: PoolConfig) -> Pool {
         // reqwest has rustls without a built-in provider: ring is installed
-        // for the whole process (see `http`).
-        http::install_tls_provider();
+        // for the whole process (see `crate::tls`).
+        crate::tls::install_tls_provider();
         let slots = config
             .connections
             .iter()

@@ -301,7 +301,7 @@ async fn discover(
     http: reqwest::Client,
     settings: &AuthSettings,
 ) -> Result<(AuthorizationManager, String), String> {
-    super::http::install_tls_provider();
+    crate::tls::install_tls_provider();
     let mut manager = AuthorizationManager::new(url)
         .await
         .map_err(|e| format!("OAuth: {e}"))?;
@@ -456,7 +456,7 @@ pub async fn login(
             "connection `{connection}`: `auth.client_secret_env`: the host has no variable `{name}`"
         ));
     }
-    let http = super::http::client(&super::TlsFiles::resolve(conn, base_dir))
+    let http = super::http::client(&conn.tls_files(base_dir))
         .map_err(|e| format!("connection `{connection}`: {e}"))?;
     let (mut manager, key) = discover(url, http, &settings)
         .await

@@ -5,11 +5,15 @@
 //! [`Operation`]: a closure over the client `Peer` plus metadata for spans and
 //! status. Operations run concurrently (MCP multiplexes by request id); the owner
 //! tracks each one so that when the transport dies it can fail all of them at
-//! once with the reason.
+//! once with the reason. It also keeps the catalog fresh (`list_changed`,
+//! `subscriptions/listen`, periodic re-lists) and pings an idle transport.
+//!
+//! The transport itself (a child process, an HTTP client) and the handshake are
+//! [`super::transport`]'s; a session starts from what it hands over
+//! ([`Connected`]).
 
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -22,11 +26,8 @@ use rmcp::model::{
     ProgressNotificationParam, ProtocolVersion, ServerNotification, SubscriptionFilter,
 };
 use rmcp::service::{NotificationContext, RunningService};
-use rmcp::transport::streamable_http_client::{
-    StreamableHttpClientTransportConfig, StreamableHttpError,
-};
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
-use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, Peer, RoleClient, ServiceError};
+use rmcp::transport::streamable_http_client::StreamableHttpError;
+use rmcp::{ClientHandler, Peer, RoleClient, ServiceError};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
@@ -34,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::catalog::{self, Advertised, Catalog, Dirty};
-use super::{ConnCounters, PoolError, ProgressRoutes, Settings, Transport};
+use super::{ConnCounters, PoolError, ProgressRoutes, Settings};
 use crate::capability::Progress;
 
 /// What an operation does: a closure over the session's client peer. It is `Fn`
@@ -153,9 +154,9 @@ impl Session {
 /// The rmcp client handler: names us, and turns `list_changed` into a dirty
 /// mark for the refresher. It never awaits a request: the response could only be
 /// routed by the receive loop it would be blocking.
-struct PoolClient {
-    dirty: Arc<Dirty>,
-    progress: Arc<ProgressRoutes>,
+pub(super) struct PoolClient {
+    pub(super) dirty: Arc<Dirty>,
+    pub(super) progress: Arc<ProgressRoutes>,
 }
 
 impl ClientHandler for PoolClient {
@@ -200,18 +201,6 @@ impl ClientHandler for PoolClient {
 
 /// The longest progress message kept, in bytes.
 const MAX_PROGRESS_MESSAGE: usize = 1024;
-
-/// How a session starts: `server/discover` for revision 2026-07-28 (no
-/// `initialize`; change notifications come only on `subscriptions/listen`),
-/// and an `initialize` at 2025-11-25 when the server answers the probe with a
-/// JSON-RPC error, as servers of earlier revisions do. rmcp gives a server that
-/// ignores the probe 10s before it falls back.
-fn lifecycle() -> ClientLifecycleMode {
-    ClientLifecycleMode::Auto {
-        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
-        legacy_version: Some(ProtocolVersion::LATEST_WITH_INITIALIZE),
-    }
-}
 
 /// Whether the session negotiated a revision without `initialize`, whose
 /// change notifications arrive only on a `subscriptions/listen` stream.
@@ -306,200 +295,35 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(8);
 /// How long a health ping may take before the session is declared dead.
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Host variables a stdio server gets without asking: the set the official MCP
-/// SDKs pass. Everything else (tokens, keys) stays in the host unless the
-/// connection lists it in `inherit_env`.
-#[cfg(not(windows))]
-pub(crate) const DEFAULT_INHERITED_ENV: &[&str] =
-    &["HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER"];
-#[cfg(windows)]
-pub(crate) const DEFAULT_INHERITED_ENV: &[&str] = &[
-    "APPDATA",
-    "HOMEDRIVE",
-    "HOMEPATH",
-    "LOCALAPPDATA",
-    "PATH",
-    "PROCESSOR_ARCHITECTURE",
-    "SYSTEMDRIVE",
-    "SYSTEMROOT",
-    "TEMP",
-    "USERNAME",
-    "USERPROFILE",
-    "PROGRAMFILES",
-];
-
-/// The whole environment of a stdio server: the default set and `inherit` as
-/// far as the host has them, then the connection's own `env`, which wins.
-fn child_env(
-    inherit: &[String],
-    env: &std::collections::BTreeMap<String, String>,
-) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
-    let mut vars: std::collections::BTreeMap<std::ffi::OsString, std::ffi::OsString> =
-        DEFAULT_INHERITED_ENV
-            .iter()
-            .copied()
-            .chain(inherit.iter().map(String::as_str))
-            .filter_map(|name| Some((name.into(), std::env::var_os(name)?)))
-            .collect();
-    vars.extend(env.iter().map(|(k, v)| (k.into(), v.into())));
-    vars.into_iter().collect()
+/// A transport that is up and past the lifecycle handshake: what [`start`]
+/// turns into a session.
+pub(super) struct Connected {
+    pub running: RunningService<RoleClient, PoolClient>,
+    /// The child's process id (stdio).
+    pub pid: Option<u32>,
+    /// HTTP: the event streams open now.
+    pub streams: Option<Arc<AtomicUsize>>,
+    /// Where the handler marks what a `list_changed` made stale.
+    pub dirty: Arc<Dirty>,
+    /// Helper tasks that live exactly as long as the session (stderr drain).
+    pub aux: JoinSet<()>,
 }
 
-/// Opens a session: spawn or connect, `server/discover` or `initialize`, list
-/// the catalog, and start the owner task.
-pub(crate) async fn connect(
+/// Starts a session on a connected transport: lists the catalog and spawns
+/// the owner task.
+pub(super) async fn start(
     settings: &Settings,
     counters: Arc<ConnCounters>,
-    progress: Arc<ProgressRoutes>,
     pinned: Option<Arc<BTreeMap<String, String>>>,
+    connected: Connected,
 ) -> Result<Session, String> {
-    let first = open(
-        settings,
-        counters.clone(),
-        progress.clone(),
-        pinned.clone(),
-        lifecycle(),
-    );
-    match first.await {
-        Err(Failed::Handshake(e)) => {
-            // A server of an earlier revision may close the connection on the
-            // probe instead of answering it: rmcp servers before 3.x exit on any
-            // first request but `initialize`. Start afresh with `initialize`.
-            tracing::debug!(connection = %settings.id, "server/discover failed ({e}); connecting again with initialize");
-            open(
-                settings,
-                counters,
-                progress,
-                pinned,
-                ClientLifecycleMode::Initialize,
-            )
-            .await
-            .map_err(Failed::into_detail)
-        }
-        other => other.map_err(Failed::into_detail),
-    }
-}
-
-/// Why [`open`] failed.
-enum Failed {
-    /// The transport was up, the lifecycle handshake failed.
-    Handshake(String),
-    Other(String),
-}
-
-impl Failed {
-    fn into_detail(self) -> String {
-        match self {
-            Failed::Handshake(e) => format!("initialize failed: {e}"),
-            Failed::Other(e) => e,
-        }
-    }
-}
-
-impl From<String> for Failed {
-    fn from(detail: String) -> Failed {
-        Failed::Other(detail)
-    }
-}
-
-async fn open(
-    settings: &Settings,
-    counters: Arc<ConnCounters>,
-    progress: Arc<ProgressRoutes>,
-    pinned: Option<Arc<BTreeMap<String, String>>>,
-    lifecycle: ClientLifecycleMode,
-) -> Result<Session, Failed> {
-    let dirty = Arc::new(Dirty::default());
-    let handler = PoolClient {
-        dirty: dirty.clone(),
-        progress,
-    };
-    let mut aux = JoinSet::new();
-    let (running, pid, streams) = match &settings.transport {
-        Transport::Stdio {
-            program,
-            args,
-            env,
-            inherit_env,
-            cwd,
-        } => {
-            let mut cmd = tokio::process::Command::new(program);
-            cmd.args(args)
-                .env_clear()
-                .envs(child_env(inherit_env, env))
-                .kill_on_drop(true);
-            if let Some(cwd) = cwd {
-                cmd.current_dir(cwd);
-            }
-            let (transport, stderr) = TokioChildProcess::builder(cmd)
-                .stderr(Stdio::piped())
-                .spawn()
-                .map_err(|e| format!("cannot start `{}`: {e}", program.display()))?;
-            let pid = transport.id();
-            if let Some(stderr) = stderr {
-                let connection = settings.id.clone();
-                // Drained so the child never blocks on a full pipe; ends at EOF.
-                aux.spawn(drain_stderr(connection, stderr));
-            }
-            let running = handler
-                .serve_with_lifecycle(transport, lifecycle)
-                .await
-                .map_err(|e| Failed::Handshake(e.to_string()))?;
-            (running, pid, None)
-        }
-        Transport::Http {
-            url,
-            headers,
-            tls,
-            auth,
-        } => {
-            let mut custom = std::collections::HashMap::new();
-            for (name, value) in headers {
-                let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
-                    .map_err(|e| format!("header `{name}`: {e}"))?;
-                let value = reqwest::header::HeaderValue::from_str(value)
-                    .map_err(|e| format!("header `{name}`: {e}"))?;
-                custom.insert(name, value);
-            }
-            let mut backoff =
-                rmcp::transport::common::client_side_sse::ExponentialBackoff::default();
-            // Bounded: with the default, requests on a dead server hang forever.
-            // One immediate resume attempt: a server's `retry:` hint (3s for
-            // rmcp servers) would otherwise hold a dead server's callers for
-            // seconds. A failed resume makes the owner ping, which decides.
-            backoff.max_times = Some(1);
-            backoff.base_duration = Duration::from_millis(200);
-            backoff.max_delay = Some(Duration::from_secs(2));
-            let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
-                .custom_headers(custom)
-                // We re-initialise ourselves, so the pool's stats count it.
-                .reinit_on_expired_session(false);
-            config.retry_config = Arc::new(backoff);
-            // Keep-alive is on: a request a stale pooled connection swallows
-            // (the server restarted) is sent again on a fresh one, so a
-            // restart still shows up as the 404 that re-initialises us.
-            let http = super::http::client(tls)?;
-            let oauth = match auth {
-                Some(auth) => Some(Arc::new(
-                    super::oauth::OAuth::start(settings.id.clone(), url, auth, http.clone())
-                        .await?,
-                )),
-                None => None,
-            };
-            let client = super::http::HostClient::new(http, oauth);
-            let streams = client.open_streams();
-            let transport = StreamableHttpClientTransport::with_client(client.clone(), config);
-            let running = handler
-                .serve_with_lifecycle(transport, lifecycle)
-                .await
-                .map_err(|e| match client.last_failure() {
-                    // TLS or authorization: asking again the old way cannot help.
-                    Some(why) => Failed::Other(why),
-                    None => Failed::Handshake(e.to_string()),
-                })?;
-            (running, None, Some(streams))
-        }
-    };
+    let Connected {
+        running,
+        pid,
+        streams,
+        dirty,
+        mut aux,
+    } = connected;
     counters.sessions_opened.fetch_add(1, Ordering::Relaxed);
     crate::metrics::metrics().session_opened(&settings.id);
 
@@ -899,90 +723,6 @@ async fn with_progress<T>(
     }
 }
 
-/// Longest stderr line of a server that is logged; the rest of it is skipped.
-const STDERR_LINE_MAX: usize = 8 * 1024;
-/// stderr lines logged per server per second; the excess is counted, not logged.
-const STDERR_LINES_PER_SEC: u32 = 100;
-
-/// Logs a server's stderr, a bounded line at a time and at a bounded rate, so
-/// a chatty or hostile server costs the host neither memory nor log volume.
-async fn drain_stderr(connection: Arc<str>, stderr: tokio::process::ChildStderr) {
-    let mut lines = BoundedLines::new(tokio::io::BufReader::new(stderr), STDERR_LINE_MAX);
-    let mut window = tokio::time::Instant::now();
-    let (mut logged, mut dropped) = (0u32, 0u64);
-    while let Ok(Some((line, truncated))) = lines.next_line().await {
-        if window.elapsed() >= Duration::from_secs(1) {
-            if dropped > 0 {
-                tracing::debug!(target: "wf_host::upstream", connection = %connection, "({dropped} stderr lines not logged: over {STDERR_LINES_PER_SEC}/s)");
-            }
-            window = tokio::time::Instant::now();
-            (logged, dropped) = (0, 0);
-        }
-        if logged >= STDERR_LINES_PER_SEC {
-            dropped += 1;
-            continue;
-        }
-        logged += 1;
-        let marker = if truncated { " [truncated]" } else { "" };
-        tracing::debug!(target: "wf_host::upstream", connection = %connection, "{line}{marker}");
-    }
-}
-
-/// Splits a byte stream into lines, holding at most `max` bytes of any line:
-/// a longer one is cut at `max` and flagged, and its rest is read and dropped.
-struct BoundedLines<R> {
-    reader: R,
-    max: usize,
-    line: Vec<u8>,
-}
-
-impl<R: tokio::io::AsyncBufRead + Unpin> BoundedLines<R> {
-    fn new(reader: R, max: usize) -> Self {
-        BoundedLines {
-            reader,
-            max,
-            line: Vec::new(),
-        }
-    }
-
-    /// The next line (lossy UTF-8, without its line ending) and whether it was
-    /// cut; `None` at end of input.
-    async fn next_line(&mut self) -> std::io::Result<Option<(String, bool)>> {
-        use tokio::io::AsyncBufReadExt;
-        self.line.clear();
-        let mut truncated = false;
-        loop {
-            let chunk = self.reader.fill_buf().await?;
-            if chunk.is_empty() {
-                if self.line.is_empty() && !truncated {
-                    return Ok(None);
-                }
-                break;
-            }
-            let (part, used, ended) = match chunk.iter().position(|&b| b == b'\n') {
-                Some(i) => (&chunk[..i], i + 1, true),
-                None => (chunk, chunk.len(), false),
-            };
-            let room = self.max - self.line.len();
-            if part.len() > room {
-                truncated = true;
-            }
-            self.line.extend_from_slice(&part[..part.len().min(room)]);
-            self.reader.consume(used);
-            if ended {
-                break;
-            }
-        }
-        if self.line.last() == Some(&b'\r') {
-            self.line.pop();
-        }
-        Ok(Some((
-            String::from_utf8_lossy(&self.line).into_owned(),
-            truncated,
-        )))
-    }
-}
-
 /// A health check in flight: `Some(reason)` when the session is dead.
 type HealthCheck = std::pin::Pin<Box<dyn Future<Output = Option<String>> + Send>>;
 
@@ -1080,33 +820,4 @@ fn is_session_expired(err: &ServiceError) -> bool {
 pub(crate) fn next_seq() -> u64 {
     static SEQ: AtomicU64 = AtomicU64::new(1);
     SEQ.fetch_add(1, Ordering::Relaxed)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn a_huge_stderr_line_is_cut_and_the_next_line_is_whole() {
-        let mut input = vec![b'x'; 1024 * 1024];
-        input.extend_from_slice(b"\nnext line\r\nlast");
-        let mut lines = BoundedLines::new(&input[..], STDERR_LINE_MAX);
-        let (first, truncated) = lines.next_line().await.unwrap().unwrap();
-        assert_eq!(first.len(), STDERR_LINE_MAX);
-        assert!(truncated);
-        assert!(
-            lines.line.capacity() < 2 * STDERR_LINE_MAX,
-            "buffered {}",
-            lines.line.capacity()
-        );
-        assert_eq!(
-            lines.next_line().await.unwrap(),
-            Some(("next line".to_owned(), false))
-        );
-        assert_eq!(
-            lines.next_line().await.unwrap(),
-            Some(("last".to_owned(), false))
-        );
-        assert_eq!(lines.next_line().await.unwrap(), None);
-    }
 }

@@ -1,6 +1,6 @@
 """An MCP server on the official Python SDK (`mcp` 2.x), for tests/interop.rs.
 
-It offers what the pool's scenarios need, like the fixture in host/src/fixture.rs:
+It offers what the pool's scenarios need, like the fixture in host/src/fixture/:
 
 - tools `echo {text}`, `add {a, b}`, `sleep {ms}` (records a cancellation),
   `crash` (exits without answering), `register_extra` (adds the tool `extra`
