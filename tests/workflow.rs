@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use wf_host::config::Config;
+use wf_host::host::{HostError, HostOptions};
 use wf_host::pool::{Pool, PoolConfig};
-use wf_host::runtime::{Runtime, RuntimeConfig};
+use wf_host::runtime::RuntimeConfig;
 use wf_host::store::{RunStatus, StepStatus};
 use wf_host::workflow::{Options, RunRecord, WorkflowError, Workflows};
 
@@ -44,8 +45,10 @@ env = {{ WF_FIXTURE_WITNESS = "{witness}" }}
         .replace("{flaky}", &guest("flaky").display().to_string())
 }
 
-/// Workflows over a fixture pool, in process.
+/// Workflows over a fixture pool, in process: a [`wf_host::host::Host`]
+/// with its config in a temp dir.
 struct Host {
+    host: wf_host::host::Host,
     workflows: Arc<Workflows>,
     pool: Pool,
     dir: tempfile::TempDir,
@@ -58,23 +61,27 @@ impl Host {
         let text = config_text(dir.path(), body);
         std::fs::write(&path, &text).unwrap();
         let config = Config::parse(&text, &path, dir.path().to_owned()).expect("config parses");
-        let pool = Pool::new(PoolConfig {
-            connections: config.connections.clone(),
-            self_exe: Some(wf_host_bin()),
-            ..Default::default()
-        });
-        let runtime = Runtime::new(
-            RuntimeConfig {
+        let options = HostOptions {
+            pool: PoolConfig {
+                connections: config.connections.clone(),
+                self_exe: Some(wf_host_bin()),
+                ..Default::default()
+            },
+            runtime: RuntimeConfig {
                 cache_dir: Some(dir.path().join("cache")),
                 ..Default::default()
             },
-            Arc::new(pool.clone()),
-        )
-        .unwrap();
-        let workflows = Workflows::open(&config, Arc::new(runtime), options).await?;
+            workflows: options,
+        };
+        let host = match wf_host::host::Host::open(&config, options).await {
+            Ok(host) => host,
+            Err(HostError::Workflows(e)) => return Err(e),
+            Err(e) => panic!("the runtime: {e}"),
+        };
         Ok(Host {
-            workflows,
-            pool,
+            workflows: host.workflows().clone(),
+            pool: host.pool().clone(),
+            host,
             dir,
         })
     }
@@ -107,8 +114,7 @@ impl Host {
     }
 
     async fn close(self) {
-        self.workflows.shutdown(Duration::from_secs(5)).await;
-        self.pool.shutdown().await;
+        self.host.shutdown(Duration::from_secs(5)).await;
     }
 }
 
