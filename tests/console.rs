@@ -2,10 +2,12 @@
 //! chromedriver (WebDriver), against a real `wf-host serve` with a token.
 //! The console asks for the token, starts runs, follows them live, draws
 //! their step graph and cancels one; without the token its shell loads but
-//! every data request is refused.
+//! every data request is refused. A first visit is checked by what a person
+//! sees: the start form as it comes, each page screenshotted and required to
+//! show something and no error, and the pages of a server with nothing yet.
 //!
 //! Needs the Debian packages `chromium` and `chromium-driver` (tests/run.sh
-//! and .ci/run install them). A screenshot of the console is left in
+//! and .ci/run install them). Screenshots of the console are left in
 //! `target/test-artifacts/`.
 
 mod common;
@@ -67,6 +69,40 @@ needs = ["nap"]
         ),
     )
     .unwrap();
+    path
+}
+
+/// Two quick workflows, `greet` first, and no connections: a first visit
+/// starts one without choosing anything.
+fn two_workflows(dir: &Path) -> PathBuf {
+    let echo = plugin("echo");
+    let path = dir.join("wf.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"[[workflows.greet.steps]]
+id = "hello"
+component = {echo:?}
+
+[[workflows.pair.steps]]
+id = "first"
+component = {echo:?}
+
+[[workflows.pair.steps]]
+id = "second"
+component = {echo:?}
+needs = ["first"]
+"#
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// Nothing at all: no workflows, no connections, so no runs.
+fn nothing(dir: &Path) -> PathBuf {
+    let path = dir.join("wf.toml");
+    std::fs::write(&path, "").unwrap();
     path
 }
 
@@ -265,6 +301,87 @@ async fn start_with_form(c: &Client, workflow: &str, input: &str) -> String {
     .unwrap();
     click(c, "#start-button").await;
     text_of(c, "#start-result a").await
+}
+
+/// What a person sees of the page: the visible text of `main` (what is
+/// hidden or not rendered is left out) and the text of each element of the
+/// console's error class that is shown and says something.
+struct Seen {
+    text: String,
+    errors: Vec<String>,
+}
+
+/// Screenshots the page to `target/test-artifacts/console-{name}.png` and
+/// reads what it shows; fails on a blank page.
+async fn look(c: &Client, name: &str) -> Seen {
+    // The live views re-render a few times a second: let this one settle.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let shot = c.screenshot().await.unwrap();
+    assert!(shot.starts_with(b"\x89PNG"), "a PNG screenshot");
+    let path = artifacts().join(format!("console-{name}.png"));
+    std::fs::write(&path, shot).unwrap();
+    let seen = c
+        .execute(
+            r#"const shown = (e) => e.getClientRects().length > 0;
+               return {
+                 text: document.querySelector("main").innerText.trim(),
+                 errors: [...document.querySelectorAll(".error")]
+                   .filter(shown)
+                   .map((e) => e.innerText.trim())
+                   .filter((t) => t !== ""),
+               };"#,
+            vec![],
+        )
+        .await
+        .unwrap();
+    let text = seen["text"].as_str().unwrap_or_default().to_owned();
+    let errors = seen["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        !text.is_empty(),
+        "{name}: the page shows nothing (screenshot: {})",
+        path.display()
+    );
+    Seen { text, errors }
+}
+
+/// [`look`], and no error shown.
+async fn look_fine(c: &Client, name: &str) -> String {
+    let seen = look(c, name).await;
+    assert!(
+        seen.errors.is_empty(),
+        "{name}: the page shows errors {:?}; it said:\n{}",
+        seen.errors,
+        seen.text
+    );
+    seen.text
+}
+
+/// The option the start form's select shows (its label), if any, and
+/// whether the select can be used.
+async fn start_choice(c: &Client) -> (Option<String>, bool) {
+    let choice = c
+        .execute(
+            r#"const s = document.getElementById("start-workflow");
+               const o = s.selectedOptions[0];
+               return [o ? o.textContent : null, o ? o.value : null,
+                       s.getClientRects().length > 0 && !s.disabled];"#,
+            vec![],
+        )
+        .await
+        .unwrap();
+    let label = choice[0].as_str().map(str::to_owned);
+    assert_eq!(choice[0], choice[1], "the label shown is what Start sends");
+    (label, choice[2] == json!(true))
+}
+
+/// Whether `css` is there and displayed.
+async fn displayed(c: &Client, css: &str) -> bool {
+    with(c, css, |e| Box::pin(async move { e.is_displayed().await })).await
 }
 
 /// The classes of the step's node in the graph, once it has `status`.
@@ -511,5 +628,106 @@ async fn without_the_token_the_shell_loads_but_data_requests_are_refused() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(wait_for(&c, "#login").await.is_displayed().await.unwrap());
+    c.close().await.unwrap();
+}
+
+/// A first visit as a new user makes it: the token, then the start form as
+/// it comes (its first workflow shown selected), Start, and the run in the
+/// table until it finishes; its page; connections; a choice kept across a
+/// reload. Each page is screenshotted and must show something and no error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_visit_starts_a_run_from_the_form_alone() {
+    let serve = Serve::start(two_workflows, &["--token", TOKEN]);
+    let status = serve.rpc("host.status", json!({}), Some(TOKEN)).await;
+    let names: Vec<String> = serde_json::from_value(status["result"]["workflows"].clone()).unwrap();
+    assert_eq!(names.len(), 2, "{status}");
+    let driver = ChromeDriver::start().await;
+    let c = driver.browser().await;
+    c.goto(&format!("{}/", serve.base)).await.unwrap();
+
+    wait_for(&c, "#login:not([hidden])").await;
+    let login = look_fine(&c, "first-visit-login").await;
+    assert!(login.contains("Token"), "{login}");
+    wait_for(&c, "#token").await.send_keys(TOKEN).await.unwrap();
+    click(&c, "#login-button").await;
+    wait_for(&c, "#runs-view:not([hidden])").await;
+    wait_for(&c, "#runs-empty:not([hidden])").await;
+
+    // The form as it comes: a workflow is shown selected, Start can send it.
+    let (shown, usable) = start_choice(&c).await;
+    assert_eq!(shown.as_deref(), Some(names[0].as_str()), "{names:?}");
+    assert!(usable, "the workflow select can be used");
+    assert!(attr_of(&c, "#start-button", "disabled").await.is_none());
+    let fresh = look_fine(&c, "first-visit-runs-empty").await;
+    assert!(fresh.contains("No runs."), "{fresh}");
+
+    // Start, touching nothing else: the run shows up and finishes.
+    click(&c, "#start-button").await;
+    let run = text_of(&c, "#start-result a").await;
+    let row = format!(r#"#runs-body tr[data-run-id="{run}"]"#);
+    wait_for(&c, &format!(r#"{row}[data-status="succeeded"]"#)).await;
+    assert_eq!(text_of(&c, &format!("{row} td.workflow")).await, names[0]);
+    assert!(!displayed(&c, "#runs-empty").await);
+    let runs = look_fine(&c, "first-visit-runs").await;
+    assert!(runs.contains(&run), "{runs}");
+
+    // Its page: the graph of its step, the input it was started with.
+    click(&c, &format!("{row} a.run-link")).await;
+    wait_for(&c, r#"#run-status[data-status="succeeded"]"#).await;
+    wait_for(&c, r#"#graph g.step[data-status="succeeded"]"#).await;
+    let page = look_fine(&c, "first-visit-run").await;
+    assert!(page.contains(&run) && page.contains("Input"), "{page}");
+
+    // No connections: said so, not an empty table alone.
+    click(&c, "#nav-connections").await;
+    wait_for(&c, "#connections-empty:not([hidden])").await;
+    let connections = look_fine(&c, "first-visit-connections").await;
+    assert!(
+        connections.contains("No connections are configured."),
+        "{connections}"
+    );
+
+    // Another workflow chosen stays chosen when the page is reloaded.
+    click(&c, "#nav-runs").await;
+    wait_for(&c, "#start-workflow")
+        .await
+        .select_by_value(&names[1])
+        .await
+        .unwrap();
+    c.refresh().await.unwrap();
+    wait_for(&c, "#runs-view:not([hidden])").await;
+    wait_for(&c, &format!(r#"#runs-body tr[data-run-id="{run}"]"#)).await;
+    assert_eq!(start_choice(&c).await.0.as_deref(), Some(names[1].as_str()));
+
+    c.close().await.unwrap();
+}
+
+/// A server with nothing yet: each page says what is missing instead of
+/// showing empty controls, and Start cannot be pressed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_workflows_runs_or_connections_each_page_says_so() {
+    let serve = Serve::start(nothing, &[]);
+    let driver = ChromeDriver::start().await;
+    let c = driver.browser().await;
+    c.goto(&format!("{}/", serve.base)).await.unwrap();
+
+    wait_for(&c, "#runs-view:not([hidden])").await;
+    wait_for(&c, "#runs-empty:not([hidden])").await;
+    assert!(displayed(&c, "#no-workflows").await);
+    assert!(attr_of(&c, "#start-button", "disabled").await.is_some());
+    assert_eq!(start_choice(&c).await, (None, false));
+    let runs = look_fine(&c, "empty-runs").await;
+    assert!(
+        runs.contains("defines no workflows") && runs.contains("No runs."),
+        "{runs}"
+    );
+
+    click(&c, "#nav-connections").await;
+    wait_for(&c, "#connections-empty:not([hidden])").await;
+    let connections = look_fine(&c, "empty-connections").await;
+    assert!(
+        connections.contains("No connections are configured."),
+        "{connections}"
+    );
     c.close().await.unwrap();
 }

@@ -11,6 +11,7 @@
 
 (() => {
   const TOKEN_KEY = "wf-host.token";
+  const WORKFLOW_KEY = "wf-host.workflow"; // the start form's last choice
   const PAGE_SIZE = 20;
   const RUN_STATUSES = ["running", "succeeded", "failed", "cancelled"];
   const STEP_STATUSES = ["pending", "running", "succeeded", "failed", "skipped", "cancelled"];
@@ -357,20 +358,36 @@
     loadRuns();
   }
 
+  // The config's workflows in both selects. The filter keeps its choice or
+  // shows all; the start form keeps a choice made earlier (in this page or,
+  // through sessionStorage, before a reload) and otherwise selects the first
+  // workflow: a fresh page's select is "", which matches no option and would
+  // show an empty select. With no workflows at all, Start is disabled.
   function fillWorkflows(names) {
-    for (const select of [$("start-workflow"), $("filter-workflow")]) {
-      const keep = select.value;
-      const options = select.id === "filter-workflow" ? [el("option", { value: "", text: "all" })] : [];
-      for (const name of names) options.push(el("option", { value: name, text: name }));
-      select.replaceChildren(...options);
-      if (names.includes(keep) || keep === "") select.value = keep;
-    }
+    const filter = $("filter-workflow");
+    const kept = filter.value;
+    filter.replaceChildren(
+      el("option", { value: "", text: "all" }),
+      ...names.map((name) => el("option", { value: name, text: name })),
+    );
+    filter.value = names.includes(kept) ? kept : "";
+
+    const start = $("start-workflow");
+    const earlier = [start.value, sessionStorage.getItem(WORKFLOW_KEY)].find((name) => names.includes(name));
+    start.replaceChildren(...names.map((name) => el("option", { value: name, text: name })));
+    if (names.length > 0) start.value = earlier || names[0];
+    start.disabled = names.length === 0;
+    $("start-button").disabled = names.length === 0;
+    $("start-input").disabled = names.length === 0;
+    $("no-workflows").hidden = names.length > 0;
   }
 
   async function startRun(event) {
     event.preventDefault();
     $("start-error").textContent = "";
     $("start-result").replaceChildren();
+    const workflow = $("start-workflow").value;
+    if (!workflow) return; // no workflows: the button is disabled
     let input;
     try {
       input = JSON.parse($("start-input").value || "null");
@@ -380,7 +397,7 @@
     }
     $("start-button").disabled = true;
     try {
-      const started = await rpc("workflow.start", { workflow: $("start-workflow").value, input });
+      const started = await rpc("workflow.start", { workflow, input });
       $("start-result").replaceChildren(
         "Started ",
         el("a", { href: "#/runs/" + encodeURIComponent(started.run_id), text: started.run_id }),
@@ -726,6 +743,7 @@
       showLogin("");
     });
     $("start-form").addEventListener("submit", startRun);
+    $("start-workflow").addEventListener("change", () => sessionStorage.setItem(WORKFLOW_KEY, $("start-workflow").value));
     $("filter-workflow").addEventListener("change", firstPage);
     $("filter-status").addEventListener("change", firstPage);
     $("prev-page").addEventListener("click", () => {
