@@ -634,7 +634,8 @@ async fn without_the_token_the_shell_loads_but_data_requests_are_refused() {
 /// A first visit as a new user makes it: the token, then the start form as
 /// it comes (its first workflow shown selected), Start, and the run in the
 /// table until it finishes; its page; connections; a choice kept across a
-/// reload. Each page is screenshotted and must show something and no error.
+/// reload; a run that does not exist. Each page is screenshotted and must
+/// show something and no error (but the one the missing run is).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_visit_starts_a_run_from_the_form_alone() {
     let serve = Serve::start(two_workflows, &["--token", TOKEN]);
@@ -675,6 +676,7 @@ async fn a_first_visit_starts_a_run_from_the_form_alone() {
     click(&c, &format!("{row} a.run-link")).await;
     wait_for(&c, r#"#run-status[data-status="succeeded"]"#).await;
     wait_for(&c, r#"#graph g.step[data-status="succeeded"]"#).await;
+    assert!(displayed(&c, "#run-steps").await);
     let page = look_fine(&c, "first-visit-run").await;
     assert!(page.contains(&run) && page.contains("Input"), "{page}");
 
@@ -698,6 +700,29 @@ async fn a_first_visit_starts_a_run_from_the_form_alone() {
     wait_for(&c, "#runs-view:not([hidden])").await;
     wait_for(&c, &format!(r#"#runs-body tr[data-run-id="{run}"]"#)).await;
     assert_eq!(start_choice(&c).await.0.as_deref(), Some(names[1].as_str()));
+
+    // A run that does not exist, opened after a real one: its own id, the
+    // reason, nothing of the run seen before, no actions, no empty graph.
+    c.goto(&format!("{}/#/runs/{run}", serve.base))
+        .await
+        .unwrap();
+    wait_for(&c, r#"#run-status[data-status="succeeded"]"#).await;
+    c.goto(&format!("{}/#/runs/no-such-run", serve.base))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + WAIT;
+    while !text_of(&c, "#run-error").await.contains("unknown run") {
+        assert!(Instant::now() < deadline, "the missing run is reported");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(text_of(&c, "#run-id").await, "no-such-run");
+    assert_eq!(text_of(&c, "#run-summary").await, "");
+    assert!(attr_of(&c, "#cancel-run", "disabled").await.is_some());
+    assert!(attr_of(&c, "#retry-run", "disabled").await.is_some());
+    assert!(!displayed(&c, "#run-steps").await, "no empty graph");
+    let missing = look(&c, "first-visit-unknown-run").await;
+    assert_eq!(missing.errors, ["unknown run `no-such-run`"]);
+    assert!(!missing.text.contains(&run), "{}", missing.text);
 
     c.close().await.unwrap();
 }

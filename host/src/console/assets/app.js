@@ -293,7 +293,7 @@
     const run = hash.match(/^#\/runs\/(.+)$/);
     if (run) {
       openRunId = decodeURIComponent(run[1]);
-      selectedStep = null;
+      clearRun(openRunId);
       show("run-view");
       loadRun();
     } else if (hash === "#/connections") {
@@ -430,6 +430,23 @@
 
   const scheduleRunRefresh = coalesce(loadRun, 250);
 
+  // The run view before `id` is loaded: nothing of the run shown before it,
+  // no actions, no empty graph. A run that cannot be loaded stays so, with
+  // the reason in #run-error.
+  function clearRun(id) {
+    selectedStep = null;
+    lastRun = null;
+    $("run-id").textContent = id;
+    $("run-summary").replaceChildren();
+    $("cancel-run").disabled = true;
+    $("retry-run").disabled = true;
+    $("run-error").textContent = "";
+    $("run-steps").hidden = true;
+    $("graph").replaceChildren();
+    renderStep();
+    $("run-data").replaceChildren();
+  }
+
   function renderRun(run) {
     lastRun = run;
     $("run-id").textContent = run.run_id;
@@ -449,6 +466,7 @@
     const steps = run.steps || [];
     if (selectedStep !== null && !steps.some((s) => s.id === selectedStep)) selectedStep = null;
     drawGraph(steps);
+    $("run-steps").hidden = false;
     renderStep();
     const data = [el("h3", { text: "Input" }), json(run.input)];
     if (run.output !== undefined) data.push(el("h3", { text: "Output" }), json(run.output));
