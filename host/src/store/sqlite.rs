@@ -791,7 +791,7 @@ fn transition_events(
 fn transition_write(run_id: &str, write: Transition<'_>, fence: Option<&Fence>, at: &str) -> Write {
     // The move's statements, then its event's insert, committed together.
     // All use numbered parameters: ?1 run id, ?2 kind, ?3 data, ?4 now, ?5
-    // the guard's states (a JSON array); the move's own from ?6.
+    // the guard's states (space-separated); the move's own from ?6.
     macro_rules! with_event {
         ($write:literal) => {
             concat!(
@@ -801,7 +801,9 @@ fn transition_write(run_id: &str, write: Transition<'_>, fence: Option<&Fence>, 
         };
     }
     let guard = write.guard();
-    let states = |states: Vec<&str>| serde_json::to_string(&states).expect("names are strings");
+    // A guard's states as ` pending running `: `instr` finds a status in it
+    // without a JSON table per statement.
+    let states = |states: Vec<&str>| format!(" {} ", states.join(" "));
     let base = |sql: &'static str, states_json: String| {
         Write::new(sql)
             .arg(run_id)
@@ -824,7 +826,7 @@ fn transition_write(run_id: &str, write: Transition<'_>, fence: Option<&Fence>, 
                                   workers = json_insert(coalesce(workers, '[]'), '$[#]',
                                                         json_object('attempt', ?7, 'worker', ?9))
                  WHERE run_id = ?1 AND step_id = ?6
-                   AND status IN (SELECT value FROM json_each(?5))"
+                   AND instr(?5, ' ' || status || ' ') > 0"
             ),
             states(guard.steps_text()),
         )
@@ -838,7 +840,7 @@ fn transition_write(run_id: &str, write: Transition<'_>, fence: Option<&Fence>, 
                                   workers = json_insert(coalesce(workers, '[]'), '$[#]',
                                                         json_object('attempt', ?7, 'worker', ?8))
                  WHERE run_id = ?1 AND step_id = ?6
-                   AND status IN (SELECT value FROM json_each(?5))"
+                   AND instr(?5, ' ' || status || ' ') > 0"
             ),
             states(guard.steps_text()),
         )
@@ -858,7 +860,7 @@ fn transition_write(run_id: &str, write: Transition<'_>, fence: Option<&Fence>, 
                         "UPDATE steps SET status = ?7, output = ?8, error_code = ?9,
                                           error_message = ?10, finished_at = ?4
                          WHERE run_id = ?1 AND step_id = ?6
-                           AND status IN (SELECT value FROM json_each(?5))"
+                           AND instr(?5, ' ' || status || ' ') > 0"
                     ),
                     states(guard.steps_text()),
                 ),
@@ -869,7 +871,7 @@ fn transition_write(run_id: &str, write: Transition<'_>, fence: Option<&Fence>, 
                         "UPDATE steps SET status = ?7, output = ?8, error_code = ?9,
                                           error_message = ?10, finished_at = ?4
                          WHERE run_id = ?1 AND step_id = ?6
-                           AND status IN (SELECT value FROM json_each(?5));
+                           AND instr(?5, ' ' || status || ' ') > 0;
                          INSERT INTO events (run_id, kind, data, at)
                          VALUES (?1, 'step.log', ?11, ?4) RETURNING id"
                     ),
@@ -895,7 +897,7 @@ fn transition_write(run_id: &str, write: Transition<'_>, fence: Option<&Fence>, 
             with_event!(
                 "UPDATE runs SET status = ?6, output = ?7, error_code = ?8, error_message = ?9,
                                  finished_at = ?4, finished_ms = ?10
-                 WHERE run_id = ?1 AND status IN (SELECT value FROM json_each(?5))"
+                 WHERE run_id = ?1 AND instr(?5, ' ' || status || ' ') > 0"
             ),
             states(guard.run_text()),
         )
@@ -910,10 +912,10 @@ fn transition_write(run_id: &str, write: Transition<'_>, fence: Option<&Fence>, 
             with_event!(
                 "UPDATE runs SET status = 'running', output = NULL, error_code = NULL,
                                  error_message = NULL, finished_at = NULL, finished_ms = NULL
-                 WHERE run_id = ?1 AND status IN (SELECT value FROM json_each(?5));
+                 WHERE run_id = ?1 AND instr(?5, ' ' || status || ' ') > 0;
                  UPDATE steps SET status = 'pending', error_code = NULL, error_message = NULL,
                                   finished_at = NULL
-                 WHERE run_id = ?1 AND status IN (SELECT value FROM json_each(?6))"
+                 WHERE run_id = ?1 AND instr(?6, ' ' || status || ' ') > 0"
             ),
             states(guard.run_text()),
         )
@@ -922,10 +924,10 @@ fn transition_write(run_id: &str, write: Transition<'_>, fence: Option<&Fence>, 
             with_event!(
                 "UPDATE runs SET status = ?7, error_code = ?8, error_message = ?9,
                                  finished_at = ?4, finished_ms = ?10
-                 WHERE run_id = ?1 AND status IN (SELECT value FROM json_each(?5));
+                 WHERE run_id = ?1 AND instr(?5, ' ' || status || ' ') > 0;
                  UPDATE steps SET status = 'cancelled', error_code = ?8, error_message = ?9,
                                   finished_at = ?4
-                 WHERE run_id = ?1 AND status IN (SELECT value FROM json_each(?6))"
+                 WHERE run_id = ?1 AND instr(?6, ' ' || status || ' ') > 0"
             ),
             states(guard.run_text()),
         )
