@@ -217,6 +217,25 @@ concurrency = 0"#,
             "workflow `w`, step `a`: `concurrency` must be at least 1".to_owned(),
         ),
         (
+            r#"[[workflows.w.steps]]
+id = "nap"
+sleep = "1s"
+component = "{echo}""#,
+            "workflow `w`, step `nap`: a sleep step (`sleep` or `until`) runs no node: remove `component`".to_owned(),
+        ),
+        (
+            r#"[[workflows.w.steps]]
+id = "nap"
+sleep = "1s"
+until = '.input.at'"#,
+            "workflow `w`, step `nap`: sets both `sleep` and `until`; pick one".to_owned(),
+        ),
+        (
+            r#"[[workflows.w.steps]]
+id = "a""#,
+            "workflow `w`, step `a`: needs `component` (a node), or `sleep` or `until` (a durable sleep)".to_owned(),
+        ),
+        (
             r#"[workflows.w]
 component = "{echo}"
 [[workflows.w.steps]]
@@ -1663,4 +1682,187 @@ input = '{capability: "fixture.progress", arguments: {steps: 30, interval_ms: 10
     assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
     assert_eq!(step(&run, "long").progress, None);
     host.close().await;
+}
+
+/// `a` → `nap` (a durable sleep) → `b`, and the same with `until` from the
+/// input.
+const NAP: &str = r#"
+[[workflows.nap.steps]]
+id = "a"
+component = "{echo}"
+[[workflows.nap.steps]]
+id = "nap"
+needs = ["a"]
+sleep = "1s"
+[[workflows.nap.steps]]
+id = "b"
+component = "{echo}"
+needs = ["nap"]
+
+[[workflows.until.steps]]
+id = "nap"
+until = '.input.at'
+[[workflows.until.steps]]
+id = "b"
+component = "{echo}"
+needs = ["nap"]
+input = '{at: .steps.nap.output.at, slept: true}'
+"#;
+
+/// The time `d` from now, as RFC 3339 in UTC with milliseconds.
+fn rfc3339_in(d: Duration) -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now() + d).to_string()
+}
+
+/// Milliseconds between two RFC 3339 times of the same run.
+fn ms_between(from: &str, to: &str) -> i64 {
+    let at = |t: &str| {
+        humantime::parse_rfc3339_weak(t)
+            .unwrap_or_else(|e| panic!("`{t}`: {e}"))
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+    };
+    at(to) - at(from)
+}
+
+/// Sleep steps hold no step slot: with one slot, 1,000 runs that each sleep
+/// a second between two node steps all finish within seconds (holding the
+/// slot, they would take 1,000 s). Each run sleeps its second, stores when
+/// it wakes as the sleep step's input, and passes its data through it.
+/// `until` sleeps until the time its jq gives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_sleeping_runs_hold_no_step_slot_and_each_sleeps_its_time() {
+    const RUNS: usize = 1000;
+    let options = Options {
+        max_concurrent_steps: 1,
+        ..Options::default()
+    };
+    let host = Host::open(NAP, options).await.unwrap();
+    let started = Instant::now();
+    let mut ids = Vec::with_capacity(RUNS);
+    for n in 0..RUNS {
+        let run = host
+            .workflows
+            .start("nap", json!({ "n": n }), None)
+            .await
+            .unwrap();
+        ids.push(run.run_id);
+    }
+    for (n, run_id) in ids.iter().enumerate() {
+        let run = host.finish(run_id).await;
+        assert_eq!(run.status, RunStatus::Succeeded, "{run:?}");
+        assert_eq!(run.output, Some(json!({ "n": n })), "data passes through");
+        let steps = run.steps.as_ref().unwrap();
+        let nap = &steps[1];
+        assert_eq!((nap.id.as_str(), nap.attempts), ("nap", 1));
+        assert_eq!(nap.output, Some(json!({ "n": n })));
+        let until = nap.input.as_ref().unwrap()["until"].as_str().unwrap();
+        let woke = nap.finished_at.as_deref().unwrap();
+        assert!(
+            ms_between(until, woke) >= 0,
+            "{run_id}: woke at {woke}, before {until}"
+        );
+        // The wake time is worked out just before the start is stored.
+        let asked = ms_between(nap.started_at.as_deref().unwrap(), until);
+        assert!((900..=1000).contains(&asked), "{run_id}: sleeps {asked} ms");
+    }
+    let all = started.elapsed();
+    assert!(
+        all < Duration::from_secs(60),
+        "1,000 sleeping runs took {all:?}: a sleep holds a step slot"
+    );
+
+    let at = rfc3339_in(Duration::from_millis(1500));
+    let run = host.run("until", json!({ "at": at })).await;
+    assert_eq!(run.status, RunStatus::Succeeded, "{run:?}");
+    assert_eq!(run.output, Some(json!({ "at": at, "slept": true })));
+    let nap = &run.steps.as_ref().unwrap()[0];
+    let until = nap.input.as_ref().unwrap()["until"].as_str().unwrap();
+    assert_eq!(ms_between(&at, until), 0, "it sleeps until `at`");
+    assert!(ms_between(&at, nap.finished_at.as_deref().unwrap()) >= 0);
+    // A time that is not one fails the step, naming what it got.
+    let run = host.run("until", json!({ "at": "tomorrow" })).await;
+    assert_eq!(run.status, RunStatus::Failed);
+    let error = run.error.unwrap();
+    assert_eq!(error.code, "until");
+    assert!(error.message.contains("\"tomorrow\""), "{error:?}");
+    // A cancel ends a sleep at once.
+    let at = rfc3339_in(Duration::from_secs(60));
+    let run = host
+        .workflows
+        .start("until", json!({ "at": at }), None)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = host.workflows.get(&run.run_id, false).await.unwrap();
+        if got.steps.is_some_and(|s| s[0].input.is_some()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the sleep step never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let asked = Instant::now();
+    let cancelled = host.workflows.cancel(&run.run_id).await.unwrap();
+    assert_eq!(cancelled.status, RunStatus::Cancelled, "{cancelled:?}");
+    assert!(asked.elapsed() < Duration::from_secs(5));
+    let steps = host.finish(&run.run_id).await.steps.unwrap();
+    assert_eq!(steps[0].status, StepStatus::Cancelled, "{steps:?}");
+    host.close().await;
+}
+
+/// A run sleeping 4 s survives a SIGKILL of `serve` 1 s in: after the
+/// restart it sleeps only what is left (its stored wake time, unchanged),
+/// wakes on time (not a whole new sleep later) and not before, and its
+/// sleep step is not counted as a crashed attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sleeping_run_survives_a_sigkill_and_wakes_on_time() {
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path(), &NAP.replace("sleep = \"1s\"", "sleep = \"4s\""));
+    let serve = Serve::start(dir.path());
+    let started = serve
+        .call(
+            "workflow.start",
+            json!({"workflow": "nap", "input": {"n": 7}}),
+        )
+        .await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    let mut until = String::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while until.is_empty() {
+        assert!(Instant::now() < deadline, "the sleep step never started");
+        let got = serve.call("workflow.get", json!({"run_id": run_id})).await;
+        if let Some(text) = got["steps"][1]["input"]["until"].as_str() {
+            assert_eq!(got["steps"][1]["status"], "running", "{got}");
+            until = text.to_owned();
+        } else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    serve.kill();
+
+    let serve = Serve::start(dir.path());
+    let done = serve
+        .call(
+            "workflow.wait",
+            json!({"run_id": run_id, "timeout_ms": 30000}),
+        )
+        .await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert_eq!(done["output"], json!({"n": 7}));
+    let got = serve.call("workflow.get", json!({"run_id": run_id})).await;
+    let nap = &got["steps"][1];
+    assert_eq!(nap["input"]["until"], json!(until), "the wake time is kept");
+    assert_eq!(nap["attempts"], 1, "not a crashed attempt: {nap}");
+    let woke = nap["finished_at"].as_str().unwrap();
+    let late = ms_between(&until, woke);
+    assert!(late >= 0, "woke at {woke}, before {until}");
+    assert!(
+        late < 1000,
+        "woke {late} ms after {until}: it slept anew after the restart"
+    );
+    let asked = ms_between(nap["started_at"].as_str().unwrap(), &until);
+    assert!((3900..=4000).contains(&asked), "sleeps {asked} ms");
 }

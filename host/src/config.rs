@@ -166,12 +166,21 @@ pub struct WorkflowConfig {
     pub output_schema: Option<Value>,
 }
 
-/// `[[workflows.<name>.steps]]`: one node in the graph.
+/// `[[workflows.<name>.steps]]`: one node in the graph, or a durable sleep
+/// (`sleep` or `until`, with no component).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StepConfig {
     pub id: String,
+    /// The node; absent for a sleep step.
+    #[serde(default)]
     pub component: PathBuf,
+    /// A durable sleep of this long (`"2s"`, `"1h"`): no node runs.
+    #[serde(default, with = "humantime_serde")]
+    pub sleep: Option<Duration>,
+    /// A durable sleep until the time this jq expression gives (RFC 3339),
+    /// over `{input, steps}`.
+    pub until: Option<String>,
     #[serde(default)]
     pub allow: Vec<String>,
     /// Steps that must finish first.

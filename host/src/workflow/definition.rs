@@ -112,6 +112,20 @@ pub struct StepSpec {
     pub timeout_ms: u64,
     pub max_memory: u64,
     pub retry: RetryPolicy,
+    /// A sleep step: how long it sleeps (no component).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sleep_ms: Option<u64>,
+    /// A sleep step: jq over `{input, steps}` giving the RFC 3339 time it
+    /// sleeps until (no component).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub until: Option<String>,
+}
+
+impl StepSpec {
+    /// Whether the step is a durable sleep, not a node.
+    pub fn sleeps(&self) -> bool {
+        self.sleep_ms.is_some() || self.until.is_some()
+    }
 }
 
 /// A whole workflow as data: what a run stores.
@@ -183,6 +197,15 @@ impl Spec {
                 step: s.id.clone(),
                 message,
             };
+            if s.sleep.is_some() || s.until.is_some() {
+                specs.push(sleep_spec(s).map_err(step_err)?);
+                continue;
+            }
+            if s.component.as_os_str().is_empty() {
+                return Err(step_err(
+                    "needs `component` (a node), or `sleep` or `until` (a durable sleep)".into(),
+                ));
+            }
             let path = config.resolve(&s.component);
             let bytes = std::fs::read(&path).map_err(|e| {
                 step_err(match e.kind() {
@@ -222,6 +245,8 @@ impl Spec {
                 timeout_ms: timeout.as_millis() as u64,
                 max_memory: s.max_memory.map_or(defaults.max_memory, |m| m.as_u64()),
                 retry,
+                sleep_ms: None,
+                until: None,
             });
         }
         if run_timeout.is_some_and(|t| t.is_zero()) {
@@ -245,6 +270,40 @@ impl Spec {
     }
 }
 
+/// A sleep step (`sleep` or `until`): no node, so nothing of a node's may be
+/// set.
+fn sleep_spec(s: &StepConfig) -> Result<StepSpec, String> {
+    let node_only = [
+        ("component", !s.component.as_os_str().is_empty()),
+        ("allow", !s.allow.is_empty()),
+        ("for_each", s.for_each.is_some()),
+        ("concurrency", s.concurrency.is_some()),
+        ("timeout", s.timeout.is_some()),
+        ("max_memory", s.max_memory.is_some()),
+        ("retry", s.retry.is_some()),
+    ];
+    if let Some((key, _)) = node_only.iter().find(|(_, set)| *set) {
+        return Err(format!(
+            "a sleep step (`sleep` or `until`) runs no node: remove `{key}`"
+        ));
+    }
+    if s.sleep.is_some() && s.until.is_some() {
+        return Err("sets both `sleep` and `until`; pick one".into());
+    }
+    Ok(StepSpec {
+        id: s.id.clone(),
+        needs: s.needs.clone(),
+        input: s.input.clone(),
+        condition: s.condition.clone(),
+        concurrency: 1,
+        sleep_ms: s
+            .sleep
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        until: s.until.clone(),
+        ..StepSpec::default()
+    })
+}
+
 /// sha256 of `bytes`, hex.
 pub fn content_hash(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
@@ -258,6 +317,8 @@ pub struct Step {
     pub input: Option<Expr>,
     pub condition: Option<Expr>,
     pub for_each: Option<Expr>,
+    /// A sleep step's `until`.
+    pub until: Option<Expr>,
     pub limits: Limits,
 }
 
@@ -267,6 +328,7 @@ impl Step {
     /// Its start is then stored with the run, in the same write.
     pub fn starts_with_run(&self) -> bool {
         self.spec.needs.is_empty()
+            && !self.spec.sleeps()
             && self.input.is_none()
             && self.condition.is_none()
             && self.for_each.is_none()
@@ -382,6 +444,7 @@ impl Definition {
                 input: compile(&s.id, "input", &s.input)?,
                 condition: compile(&s.id, "if", &s.condition)?,
                 for_each: compile(&s.id, "for_each", &s.for_each)?,
+                until: compile(&s.id, "until", &s.until)?,
                 grants: Arc::new(grants),
                 limits: Limits {
                     timeout: Duration::from_millis(s.timeout_ms),
@@ -543,6 +606,8 @@ mod tests {
             timeout_ms: 1000,
             max_memory: 1 << 20,
             retry: RetryPolicy::default(),
+            sleep_ms: None,
+            until: None,
         }
     }
 

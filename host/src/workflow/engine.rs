@@ -238,6 +238,9 @@ struct StepState {
     output: Option<Value>,
     attempts: u32,
     error: Option<Failure>,
+    /// A sleep step found sleeping at start-up: the time it wakes, as its
+    /// start stored it.
+    sleeping_until: Option<String>,
 }
 
 /// Drives a run until every step has finished or it is stopped.
@@ -253,10 +256,19 @@ pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending
     let mut states: HashMap<String, StepState> = rows
         .into_iter()
         .map(|r| {
+            // A sleep step left `running` sleeps on until the time its start
+            // stored: it was not interrupted, only its host was.
+            let sleeping_until = (r.status == StepStatus::Running)
+                .then(|| ctx.def.step(&r.step_id))
+                .flatten()
+                .filter(|s| s.spec.sleeps())
+                .and_then(|_| r.input.as_ref()?["until"].as_str().map(str::to_owned));
             // A step left `running` was interrupted by a crash: it runs again,
             // unless it has been interrupted too often (it may be what kills
             // the host).
-            let status = if r.status == StepStatus::Running {
+            let status = if sleeping_until.is_some() {
+                StepStatus::Pending
+            } else if r.status == StepStatus::Running {
                 let budget = ctx
                     .def
                     .step(&r.step_id)
@@ -276,6 +288,7 @@ pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending
                     output: r.output,
                     attempts: r.attempts,
                     error: r.error,
+                    sleeping_until,
                 },
             )
         })
@@ -443,7 +456,10 @@ async fn launch_ready(
         }
         // jq sees every finished step; a step without expressions needs only
         // its needs' outputs (and a long chain stays linear).
-        let has_jq = step.input.is_some() || step.condition.is_some() || step.for_each.is_some();
+        let has_jq = step.input.is_some()
+            || step.condition.is_some()
+            || step.for_each.is_some()
+            || step.until.is_some();
         let data = if has_jq {
             context(&ctx.input, states, None)
         } else {
@@ -453,6 +469,7 @@ async fn launch_ready(
         state.status = StepStatus::Running;
         let first_attempt = state.attempts + 1;
         let recorded = first_attempt == 1 && ctx.started.contains(id);
+        let sleeping_until = state.sleeping_until.take();
         let ctx = ctx.clone();
         let step = step.clone();
         let stop = stop_token.clone();
@@ -465,7 +482,12 @@ async fn launch_ready(
                 first: first_attempt,
                 recorded,
             };
-            let outcome = run_step(&ctx, &step, data, attempt, &stop, &span, &mut log).await;
+            let outcome = match sleeping_until {
+                Some(until) => {
+                    sleep_step(&ctx, &step, Arc::new(data), attempt, Some(until), &stop).await
+                }
+                None => run_step(&ctx, &step, data, attempt, &stop, &span, &mut log).await,
+            };
             crate::metrics::metrics().step_finished(&ctx.def.name, &id, started.elapsed());
             outcome.trace(&span);
             (id, outcome, log)
@@ -781,6 +803,9 @@ async fn run_step(
             Err(f) => return Outcome::Failed(f),
         }
     }
+    if step.spec.sleeps() {
+        return sleep_step(ctx, step, data, attempt, None, stop).await;
+    }
     // The attempt counter is the step's, shared by its items: every node run
     // (a first try or a retry) takes the next number, so the journal never
     // mixes two runs of the node.
@@ -898,6 +923,75 @@ async fn run_step(
         Ok(outputs) => Outcome::Succeeded(Value::Array(outputs)),
         Err(outcome) => outcome,
     }
+}
+
+/// A durable sleep (`sleep` or `until`). Its wake time is stored as the
+/// step's input (`{"until": <RFC 3339>}`) when it starts, so a host that
+/// restarts (or another worker that takes the run over) sleeps only what is
+/// left (`resumed`). It runs no node and holds no step slot. Its output is
+/// what its input would be (its needs' outputs, or its `input` mapping):
+/// data passes through it.
+async fn sleep_step(
+    ctx: &RunCtx,
+    step: &Step,
+    data: Arc<Value>,
+    attempt: Attempt,
+    resumed: Option<String>,
+    stop: &CancellationToken,
+) -> Outcome {
+    let output = match step_input(step, &data, None).await {
+        Ok(output) => output,
+        Err(f) => return Outcome::Failed(f),
+    };
+    let until = match resumed {
+        Some(until) => until,
+        None => {
+            let until = match wake_time(step, &data).await {
+                Ok(until) => humantime::format_rfc3339_millis(until).to_string(),
+                Err(f) => return Outcome::Failed(f),
+            };
+            let input = json!({ "until": until });
+            if !attempt.recorded
+                && let Err(e) = step_started(ctx, &step.spec.id, attempt.first, &input).await
+            {
+                return store_failure(e);
+            }
+            until
+        }
+    };
+    let left = humantime::parse_rfc3339_weak(&until)
+        .ok()
+        .and_then(|at| at.duration_since(std::time::SystemTime::now()).ok())
+        .unwrap_or_default();
+    tokio::select! {
+        _ = tokio::time::sleep(left) => Outcome::Succeeded(output),
+        _ = stop.cancelled() => Outcome::Interrupted,
+    }
+}
+
+/// When a sleep step that starts now wakes: `sleep` from now, or the time
+/// its `until` gives.
+async fn wake_time(step: &Step, data: &Arc<Value>) -> Result<std::time::SystemTime, Failure> {
+    if let Some(ms) = step.spec.sleep_ms {
+        return Ok(std::time::SystemTime::now() + Duration::from_millis(ms));
+    }
+    let Some(expr) = step.until.clone() else {
+        return Err(Failure::new(
+            "until",
+            "a sleep step has no `sleep` or `until`",
+        ));
+    };
+    let d = data.clone();
+    let value = jq("until", move || expr.eval(&d)).await?;
+    value
+        .as_str()
+        .and_then(|text| humantime::parse_rfc3339_weak(text).ok())
+        .ok_or_else(|| {
+            Failure::new(
+                "until",
+                format!("`until` gave {value}, not an RFC 3339 time in UTC (such as `2026-12-24T18:00:00Z`)"),
+            )
+        })
 }
 
 /// A step whose state cannot be written: failed `state`, unless the store is

@@ -277,7 +277,7 @@ impl Workflows {
     /// Loads (and so checks) the component of every step of `loaded`.
     fn load_nodes(&self, loaded: &Loaded) -> Result<(), WorkflowError> {
         for def in loaded.definitions.values() {
-            for step in &def.steps {
+            for step in def.steps.iter().filter(|s| !s.spec.sleeps()) {
                 self.node_for(&step.spec).map_err(|e| match e {
                     NodeError::Load(source) => WorkflowError::Load {
                         workflow: def.name.clone(),

@@ -256,6 +256,7 @@ impl Workflows {
     fn nodes_of(&self, def: &Definition) -> Result<HashMap<String, Node>, Failure> {
         def.steps
             .iter()
+            .filter(|step| !step.spec.sleeps())
             .map(|step| {
                 let node = self.node_for(&step.spec).map_err(|e| match e {
                     NodeError::Changed(now) => Failure::new(
