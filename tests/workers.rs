@@ -54,6 +54,10 @@ id = "sleep"
 component = "{call}"
 allow = ["fixture.sleep"]
 input = '{{capability: "fixture.sleep", arguments: {{ms: .input.ms}}}}'
+
+[[workflows.doze.steps]]
+id = "z"
+sleep = "3s"
 "#,
         witness = dir.join("witness.jsonl").display(),
         call = plugin("call").display(),
@@ -556,4 +560,51 @@ fn a_database_that_is_down_at_start_exits_2_naming_it_without_the_password() {
     assert!(stderr.contains(&format!("127.0.0.1:{port}/wf")), "{stderr}");
     assert!(!stderr.contains("s3cret-pw"), "{stderr}");
     assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+/// A durable sleep on a worker that dies wakes on another worker, on time:
+/// once the dead worker's lease expires the other claims the run and sleeps
+/// only what is left of the wake time the first one stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sleeping_run_of_a_killed_worker_wakes_on_another_on_time() {
+    let (_pg, _dir, a, b) = two_workers("1s");
+    let started = call(
+        &a,
+        "workflow.start",
+        json!({"workflow": "doze", "input": {"n": 1}}),
+    )
+    .await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let until = loop {
+        let got = call(&b, "workflow.get", json!({"run_id": run_id})).await;
+        if let Some(until) = got["steps"][0]["input"]["until"].as_str() {
+            break until.to_owned();
+        }
+        assert!(Instant::now() < deadline, "the sleep never started: {got}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    signal(&a, libc::SIGKILL);
+    let done = call(
+        &b,
+        "workflow.wait",
+        json!({"run_id": run_id, "timeout_ms": 30000}),
+    )
+    .await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert_eq!(done["output"], json!({"n": 1}));
+    let got = call(&b, "workflow.get", json!({"run_id": run_id})).await;
+    let z = &got["steps"][0];
+    assert_eq!(z["input"]["until"], json!(until), "the wake time is kept");
+    assert_eq!(z["attempts"], 1, "{z}");
+    let (until, woke) = (
+        epoch_ms(&until),
+        epoch_ms(z["finished_at"].as_str().unwrap()),
+    );
+    assert!(woke >= until, "woke {} ms early", until - woke);
+    assert!(
+        woke - until < 1500,
+        "woke {} ms late: it slept anew on the other worker",
+        woke - until
+    );
 }
