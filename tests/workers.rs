@@ -608,3 +608,51 @@ async fn a_sleeping_run_of_a_killed_worker_wakes_on_another_on_time() {
         woke - until
     );
 }
+
+/// Sleeping runs do not fill a worker up: with one step slot, a worker
+/// whose run sleeps claims the next, so four runs that each sleep 2 s
+/// finish in about 2 s, not one after the other in 8.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_runs_sleep_takes_on_more() {
+    let pg = TestPostgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("wf.toml");
+    std::fs::write(
+        &path,
+        r#"[runtime]
+max_concurrent_steps = 1
+
+[[workflows.doze.steps]]
+id = "z"
+sleep = "2s"
+"#,
+    )
+    .unwrap();
+    let serve = worker(&path, &pg.url());
+    let begun = Instant::now();
+    let mut ids = Vec::new();
+    for n in 0..4 {
+        let started = call(
+            &serve,
+            "workflow.start",
+            json!({"workflow": "doze", "input": {"n": n}}),
+        )
+        .await;
+        ids.push(started["run_id"].as_str().unwrap().to_owned());
+    }
+    for (n, run_id) in ids.iter().enumerate() {
+        let done = call(
+            &serve,
+            "workflow.wait",
+            json!({"run_id": run_id, "timeout_ms": 30000}),
+        )
+        .await;
+        assert_eq!(done["status"], "succeeded", "{done}");
+        assert_eq!(done["output"], json!({"n": n}));
+    }
+    let all = begun.elapsed();
+    assert!(
+        all < Duration::from_secs(6),
+        "four 2 s sleeps took {all:?}: a sleeping run kept the worker's only slot"
+    );
+}

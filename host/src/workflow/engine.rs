@@ -179,6 +179,55 @@ pub(crate) struct RunCtx {
     /// The steps whose first attempt's start was stored with the run
     /// ([`Step::starts_with_run`]): they start without another write.
     pub started: Vec<String>,
+    /// Whether the run sleeps (see [`Asleep`]).
+    pub asleep: Asleep,
+}
+
+/// Which runs of this process sleep: a run with a sleep step in flight does
+/// not count against the runs a worker takes on (it holds no step slot;
+/// node runs stay bounded by the slots). Each run counts once, however many
+/// of its steps sleep.
+#[derive(Clone, Default)]
+pub(crate) struct Asleep {
+    /// This run's sleeping steps.
+    steps: Arc<AtomicU32>,
+    /// Runs of this process with a sleeping step.
+    pub runs: Arc<std::sync::atomic::AtomicUsize>,
+    /// Woken when a run falls asleep: the claimer may take on another.
+    pub wake: Arc<tokio::sync::Notify>,
+}
+
+impl Asleep {
+    /// A run of this process, counting into `runs`.
+    pub(crate) fn of_run(
+        runs: Arc<std::sync::atomic::AtomicUsize>,
+        wake: Arc<tokio::sync::Notify>,
+    ) -> Asleep {
+        Asleep {
+            steps: Arc::default(),
+            runs,
+            wake,
+        }
+    }
+
+    /// A step of the run sleeps until the guard drops.
+    fn enter(&self) -> AsleepGuard {
+        if self.steps.fetch_add(1, Ordering::AcqRel) == 0 {
+            self.runs.fetch_add(1, Ordering::AcqRel);
+            self.wake.notify_one();
+        }
+        AsleepGuard(self.clone())
+    }
+}
+
+struct AsleepGuard(Asleep);
+
+impl Drop for AsleepGuard {
+    fn drop(&mut self) {
+        if self.0.steps.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.runs.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }
 
 /// How driving a run ended.
@@ -963,6 +1012,7 @@ async fn sleep_step(
         .ok()
         .and_then(|at| at.duration_since(std::time::SystemTime::now()).ok())
         .unwrap_or_default();
+    let _asleep = ctx.asleep.enter();
     tokio::select! {
         _ = tokio::time::sleep(left) => Outcome::Succeeded(output),
         _ = stop.cancelled() => Outcome::Interrupted,

@@ -231,6 +231,8 @@ pub struct Workflows {
     worker: maintenance::Worker,
     /// Whether it is the store's only worker.
     mode: Mode,
+    /// Runs of this process that sleep ([`engine::Asleep`]).
+    asleep: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Workflows {
@@ -261,6 +263,7 @@ impl Workflows {
             shutdown: CancellationToken::new(),
             worker: maintenance::Worker::new(options.lease),
             mode: Mode::of(&*store),
+            asleep: Arc::default(),
             options,
             closing: closing.clone(),
             finished_since_prune: Default::default(),
@@ -384,6 +387,14 @@ impl Workflows {
     /// How many runs are executing in this process now.
     pub fn running(&self) -> usize {
         self.live.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// How many runs count against the runs this process takes on: those
+    /// that execute and do not sleep (a sleeping run holds no step slot).
+    fn busy(&self) -> usize {
+        use std::sync::atomic::Ordering;
+        self.running()
+            .saturating_sub(self.asleep.load(Ordering::Acquire))
     }
 
     /// The configured workflow names.

@@ -172,7 +172,7 @@ impl Workflows {
         // free slot; otherwise any worker claims it.
         let lease = (self
             .mode
-            .takes_new_run(self.running(), self.options.max_concurrent_steps))
+            .takes_new_run(self.busy(), self.options.max_concurrent_steps))
         .then(|| Lease {
             worker: self.worker.id.clone(),
             duration: self.worker.lease,
@@ -402,6 +402,7 @@ impl Workflows {
             fence,
             span,
             started,
+            asleep: engine::Asleep::of_run(self.asleep.clone(), self.worker.wake.clone()),
         });
         // What waiters get when the run ends here: the run as it started
         // (its input taken from `ctx` only when someone waits), with what its

@@ -47,7 +47,7 @@ impl Workflows {
         let free = self
             .options
             .max_concurrent_steps
-            .saturating_sub(self.running());
+            .saturating_sub(self.busy());
         if free == 0 {
             return Ok(());
         }
