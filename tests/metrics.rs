@@ -28,6 +28,10 @@ id = "say"
 component = {call:?}
 allow = ["fixture.echo"]
 
+[[workflows.doze.steps]]
+id = "z"
+sleep = "30s"
+
 [[workflows.greet.steps]]
 id = "again"
 component = {call:?}
@@ -148,4 +152,38 @@ async fn metrics_parse_as_prometheus_text_and_count_what_ran() {
     };
     assert_eq!(steps("say"), Some(3.0), "{text}");
     assert_eq!(steps("again"), Some(2.0), "{text}");
+}
+
+/// `wf_runs_waiting` counts the runs that sleep, among `wf_runs_running`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sleeping_run_is_counted_as_waiting() {
+    let serve = Serve::start(config, &[]);
+    let started = serve
+        .rpc(
+            "workflow.start",
+            json!({"workflow": "doze", "input": {}}),
+            None,
+        )
+        .await;
+    let run_id = started["result"]["run_id"].as_str().unwrap().to_owned();
+    let gauges = async || {
+        let (code, text) = serve.get("/metrics", None).await;
+        assert_eq!(code, 200);
+        let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
+            .expect("Prometheus text");
+        (
+            sample(&scrape, "wf_runs_running", &[]),
+            sample(&scrape, "wf_runs_waiting", &[]),
+        )
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while gauges().await != (Some(1.0), Some(1.0)) {
+        assert!(std::time::Instant::now() < deadline, "{:?}", gauges().await);
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let cancelled = serve
+        .rpc("workflow.cancel", json!({"run_id": run_id}), None)
+        .await;
+    assert_eq!(cancelled["result"]["status"], "cancelled", "{cancelled}");
+    assert_eq!(gauges().await, (Some(0.0), Some(0.0)));
 }

@@ -5,6 +5,7 @@
 //! |---|---|---|
 //! | `wf_runs_total` | `workflow`, `status` | runs finished (`succeeded`, `failed`, `cancelled`) |
 //! | `wf_runs_running` | | runs executing now |
+//! | `wf_runs_waiting` | | of those, runs waiting (a durable sleep) |
 //! | `wf_step_duration_seconds` | `workflow`, `step` | histogram of step run times, all attempts |
 //! | `wf_capability_calls_total` | `connection`, `outcome` | tool calls: `ok`, `tool_error`, `refused`, `timeout`, `unavailable`, `server_error` |
 //! | `wf_capability_call_duration_seconds` | `connection` | histogram of tool call times |
@@ -30,6 +31,7 @@ pub struct Metrics {
     registry: Registry,
     runs: Family<Labels, Counter>,
     runs_running: Gauge,
+    runs_waiting: Gauge,
     step_duration: Histograms,
     calls: Family<Labels, Counter>,
     call_duration: Histograms,
@@ -58,6 +60,12 @@ impl Metrics {
             "wf_runs_running",
             "Workflow runs executing now",
             runs_running.clone(),
+        );
+        let runs_waiting = Gauge::default();
+        registry.register(
+            "wf_runs_waiting",
+            "Workflow runs of this process waiting (a durable sleep), holding no step slot",
+            runs_waiting.clone(),
         );
         let step_duration: Histograms = Family::new_with_constructor(duration_histogram);
         registry.register(
@@ -93,6 +101,7 @@ impl Metrics {
             registry,
             runs,
             runs_running,
+            runs_waiting,
             step_duration,
             calls,
             call_duration,
@@ -137,9 +146,9 @@ impl Metrics {
             .inc();
     }
 
-    /// The text to serve, with the gauges set from `connections` (id, up)
-    /// and `running` first.
-    pub fn render(&self, connections: &[(String, bool)], running: usize) -> String {
+    /// The text to serve, with the gauges set from `connections` (id, up),
+    /// `running` and `waiting` first.
+    pub fn render(&self, connections: &[(String, bool)], running: usize, waiting: usize) -> String {
         for (id, up) in connections {
             self.connection_up
                 .get_or_create(&vec![("connection", id.clone())])
@@ -147,6 +156,8 @@ impl Metrics {
         }
         self.runs_running
             .set(i64::try_from(running).unwrap_or(i64::MAX));
+        self.runs_waiting
+            .set(i64::try_from(waiting).unwrap_or(i64::MAX));
         let mut text = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::prometheus_text::encode(&mut text, &self.registry);

@@ -288,7 +288,9 @@ async fn metrics(State(app): State<App>) -> Response {
         .into_iter()
         .map(|c| (c.id, c.state == "ready"))
         .collect();
-    let text = crate::metrics::metrics().render(&connections, app.state.workflows.running());
+    let workflows = &app.state.workflows;
+    let text =
+        crate::metrics::metrics().render(&connections, workflows.running(), workflows.waiting());
     (
         [(
             header::CONTENT_TYPE,

@@ -389,12 +389,17 @@ impl Workflows {
         self.live.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
+    /// How many of the runs executing in this process wait (a durable
+    /// sleep) and hold no step slot.
+    pub fn waiting(&self) -> usize {
+        use std::sync::atomic::Ordering;
+        self.asleep.load(Ordering::Acquire)
+    }
+
     /// How many runs count against the runs this process takes on: those
     /// that execute and do not sleep (a sleeping run holds no step slot).
     fn busy(&self) -> usize {
-        use std::sync::atomic::Ordering;
-        self.running()
-            .saturating_sub(self.asleep.load(Ordering::Acquire))
+        self.running().saturating_sub(self.waiting())
     }
 
     /// The configured workflow names.
