@@ -89,34 +89,24 @@ impl State {
                 None => Ok(()),
             };
         };
-        // The statuses as the moves before each one leave them.
-        let mut run_status = run.row.status;
-        let mut steps: HashMap<&str, StepStatus> = run
-            .steps
-            .iter()
-            .map(|s| (s.step_id.as_str(), s.status))
-            .collect();
-        for m in moves {
-            match m.step_id() {
-                Some(id) => match steps.get_mut(id) {
-                    Some(from) if m.allows_step(*from) => {
-                        *from = m.step_to().expect("a step move moves its step");
-                    }
-                    _ => return refused(m),
-                },
+        // Each move is checked against the status the moves before it in the
+        // batch leave (a batch is a few moves): nothing is copied.
+        for (i, m) in moves.iter().enumerate() {
+            let before = &moves[..i];
+            let allowed = match m.step_id() {
+                Some(id) => run.steps.iter().find(|s| s.step_id == id).is_some_and(|s| {
+                    let from = before.iter().fold(s.status, |from, b| moved(b, id, from));
+                    m.allows_step(from)
+                }),
                 None => {
-                    if !m.allows_run(run_status) {
-                        return refused(m);
-                    }
-                    run_status = m.run_to().expect("a run move moves its run");
-                    if let Some(to) = m.step_to() {
-                        for from in steps.values_mut() {
-                            if m.allows_step(*from) {
-                                *from = to;
-                            }
-                        }
-                    }
+                    let from = before
+                        .iter()
+                        .fold(run.row.status, |from, b| b.run_to().unwrap_or(from));
+                    m.allows_run(from)
                 }
+            };
+            if !allowed {
+                return refused(m);
             }
         }
         Ok(())
@@ -285,6 +275,17 @@ impl State {
         for id in run.events {
             self.events.remove(&id);
         }
+    }
+}
+
+/// The status of step `id`, `from` before the move `b`, after it: a step
+/// move of that step sets it; a run move that moves steps sets it when the
+/// step is one it moves.
+fn moved(b: &Transition<'_>, id: &str, from: StepStatus) -> StepStatus {
+    match (b.step_id(), b.step_to()) {
+        (Some(other), Some(to)) if other == id => to,
+        (None, Some(to)) if b.allows_step(from) => to,
+        _ => from,
     }
 }
 
