@@ -756,3 +756,86 @@ async fn with_no_workflows_runs_or_connections_each_page_says_so() {
     );
     c.close().await.unwrap();
 }
+
+/// `deploy`: an echo step, then an approval (`wait = "approve"`); and a
+/// nightly schedule of it, for the schedules list.
+fn approval(dir: &Path) -> PathBuf {
+    let echo = plugin("echo");
+    let path = dir.join("wf.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"[[workflows.deploy.steps]]
+id = "prepare"
+component = {echo:?}
+
+[[workflows.deploy.steps]]
+id = "approve"
+needs = ["prepare"]
+wait = "approve"
+input = '.steps.prepare.output'
+
+[[workflows.deploy.schedules]]
+name = "nightly"
+cron = "0 3 * * *"
+timezone = "Europe/Paris"
+"#
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// A run waiting for approval is listed as waiting, with what it waits for;
+/// its step offers Approve and Reject, and a click with a comment resumes
+/// it, the comment and the decision becoming the step's output. The
+/// schedules are listed with their next fire time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_run_is_approved_with_a_click() {
+    let serve = Serve::start(approval, &["--token", TOKEN]);
+    let started = serve
+        .rpc(
+            "workflow.start",
+            json!({"workflow": "deploy", "input": {"release": "7.1"}}),
+            Some(TOKEN),
+        )
+        .await;
+    let run_id = started["result"]["run_id"].as_str().unwrap().to_owned();
+    let driver = ChromeDriver::start().await;
+    let c = driver.browser().await;
+    c.goto(&format!("{}/", serve.base)).await.unwrap();
+    wait_for(&c, "#login:not([hidden])").await;
+    wait_for(&c, "#token").await.send_keys(TOKEN).await.unwrap();
+    click(&c, "#login-button").await;
+    wait_for(&c, "#runs-view:not([hidden])").await;
+
+    let schedule = r#"#schedules-body tr[data-schedule="nightly"]"#;
+    wait_for(&c, schedule).await;
+    let next = text_of(&c, &format!("{schedule} td.next-at")).await;
+    assert!(!next.is_empty() && next != "never", "{next}");
+    let waiting = format!(r#"#waiting-body tr[data-run-id="{run_id}"]"#);
+    wait_for(&c, &waiting).await;
+    assert!(text_of(&c, &waiting).await.contains("approve"));
+    look_fine(&c, "waiting").await;
+
+    click(&c, &format!("{waiting} a.run-link")).await;
+    wait_for(&c, "#run-view:not([hidden])").await;
+    step_with_status(&c, "approve", "waiting").await;
+    wait_for(&c, "#signal-comment")
+        .await
+        .send_keys("ship it")
+        .await
+        .unwrap();
+    look_fine(&c, "approval").await;
+    click(&c, "#approve-step").await;
+    wait_for(&c, r#"#run-status[data-status="succeeded"]"#).await;
+    let got = serve
+        .rpc("workflow.get", json!({"run_id": run_id}), Some(TOKEN))
+        .await;
+    assert_eq!(
+        got["result"]["steps"][1]["output"],
+        json!({"approved": true, "comment": "ship it"}),
+        "{got}"
+    );
+    c.close().await.unwrap();
+}

@@ -334,6 +334,11 @@ fn follow_guide(file: &str) {
 }
 
 #[test]
+fn the_triggers_guide_works_as_written() {
+    follow_guide("docs/triggers.md");
+}
+
+#[test]
 fn the_readme_node_guide_works_as_written() {
     follow_guide("README.md");
 }

@@ -15,6 +15,17 @@ if ! compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql
 fi
+# curl, jq and openssl: the triggers guide (docs/triggers.md), which the doc
+# check follows, uses them as a reader would.
+missing=""
+for tool in curl jq openssl; do
+    command -v "$tool" >/dev/null || missing="$missing $tool"
+done
+if [ -n "$missing" ]; then
+    apt-get update -qq
+    # shellcheck disable=SC2086
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing
+fi
 ./plugins/build.sh
 ./tests/interop/setup.sh
 ./tests/console-setup.sh

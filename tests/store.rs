@@ -710,6 +710,7 @@ fn new_run(id: &str, created_ms: i64) -> NewRun {
             created_ms,
             started_at: now_text(),
             finished_at: None,
+            trigger: None,
         },
         steps: vec!["a".into()],
     }

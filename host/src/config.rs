@@ -164,6 +164,61 @@ pub struct WorkflowConfig {
     pub description: Option<String>,
     /// JSON Schema of the run's output; an exposed workflow's `outputSchema`.
     pub output_schema: Option<Value>,
+    /// `[[workflows.<name>.schedules]]`: cron schedules that start runs.
+    #[serde(default)]
+    pub schedules: Vec<ScheduleConfig>,
+    /// `[workflows.<name>.webhook]`: `POST /hooks/<name>` starts a run.
+    pub webhook: Option<WebhookConfig>,
+}
+
+/// `[[workflows.<name>.schedules]]`: starts a run at every tick of a cron
+/// pattern.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleConfig {
+    /// Names the schedule in `workflow.get`, the console and metrics
+    /// (default `schedule`; needed when a workflow has several).
+    pub name: Option<String>,
+    /// 5 fields (minute hour day-of-month month day-of-week), or 6 with
+    /// seconds first.
+    pub cron: String,
+    /// IANA time zone the pattern is read in (default `UTC`).
+    pub timezone: Option<String>,
+    /// jq over `{scheduled_at, schedule}`: the run's input (default
+    /// `{scheduled_at, schedule}` itself).
+    pub input: Option<String>,
+    /// When a tick comes while this schedule's last run still runs:
+    /// `skip` (default), `queue` (start it when that run ends) or `allow`.
+    pub overlap: Option<String>,
+    /// After downtime: `one` (default) fires the latest missed tick once;
+    /// `none` fires none.
+    pub catch_up: Option<String>,
+}
+
+/// `[workflows.<name>.webhook]`: how `POST /hooks/<name>` is verified and
+/// what input it gives.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookConfig {
+    /// `github`, `standard-webhooks` or `hmac-sha256`.
+    pub signature: Option<String>,
+    /// `none` turns verification off; it must be written out.
+    pub verify: Option<String>,
+    /// `hmac-sha256`: the header with the hex signature (default
+    /// `x-signature`; a `sha256=` prefix is accepted).
+    pub header: Option<String>,
+    /// The environment variable holding the secret.
+    pub secret_env: Option<String>,
+    /// A file holding the secret (relative to this file).
+    pub secret_file: Option<PathBuf>,
+    /// `hmac-sha256` (and `verify = "none"`): a header whose value names the
+    /// delivery, so a redelivery returns the first run (GitHub:
+    /// `X-GitHub-Delivery`; Standard Webhooks: `webhook-id`).
+    pub delivery_header: Option<String>,
+    /// jq over `{body, headers, query}`: the run's input (default the body).
+    pub input: Option<String>,
+    /// Largest body accepted (default 1 MiB).
+    pub max_input: Option<ByteSize>,
 }
 
 /// `[[workflows.<name>.steps]]`: one node in the graph, or a durable sleep
@@ -186,6 +241,12 @@ pub struct StepConfig {
     /// Steps that must finish first.
     #[serde(default)]
     pub needs: Vec<String>,
+    /// A step that waits for the signal of this name (`workflow.signal`,
+    /// the console's Approve and Reject, `/mcp`'s `signal` tool): no node
+    /// runs; its output is the signal's payload.
+    pub wait: Option<String>,
+    /// JSON Schema the payload of a `wait` step's signal must satisfy.
+    pub schema: Option<Value>,
     /// jq over `{input, steps}` (plus `item`, `index` under `for_each`).
     pub input: Option<String>,
     /// jq condition; false skips the step.

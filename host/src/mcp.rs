@@ -11,6 +11,9 @@
 //!   (steps finished of the total, the step ids as the message).
 //! - `notifications/cancelled` for the call cancels the run.
 //! - `wf-host://runs/{run_id}` reads a run record (of an exposed workflow).
+//! - When an exposed workflow has a wait step (`wait = "approve"`), the tool
+//!   [`SIGNAL_TOOL`] sends a signal to one of its runs, as `workflow.signal`
+//!   does: an agent (or a person in an MCP client) approves the run.
 //! - A config reload that changes the exposed workflows sends
 //!   `notifications/tools/list_changed` to every session.
 //!
@@ -41,6 +44,8 @@ use crate::workflow::{RunRecord, Status, WorkflowError, Workflows};
 pub const RUN_URI_PREFIX: &str = "wf-host://runs/";
 /// The `_meta` key of a tool result that names its run.
 pub const RUN_ID_META_KEY: &str = "wf-host/run-id";
+/// The tool that sends a signal to a run of an exposed workflow.
+pub const SIGNAL_TOOL: &str = "signal";
 /// How often a waiting call looks at its run, for progress.
 const POLL: Duration = Duration::from_millis(100);
 
@@ -56,7 +61,85 @@ impl WorkflowServer {
         WorkflowServer { workflows }
     }
 
+    /// Whether an exposed workflow waits for signals: then the
+    /// [`SIGNAL_TOOL`] is offered (unless a workflow has its name).
+    fn offers_signal(&self) -> bool {
+        let exposed = self.workflows.exposed();
+        !exposed.iter().any(|w| w.name == SIGNAL_TOOL)
+            && exposed.iter().any(|w| {
+                self.workflows
+                    .definition(&w.name)
+                    .is_some_and(|d| d.spec.steps.iter().any(|s| s.waits()))
+            })
+    }
+
+    fn signal_tool() -> Tool {
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "run_id": {"type": "string", "description": "The run, as a workflow tool's result names it (`_meta[\"wf-host/run-id\"]`)."},
+                "signal": {"type": "string", "description": "The signal its wait step waits for, e.g. `approve`."},
+                "payload": {"description": "The wait step's output, e.g. `{\"approved\": true, \"comment\": \"…\"}`."}
+            },
+            "required": ["run_id", "signal"],
+            "additionalProperties": false
+        });
+        let serde_json::Value::Object(schema) = schema else {
+            unreachable!("an object literal")
+        };
+        let mut tool = Tool::new(
+            SIGNAL_TOOL,
+            "Sends a signal to a waiting run of an exposed workflow (an approval, a reply); its payload becomes the waiting step's output.",
+            Arc::new(schema),
+        );
+        tool.title = Some("Signal a waiting run".into());
+        tool
+    }
+
+    /// The [`SIGNAL_TOOL`]: `workflow.signal` for runs of exposed workflows.
+    async fn signal(&self, request: CallToolRequestParams) -> Result<CallToolResult, McpError> {
+        let args = request.arguments.unwrap_or_default();
+        let text = |key: &str| args.get(key).and_then(Value::as_str).map(str::to_owned);
+        let (Some(run_id), Some(signal)) = (text("run_id"), text("signal")) else {
+            return Err(McpError::invalid_params(
+                "`run_id` and `signal` are required strings",
+                None,
+            ));
+        };
+        let payload = args.get("payload").cloned().unwrap_or(Value::Null);
+        // Only runs this face offers: those of exposed workflows.
+        let exposed = match self.workflows.get(&run_id, false).await {
+            Ok(run) => self.workflows.exposed_workflow(&run.workflow).is_some(),
+            Err(_) => false,
+        };
+        if !exposed {
+            return Ok(error_result(
+                None,
+                format!("unknown-run: no run `{run_id}` of an exposed workflow"),
+            ));
+        }
+        match self.workflows.signal(&run_id, &signal, payload).await {
+            Ok(sent) => {
+                let value = json!(sent);
+                let mut result = CallToolResult::success(vec![ContentBlock::text(format!(
+                    "signal `{signal}` sent to run `{run_id}` (step `{}`, {})",
+                    sent.step, sent.delivery
+                ))]);
+                result.structured_content = Some(value);
+                Ok(result)
+            }
+            Err(e @ WorkflowError::NotWaiting { .. }) => {
+                Ok(error_result(Some(&run_id), format!("not-waiting: {e}")))
+            }
+            Err(e @ WorkflowError::InvalidPayload(_)) => {
+                Ok(error_result(Some(&run_id), format!("invalid-payload: {e}")))
+            }
+            Err(e) => Err(McpError::internal_error(e.to_string(), None)),
+        }
+    }
+
     fn tools(&self) -> Vec<Tool> {
+        let signal = self.offers_signal().then(Self::signal_tool);
         self.workflows
             .exposed()
             .iter()
@@ -72,6 +155,7 @@ impl WorkflowServer {
                 tool.output_schema = w.output_schema.clone();
                 tool
             })
+            .chain(signal)
             .collect()
     }
 
@@ -82,6 +166,9 @@ impl WorkflowServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
         let name = request.name.as_ref();
+        if name == SIGNAL_TOOL && self.offers_signal() {
+            return self.signal(request).await;
+        }
         let Some(exposed) = self.workflows.exposed_workflow(name) else {
             return Err(McpError::invalid_params(
                 format!("unknown tool `{name}`"),
@@ -106,6 +193,7 @@ impl WorkflowServer {
         let run_id = run.run_id;
         let token = context.meta.get_progress_token();
         let mut reported = BTreeSet::new();
+        let mut told_waiting = BTreeSet::new();
         let record = loop {
             let record = tokio::select! {
                 () = context.ct.cancelled() => {
@@ -138,6 +226,26 @@ impl WorkflowServer {
                         tracing::debug!(run = %run_id, "cannot send progress: {e}");
                     }
                     reported = finished;
+                }
+                // A step that waits for a signal: say how to send it.
+                for step in record.steps.iter().flatten() {
+                    if step.status == StepStatus::Waiting && told_waiting.insert(step.id.clone()) {
+                        let signal = step
+                            .input
+                            .as_ref()
+                            .and_then(|i| i["signal"].as_str())
+                            .unwrap_or_default();
+                        let mut note =
+                            ProgressNotificationParam::new(token.clone(), reported.len() as f64)
+                                .with_total(exposed.steps as f64);
+                        note.message = Some(format!(
+                            "step `{}` waits for signal `{signal}`: call the `{SIGNAL_TOOL}` tool with run_id `{run_id}`",
+                            step.id
+                        ));
+                        if let Err(e) = context.peer.notify_progress(note).await {
+                            tracing::debug!(run = %run_id, "cannot send progress: {e}");
+                        }
+                    }
                 }
             }
             if record.status.is_finished() {

@@ -5,7 +5,10 @@
 //! |---|---|---|
 //! | `wf_runs_total` | `workflow`, `status` | runs finished (`succeeded`, `failed`, `cancelled`) |
 //! | `wf_runs_running` | | runs executing now |
-//! | `wf_runs_waiting` | | of those, runs waiting (a durable sleep) |
+//! | `wf_runs_waiting` | | of those, runs waiting (a durable sleep, a signal) |
+//! | `wf_schedule_fires_total` | `workflow`, `schedule` | runs started by a schedule's tick (`skipped` ticks apart) |
+//! | `wf_schedule_skips_total` | `workflow`, `schedule` | ticks that started no run (`overlap = "skip"`, or missed) |
+//! | `wf_webhook_requests_total` | `workflow`, `status` | `POST /hooks/…` requests, by HTTP status |
 //! | `wf_step_duration_seconds` | `workflow`, `step` | histogram of step run times, all attempts |
 //! | `wf_capability_calls_total` | `connection`, `outcome` | tool calls: `ok`, `tool_error`, `refused`, `timeout`, `unavailable`, `server_error` |
 //! | `wf_capability_call_duration_seconds` | `connection` | histogram of tool call times |
@@ -37,6 +40,9 @@ pub struct Metrics {
     call_duration: Histograms,
     sessions_opened: Family<Labels, Counter>,
     connection_up: Family<Labels, Gauge>,
+    schedule_fires: Family<Labels, Counter>,
+    schedule_skips: Family<Labels, Counter>,
+    webhook_requests: Family<Labels, Counter>,
 }
 
 /// 1 ms to about 65 s, doubling.
@@ -97,7 +103,28 @@ impl Metrics {
             "1 while the connection has a live MCP session, else 0",
             connection_up.clone(),
         );
+        let schedule_fires = Family::<Labels, Counter>::default();
+        registry.register(
+            "wf_schedule_fires",
+            "Runs started by a schedule's tick",
+            schedule_fires.clone(),
+        );
+        let schedule_skips = Family::<Labels, Counter>::default();
+        registry.register(
+            "wf_schedule_skips",
+            "Schedule ticks that started no run (overlap skip, or missed while down)",
+            schedule_skips.clone(),
+        );
+        let webhook_requests = Family::<Labels, Counter>::default();
+        registry.register(
+            "wf_webhook_requests",
+            "Webhook requests, by HTTP status",
+            webhook_requests.clone(),
+        );
         Metrics {
+            schedule_fires,
+            schedule_skips,
+            webhook_requests,
             registry,
             runs,
             runs_running,
@@ -138,6 +165,33 @@ impl Metrics {
         self.call_duration
             .get_or_create(&vec![("connection", connection.to_owned())])
             .observe(took.as_secs_f64());
+    }
+
+    pub fn schedule_fired(&self, workflow: &str, schedule: &str) {
+        self.schedule_fires
+            .get_or_create(&vec![
+                ("workflow", workflow.to_owned()),
+                ("schedule", schedule.to_owned()),
+            ])
+            .inc();
+    }
+
+    pub fn schedule_skipped(&self, workflow: &str, schedule: &str) {
+        self.schedule_skips
+            .get_or_create(&vec![
+                ("workflow", workflow.to_owned()),
+                ("schedule", schedule.to_owned()),
+            ])
+            .inc();
+    }
+
+    pub fn webhook_request(&self, workflow: &str, status: u16) {
+        self.webhook_requests
+            .get_or_create(&vec![
+                ("workflow", workflow.to_owned()),
+                ("status", status.to_string()),
+            ])
+            .inc();
     }
 
     pub fn session_opened(&self, connection: &str) {

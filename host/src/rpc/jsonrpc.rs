@@ -18,6 +18,7 @@ pub const UNAVAILABLE: i64 = -32004;
 pub const TIMEOUT: i64 = -32005;
 pub const NOT_FOUND: i64 = -32006;
 pub const SHUTTING_DOWN: i64 = -32007;
+pub const NOT_WAITING: i64 = -32008;
 
 /// A JSON-RPC error object.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -111,6 +111,25 @@ pub async fn call(
                     .map_err(workflow_error)?
             ))
         }
+        "workflow.signal" => {
+            let p: SignalParams = parse(params, &["run_id", "signal", "payload"])?;
+            Ok(json!(
+                state
+                    .workflows
+                    .signal(&p.run_id, &p.signal, p.payload)
+                    .await
+                    .map_err(workflow_error)?
+            ))
+        }
+        "workflow.waiting" => {
+            let p: LimitParams = parse(params, &["limit"])?;
+            let steps = state
+                .workflows
+                .waiting_steps(p.limit.unwrap_or(100).clamp(1, 1000))
+                .await
+                .map_err(workflow_error)?;
+            Ok(json!({ "steps": steps }))
+        }
         "workflow.list" => {
             let p: ListParams = parse(params, &["workflow", "status", "limit", "cursor"])?;
             let query = ListQuery {
@@ -170,11 +189,19 @@ pub async fn call(
                 .worker_status()
                 .await
                 .map_err(workflow_error)?;
+            let schedules = state
+                .workflows
+                .schedules_status()
+                .await
+                .map_err(workflow_error)?;
             Ok(json!({
                 "worker": worker,
                 "workers": workers,
                 "connections": state.pool.stats(),
                 "workflows": state.workflows.names(),
+                "schedules": schedules,
+                "webhooks": state.workflows.webhooks(),
+                "runs_waiting_here": state.workflows.waiting(),
                 "exposed": state.workflows.exposed().iter().map(|w| w.name.clone()).collect::<Vec<_>>(),
                 "state": store,
             }))
@@ -232,6 +259,21 @@ struct StartParams {
 #[serde(deny_unknown_fields)]
 struct RunParams {
     run_id: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitParams {
+    limit: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SignalParams {
+    run_id: String,
+    signal: String,
+    #[serde(default)]
+    payload: Value,
 }
 
 #[derive(Deserialize)]
@@ -303,7 +345,9 @@ fn workflow_error(e: WorkflowError) -> RpcError {
         WorkflowError::UnknownWorkflow(_) => jsonrpc::UNKNOWN_WORKFLOW,
         WorkflowError::UnknownRun(_) => jsonrpc::UNKNOWN_RUN,
         WorkflowError::ShuttingDown => jsonrpc::SHUTTING_DOWN,
+        WorkflowError::NotWaiting { .. } => jsonrpc::NOT_WAITING,
         WorkflowError::InvalidInput { .. }
+        | WorkflowError::InvalidPayload(_)
         | WorkflowError::NotRetryable { .. }
         | WorkflowError::Store(StoreError::BadCursor(_)) => jsonrpc::INVALID_PARAMS,
         WorkflowError::Load { .. } | WorkflowError::Definition(_) | WorkflowError::Store(_) => {

@@ -10,6 +10,7 @@
 //! (DNS rebinding), a content type other than `application/json`.
 
 mod events;
+mod hooks;
 mod jsonrpc;
 mod methods;
 mod openrpc;
@@ -158,11 +159,17 @@ pub fn router(state: RpcState, access: Access) -> Result<Router, ServeError> {
         .route("/events", get(events::all_events))
         .with_state(app.clone())
         .layer(middleware::from_fn_with_state(app.clone(), bearer_token));
+    // Webhooks come from other servers, never from a page: they skip the
+    // Origin and Host checks, and are authenticated by their signatures.
+    let hooks = Router::new()
+        .route("/hooks/{workflow}", post(hooks::deliver))
+        .with_state(app.clone());
     Ok(Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .merge(guarded)
         .merge(crate::console::router())
-        .layer(middleware::from_fn_with_state(app, same_origin)))
+        .layer(middleware::from_fn_with_state(app, same_origin))
+        .merge(hooks))
 }
 /// Serves `router` on `listener` until `shutdown` resolves, then stops
 /// accepting and lets open requests finish.

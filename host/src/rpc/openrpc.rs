@@ -31,7 +31,7 @@ fn step_record() -> Value {
         "required": ["id", "status", "attempts", "needs"],
         "properties": {
             "id": { "type": "string" },
-            "status": { "enum": ["pending", "running", "succeeded", "failed", "skipped", "cancelled"] },
+            "status": { "enum": ["pending", "running", "waiting", "succeeded", "failed", "skipped", "cancelled"] },
             "attempts": { "type": "integer", "minimum": 0 },
             "needs": {
                 "type": "array", "items": { "type": "string" },
@@ -93,6 +93,7 @@ fn run_record() -> Value {
             "run_id": { "type": "string" },
             "workflow": { "type": "string" },
             "status": { "enum": ["running", "succeeded", "failed", "cancelled"] },
+            "trigger": { "type": "object", "description": "What started the run when no caller did: `{kind: \"schedule\", name, scheduled_at, missed}` or `{kind: \"webhook\", delivery}`." },
             "input": {},
             "output": {},
             "error": failure(),
@@ -133,6 +134,20 @@ pub fn document() -> Value {
                 param("run_id", true, string.clone(), ""),
                 param("timeout_ms", false, json!({ "type": "integer", "minimum": 0 }), ""),
             ], run_record()),
+            method("workflow.signal", "Sends a signal to a run's wait step (`wait = \"<signal>\"`); its payload becomes the step's output. A signal sent before the step waits is kept for it. -32602 when the payload breaks the step's `schema` (the run keeps waiting); -32008 when the run does not wait for it.", vec![
+                param("run_id", true, string.clone(), ""),
+                param("signal", true, string.clone(), "The name the step's `wait` gives, e.g. `approve`."),
+                param("payload", false, json!({}), "Any JSON; the console sends `{approved, comment}`."),
+            ], json!({
+                "type": "object", "properties": {
+                    "run_id": { "type": "string" }, "signal": { "type": "string" },
+                    "step": { "type": "string", "description": "The wait step that takes it." },
+                    "delivery": { "enum": ["waiting", "kept"], "description": "`waiting`: the step waits now; `kept`: kept until it does." }
+                }
+            })),
+            method("workflow.waiting", "The wait steps waiting for a signal, the longest waiting first: `{steps: [{run_id, workflow, step, input: {signal, timeout_at, request}, since}]}`.", vec![
+                param("limit", false, json!({"type": "integer", "minimum": 1, "maximum": 1000}), "Default 100."),
+            ], json!({"type": "object"})),
             method("workflow.cancel", "Stops every running step and its in-flight upstream calls; returns the record.", vec![param("run_id", true, string.clone(), "")], run_record()),
             method("workflow.retry", "Starts a failed or cancelled run again from its failed or cancelled steps, keeping the outputs of the steps that succeeded; same run id.", vec![param("run_id", true, string.clone(), "")], run_record()),
             method("workflow.list", "Runs, newest first, a page at a time.", vec![
@@ -193,6 +208,7 @@ pub fn document() -> Value {
                 "Timeout": { "code": TIMEOUT, "message": "upstream timeout" },
                 "NotFound": { "code": NOT_FOUND, "message": "no such connection, tool, resource or prompt" },
                 "ShuttingDown": { "code": SHUTTING_DOWN, "message": "the host is shutting down" },
+                "NotWaiting": { "code": NOT_WAITING, "message": "the run does not wait for this signal (finished, no such wait step, or one is already kept for each)" },
             }
         }
     })

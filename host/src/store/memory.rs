@@ -15,8 +15,8 @@ use serde_json::Value;
 use super::rows::{cursor_of, parse_cursor};
 use super::{
     AttemptWorker, CallRow, Counts, Created, EventRow, Fence, FirstTransitions, Lease, ListQuery,
-    NewRun, NewRunWrite, RunRow, RunStatus, STEP_LOG, StepRow, StepStatus, Store, StoreError,
-    Transition, now_ms, now_text,
+    NewRun, NewRunWrite, RunRow, RunStatus, STEP_LOG, ScheduleRow, SignalRow, StepRow, StepStatus,
+    Store, StoreError, Transition, WaitingStep, now_ms, now_text,
 };
 
 /// The in-memory store.
@@ -40,6 +40,10 @@ struct State {
     /// time first, as SQLite's `ORDER BY finished_ms DESC` puts it last):
     /// the order `prune` takes them in, kept so a prune need not sort.
     finished: BTreeSet<(Option<i64>, String)>,
+    /// Schedules' progress by `(workflow, name)`.
+    schedules: BTreeMap<(String, String), ScheduleRow>,
+    /// Signals by run, oldest first.
+    signals: HashMap<String, Vec<SignalRow>>,
 }
 
 struct RunEntry {
@@ -123,9 +127,14 @@ impl State {
                 step_id,
                 attempt,
                 input,
+            }
+            | Transition::StepWaits {
+                step_id,
+                attempt,
+                input,
             } => {
                 if let Some(step) = run.step(step_id) {
-                    step.status = StepStatus::Running;
+                    step.status = write.step_to().unwrap_or(StepStatus::Running);
                     step.attempts = attempt;
                     step.input = input.cloned();
                     step.output = None;
@@ -266,6 +275,7 @@ impl State {
         let Some(run) = self.runs.remove(run_id) else {
             return;
         };
+        self.signals.remove(run_id);
         reindex(&mut self.finished, run.finished_key(), None);
         self.by_created
             .remove(&(run.row.created_ms, run.row.run_id.clone()));
@@ -475,6 +485,11 @@ impl Store for MemoryStore {
                 .filter(|r| r.row.status == RunStatus::Running)
                 .count() as u64,
             runs_total: state.runs.len() as u64,
+            runs_waiting_for_signal: state
+                .runs
+                .values()
+                .filter(|r| r.steps.iter().any(|s| s.status == StepStatus::Waiting))
+                .count() as u64,
             last_event_id: state.newest_event(),
         })
     }
@@ -515,6 +530,127 @@ impl Store for MemoryStore {
                     .collect()
             }
         })
+    }
+
+    async fn schedule(
+        &self,
+        workflow: &str,
+        name: &str,
+        from_ms: i64,
+    ) -> Result<ScheduleRow, StoreError> {
+        let mut state = self.lock();
+        Ok(state
+            .schedules
+            .entry((workflow.to_owned(), name.to_owned()))
+            .or_insert_with(|| ScheduleRow {
+                workflow: workflow.to_owned(),
+                name: name.to_owned(),
+                last_tick_ms: from_ms,
+                last_run_id: None,
+            })
+            .clone())
+    }
+
+    async fn schedule_fired(
+        &self,
+        workflow: &str,
+        name: &str,
+        tick_ms: i64,
+        run_id: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let mut state = self.lock();
+        let Some(row) = state
+            .schedules
+            .get_mut(&(workflow.to_owned(), name.to_owned()))
+        else {
+            return Ok(false);
+        };
+        if row.last_tick_ms >= tick_ms {
+            return Ok(false);
+        }
+        row.last_tick_ms = tick_ms;
+        if let Some(run_id) = run_id {
+            row.last_run_id = Some(run_id.to_owned());
+        }
+        Ok(true)
+    }
+
+    async fn send_signal(
+        &self,
+        run_id: &str,
+        signal: &str,
+        payload: &Value,
+    ) -> Result<(), StoreError> {
+        let mut state = self.lock();
+        if !state.runs.contains_key(run_id) {
+            return Err(StoreError::Refused(format!("run `{run_id}` is not stored")));
+        }
+        state
+            .signals
+            .entry(run_id.to_owned())
+            .or_default()
+            .push(SignalRow {
+                signal: signal.to_owned(),
+                payload: payload.clone(),
+                sent_at: now_text(),
+                step_id: None,
+            });
+        Ok(())
+    }
+
+    async fn take_signal(
+        &self,
+        run_id: &str,
+        signal: &str,
+        step_id: &str,
+    ) -> Result<Option<Value>, StoreError> {
+        let mut state = self.lock();
+        let Some(signals) = state.signals.get_mut(run_id) else {
+            return Ok(None);
+        };
+        let taken = signals
+            .iter()
+            .position(|s| s.signal == signal && s.step_id.as_deref() == Some(step_id))
+            .or_else(|| {
+                signals
+                    .iter()
+                    .position(|s| s.signal == signal && s.step_id.is_none())
+            });
+        Ok(taken.map(|i| {
+            signals[i].step_id = Some(step_id.to_owned());
+            signals[i].payload.clone()
+        }))
+    }
+
+    async fn signals(&self, run_id: &str) -> Result<Vec<SignalRow>, StoreError> {
+        Ok(self.lock().signals.get(run_id).cloned().unwrap_or_default())
+    }
+
+    async fn waiting_steps(&self, limit: u32) -> Result<Vec<WaitingStep>, StoreError> {
+        let state = self.lock();
+        let mut waiting: Vec<WaitingStep> = state
+            .runs
+            .values()
+            .flat_map(|run| {
+                run.steps
+                    .iter()
+                    .filter(|s| s.status == StepStatus::Waiting)
+                    .map(|s| WaitingStep {
+                        run_id: run.row.run_id.clone(),
+                        workflow: run.row.workflow.clone(),
+                        step: s.step_id.clone(),
+                        input: s.input.clone().unwrap_or(Value::Null),
+                        since: s.started_at.clone(),
+                    })
+            })
+            .collect();
+        waiting.sort_by(|a, b| (&a.since, &a.run_id).cmp(&(&b.since, &b.run_id)));
+        waiting.truncate(limit as usize);
+        Ok(waiting)
+    }
+
+    async fn schedules(&self) -> Result<Vec<ScheduleRow>, StoreError> {
+        Ok(self.lock().schedules.values().cloned().collect())
     }
 
     async fn last_event_id(&self) -> Result<i64, StoreError> {

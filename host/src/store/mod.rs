@@ -36,7 +36,8 @@ pub enum RunStatus {
 /// A step's state.
 ///
 /// `pending → running → succeeded | failed | cancelled`, or `pending →
-/// skipped | cancelled`; `workflow.retry` takes `failed` and `cancelled` back
+/// skipped | cancelled`, or (a wait step) `pending → waiting → succeeded |
+/// failed | cancelled`; `workflow.retry` takes `failed` and `cancelled` back
 /// to `pending`. A `running` step found at start-up was interrupted by a crash
 /// and runs again as its next attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -44,6 +45,8 @@ pub enum RunStatus {
 pub enum StepStatus {
     Pending,
     Running,
+    /// A wait step waiting for its signal.
+    Waiting,
     Succeeded,
     Failed,
     Skipped,
@@ -69,6 +72,7 @@ text_enum!(RunStatus { Running = "running", Succeeded = "succeeded", Failed = "f
 text_enum!(StepStatus {
     Pending = "pending",
     Running = "running",
+    Waiting = "waiting",
     Succeeded = "succeeded",
     Failed = "failed",
     Skipped = "skipped",
@@ -126,6 +130,9 @@ pub struct RunRow {
     pub created_ms: i64,
     pub started_at: String,
     pub finished_at: Option<String>,
+    /// What started the run when no caller did: a schedule's tick or a
+    /// webhook delivery (`{"kind": …}`).
+    pub trigger: Option<Value>,
 }
 
 /// A step of a run as stored.
@@ -204,6 +211,8 @@ pub enum Note {
     Finished(String),
     /// `workflow.cancel` was asked of the run, on any worker.
     Cancel(String),
+    /// A signal was sent to the run, on any worker.
+    Signal(String),
     /// Events were appended.
     Event,
     /// The listening connection was lost and is back: notes may have been
@@ -317,6 +326,8 @@ pub struct ListQuery {
 pub struct Counts {
     pub runs_running: u64,
     pub runs_total: u64,
+    /// Runs with a wait step waiting for its signal.
+    pub runs_waiting_for_signal: u64,
     /// The newest kept event's id (0 when there is none): a client that
     /// wants only what happens next streams `/events` from it.
     pub last_event_id: i64,
@@ -540,10 +551,85 @@ pub trait Store: Send + Sync {
     }
     /// The id of the newest event, `0` when there is none.
     async fn last_event_id(&self) -> Result<i64, StoreError>;
+    /// The progress of schedule `name` of `workflow`; a schedule seen for
+    /// the first time counts its ticks from `from_ms`.
+    async fn schedule(
+        &self,
+        workflow: &str,
+        name: &str,
+        from_ms: i64,
+    ) -> Result<ScheduleRow, StoreError>;
+    /// Records that the schedule fired (or skipped) the tick `tick_ms`, with
+    /// the run it started, unless a later tick is recorded already. Says
+    /// whether it was recorded.
+    async fn schedule_fired(
+        &self,
+        workflow: &str,
+        name: &str,
+        tick_ms: i64,
+        run_id: Option<&str>,
+    ) -> Result<bool, StoreError>;
+    /// Every schedule's progress.
+    async fn schedules(&self) -> Result<Vec<ScheduleRow>, StoreError>;
+    /// Keeps signal `signal` for run `run_id` until a wait step of the run
+    /// takes it; a shared store tells every worker ([`Note::Signal`]).
+    async fn send_signal(
+        &self,
+        run_id: &str,
+        signal: &str,
+        payload: &Value,
+    ) -> Result<(), StoreError>;
+    /// Takes, for wait step `step_id`, the signal `signal` it took before
+    /// (a restart between taking it and finishing the step), else the
+    /// oldest one no step took. Its payload.
+    async fn take_signal(
+        &self,
+        run_id: &str,
+        signal: &str,
+        step_id: &str,
+    ) -> Result<Option<Value>, StoreError>;
+    /// The run's signals, oldest first.
+    async fn signals(&self, run_id: &str) -> Result<Vec<SignalRow>, StoreError>;
+    /// Up to `limit` wait steps waiting for their signal, the longest
+    /// waiting first.
+    async fn waiting_steps(&self, limit: u32) -> Result<Vec<WaitingStep>, StoreError>;
     /// Workers seen within `within`, by id.
     async fn workers(&self, _within: Duration) -> Result<Vec<WorkerRow>, StoreError> {
         Ok(Vec::new())
     }
+}
+
+/// A schedule's progress, as the store keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduleRow {
+    pub workflow: String,
+    pub name: String,
+    /// The last tick fired, or (before the first) from when ticks count.
+    pub last_tick_ms: i64,
+    /// The run the last fired tick started.
+    pub last_run_id: Option<String>,
+}
+
+/// A wait step waiting for its signal.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WaitingStep {
+    pub run_id: String,
+    pub workflow: String,
+    pub step: String,
+    /// `{signal, timeout_at, request}`, as the step stored it.
+    pub input: Value,
+    pub since: Option<String>,
+}
+
+/// A signal sent to a run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SignalRow {
+    pub signal: String,
+    pub payload: Value,
+    pub sent_at: String,
+    /// The wait step that took it; `None` while it is kept.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step_id: Option<String>,
 }
 
 /// One event of a run: `run.started`, `step.started`, `step.log`,

@@ -25,11 +25,14 @@ use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::rows::{cursor_of, json_text, parse_cursor, parse_json, run_row, step_row};
+use super::rows::{
+    cursor_of, json_text, parse_cursor, parse_json, run_row, schedule_row, signal_row, step_row,
+};
 use super::{
     CallRow, CancelRequest, Counts, Created, EventRow, Failure, Fence, FirstTransitions, Lease,
-    ListQuery, NewRun, NewRunWrite, Note, Renewed, RunRow, RunStatus, STEP_LOG, StepRow, Store,
-    StoreError, Transition, WorkerRow, now_ms, now_text,
+    ListQuery, NewRun, NewRunWrite, Note, Renewed, RunRow, RunStatus, STEP_LOG, ScheduleRow,
+    SignalRow, StepRow, StepStatus, Store, StoreError, Transition, WaitingStep, WorkerRow, now_ms,
+    now_text,
 };
 
 // sqlx's PostgreSQL migrator takes a session advisory lock (`pg_advisory_lock`
@@ -295,6 +298,7 @@ fn parse_note(payload: &str) -> Option<Note> {
         },
         Some(("finished", run_id)) => Some(Note::Finished(run_id.to_owned())),
         Some(("cancel", run_id)) => Some(Note::Cancel(run_id.to_owned())),
+        Some(("signal", run_id)) => Some(Note::Signal(run_id.to_owned())),
         Some(_) => None,
     }
 }
@@ -374,9 +378,14 @@ async fn apply_move(
             step_id,
             attempt,
             input,
+        }
+        | Transition::StepWaits {
+            step_id,
+            attempt,
+            input,
         } => sqlx::query(sqlx::AssertSqlSafe(format!(
             "WITH {HELD}
-             UPDATE steps SET status = 'running', attempts = $6, input = $7, output = NULL,
+             UPDATE steps SET status = $9, attempts = $6, input = $7, output = NULL,
                               error_code = NULL, error_message = NULL,
                               started_at = $8, finished_at = NULL,
                               workers = (coalesce(workers, '[]')::jsonb || jsonb_build_array(
@@ -391,7 +400,8 @@ async fn apply_move(
         .bind(step_id)
         .bind(i64::from(attempt))
         .bind(input.map(json_text))
-        .bind(now),
+        .bind(now)
+        .bind(write.step_to().map_or("running", StepStatus::as_str)),
         Transition::StepAttempt { step_id, attempt } => sqlx::query(sqlx::AssertSqlSafe(format!(
             "WITH {HELD}
              UPDATE steps SET attempts = greatest(attempts, $6),
@@ -635,10 +645,10 @@ impl Store for PgStore {
         let inserted = sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO runs (run_id, workflow, status, input, definition, definition_hash,
                                idempotency_key, created_ms, started_at,
-                               lease_owner, lease_until_ms, lease_epoch)
+                               lease_owner, lease_until_ms, lease_epoch, run_trigger)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,
                      $10, CASE WHEN $10::text IS NULL THEN NULL ELSE {DB_NOW_MS} + $11 END,
-                     CASE WHEN $10::text IS NULL THEN 0 ELSE 1 END)
+                     CASE WHEN $10::text IS NULL THEN 0 ELSE 1 END, $12)
              ON CONFLICT DO NOTHING"
         )))
         .bind(&run.run_id)
@@ -652,6 +662,7 @@ impl Store for PgStore {
         .bind(&run.started_at)
         .bind(lease.map(|l| &*l.worker))
         .bind(lease.map_or(0, |l| duration_ms(l.duration)))
+        .bind(run.trigger.as_ref().map(json_text))
         .execute(&mut *tx)
         .await?
         .rows_affected();
@@ -712,6 +723,135 @@ impl Store for PgStore {
         }
         tx.commit().await?;
         Ok(written)
+    }
+
+    async fn schedule(
+        &self,
+        workflow: &str,
+        name: &str,
+        from_ms: i64,
+    ) -> Result<ScheduleRow, StoreError> {
+        // One statement: the insert when it is new, else the row as it is.
+        let row = sqlx::query(
+            "WITH new AS (INSERT INTO schedules (workflow, name, last_tick_ms)
+                          VALUES ($1, $2, $3) ON CONFLICT DO NOTHING RETURNING *)
+             SELECT * FROM new
+             UNION ALL
+             SELECT * FROM schedules WHERE workflow = $1 AND name = $2
+             LIMIT 1",
+        )
+        .bind(workflow)
+        .bind(name)
+        .bind(from_ms)
+        .fetch_one(&self.pool)
+        .await?;
+        schedule_row(&row)
+    }
+
+    async fn schedule_fired(
+        &self,
+        workflow: &str,
+        name: &str,
+        tick_ms: i64,
+        run_id: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        // Row-locked: of two workers recording one tick, the second finds
+        // it recorded.
+        let done = sqlx::query(
+            "UPDATE schedules SET last_tick_ms = $3, last_run_id = coalesce($4, last_run_id)
+             WHERE workflow = $1 AND name = $2 AND last_tick_ms < $3",
+        )
+        .bind(workflow)
+        .bind(name)
+        .bind(tick_ms)
+        .bind(run_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn send_signal(
+        &self,
+        run_id: &str,
+        signal: &str,
+        payload: &Value,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO signals (run_id, signal, payload, sent_at) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(run_id)
+        .bind(signal)
+        .bind(json_text(payload))
+        .bind(now_text())
+        .execute(&mut *tx)
+        .await?;
+        notify(&mut tx, &format!("signal:{run_id}")).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn take_signal(
+        &self,
+        run_id: &str,
+        signal: &str,
+        step_id: &str,
+    ) -> Result<Option<Value>, StoreError> {
+        let payload: Option<String> = sqlx::query_scalar(
+            "UPDATE signals SET step_id = $3
+             WHERE id = (SELECT id FROM signals
+                         WHERE run_id = $1 AND signal = $2 AND (step_id IS NULL OR step_id = $3)
+                         ORDER BY step_id IS NULL, id LIMIT 1
+                         FOR UPDATE)
+             RETURNING payload",
+        )
+        .bind(run_id)
+        .bind(signal)
+        .bind(step_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        parse_json(payload)
+    }
+
+    async fn signals(&self, run_id: &str) -> Result<Vec<SignalRow>, StoreError> {
+        sqlx::query("SELECT * FROM signals WHERE run_id = $1 ORDER BY id")
+            .bind(run_id)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(signal_row)
+            .collect()
+    }
+
+    async fn waiting_steps(&self, limit: u32) -> Result<Vec<WaitingStep>, StoreError> {
+        let rows: Vec<(String, String, String, Option<String>, Option<String>)> = sqlx::query_as(
+            "SELECT s.run_id, r.workflow, s.step_id, s.input, s.started_at
+             FROM steps s JOIN runs r ON r.run_id = s.run_id
+             WHERE s.status = 'waiting' ORDER BY s.started_at, s.run_id LIMIT $1",
+        )
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|(run_id, workflow, step, input, since)| {
+                Ok(WaitingStep {
+                    run_id,
+                    workflow,
+                    step,
+                    input: parse_json(input)?.unwrap_or(Value::Null),
+                    since,
+                })
+            })
+            .collect()
+    }
+
+    async fn schedules(&self) -> Result<Vec<ScheduleRow>, StoreError> {
+        sqlx::query("SELECT * FROM schedules ORDER BY workflow, name")
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(schedule_row)
+            .collect()
     }
 
     async fn run(&self, run_id: &str) -> Result<Option<RunRow>, StoreError> {
@@ -851,7 +991,8 @@ impl Store for PgStore {
     async fn counts(&self) -> Result<Counts, StoreError> {
         let row = sqlx::query(
             "SELECT count(*) AS total, count(*) FILTER (WHERE status = 'running') AS running,
-                    (SELECT coalesce(max(id), 0)::bigint FROM events) AS last_event
+                    (SELECT coalesce(max(id), 0)::bigint FROM events) AS last_event,
+                    (SELECT count(DISTINCT run_id) FROM steps WHERE status = 'waiting') AS waiting
              FROM runs",
         )
         .fetch_one(&self.pool)
@@ -859,6 +1000,7 @@ impl Store for PgStore {
         Ok(Counts {
             runs_running: row.try_get::<i64, _>("running")? as u64,
             runs_total: row.try_get::<i64, _>("total")? as u64,
+            runs_waiting_for_signal: row.try_get::<i64, _>("waiting")? as u64,
             last_event_id: row.try_get("last_event")?,
         })
     }

@@ -95,6 +95,33 @@ where
         created_ms: row.int("created_ms")?,
         started_at: row.text("started_at")?,
         finished_at: row.text_opt("finished_at")?,
+        trigger: parse_json(row.text_opt("run_trigger")?)?,
+    })
+}
+
+/// A `schedules` row.
+pub(super) fn schedule_row<R: SqlRow>(row: &R) -> Result<super::ScheduleRow, StoreError>
+where
+    for<'a> &'a str: ColumnIndex<R>,
+{
+    Ok(super::ScheduleRow {
+        workflow: row.text("workflow")?,
+        name: row.text("name")?,
+        last_tick_ms: row.int("last_tick_ms")?,
+        last_run_id: row.text_opt("last_run_id")?,
+    })
+}
+
+/// A `signals` row.
+pub(super) fn signal_row<R: SqlRow>(row: &R) -> Result<super::SignalRow, StoreError>
+where
+    for<'a> &'a str: ColumnIndex<R>,
+{
+    Ok(super::SignalRow {
+        signal: row.text("signal")?,
+        payload: parse_json(row.text_opt("payload")?)?.unwrap_or(Value::Null),
+        sent_at: row.text("sent_at")?,
+        step_id: row.text_opt("step_id")?,
     })
 }
 

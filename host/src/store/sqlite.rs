@@ -16,11 +16,13 @@ use sqlx::sqlite::{
 use sqlx::{ConnectOptions, Row};
 
 use super::group_commit::{Write, Writer};
-use super::rows::{cursor_of, json_text, parse_cursor, parse_json, run_row, step_row};
+use super::rows::{
+    cursor_of, json_text, parse_cursor, parse_json, run_row, schedule_row, signal_row, step_row,
+};
 use super::{
     CallRow, Counts, Created, EventRow, Fence, FirstTransitions, Lease, ListQuery, NewRun,
-    NewRunWrite, RunRow, RunStatus, STEP_LOG, StepRow, Store, StoreError, Transition, now_ms,
-    now_text,
+    NewRunWrite, RunRow, RunStatus, STEP_LOG, ScheduleRow, SignalRow, StepRow, StepStatus, Store,
+    StoreError, Transition, WaitingStep, now_ms, now_text,
 };
 
 /// `PRAGMA application_id` of a wf-host state file: "wfhs".
@@ -261,8 +263,8 @@ impl SqliteStore {
             ($($event:literal)?) => {
                 concat!(
                     "INSERT INTO runs (run_id, workflow, status, input, definition, definition_hash,
-                                       idempotency_key, created_ms, started_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                                       idempotency_key, created_ms, started_at, run_trigger)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?11)
                      ON CONFLICT DO NOTHING
                      RETURNING 1;
                      INSERT INTO steps (run_id, step_id, position, status)
@@ -277,7 +279,7 @@ impl SqliteStore {
             None => Write::new(create!()),
             Some(_) => Write::new(create!(
                 "; INSERT INTO events (run_id, kind, data, at)
-                   SELECT ?1, ?11, ?12, ?13 WHERE EXISTS (SELECT 1 FROM runs WHERE run_id = ?1)
+                   SELECT ?1, ?12, ?13, ?14 WHERE EXISTS (SELECT 1 FROM runs WHERE run_id = ?1)
                    RETURNING id"
             )),
         }
@@ -290,7 +292,8 @@ impl SqliteStore {
         .arg(run.idempotency_key.as_deref())
         .arg(run.created_ms)
         .arg(run.started_at.as_str())
-        .arg(steps);
+        .arg(steps)
+        .arg(run.trigger.as_ref().map(json_text));
         let write = match event {
             None => write,
             Some((kind, data)) => write.arg(kind).arg(json_text(data)).arg(at.as_str()),
@@ -604,7 +607,8 @@ impl Store for SqliteStore {
     async fn counts(&self) -> Result<Counts, StoreError> {
         let row = sqlx::query(
             "SELECT count(*) AS total, coalesce(sum(status = 'running'), 0) AS running,
-                    (SELECT coalesce(max(id), 0) FROM events) AS last_event
+                    (SELECT coalesce(max(id), 0) FROM events) AS last_event,
+                    (SELECT count(DISTINCT run_id) FROM steps WHERE status = 'waiting') AS waiting
              FROM runs",
         )
         .fetch_one(&self.pool)
@@ -612,6 +616,7 @@ impl Store for SqliteStore {
         Ok(Counts {
             runs_running: row.try_get::<i64, _>("running")? as u64,
             runs_total: row.try_get::<i64, _>("total")? as u64,
+            runs_waiting_for_signal: row.try_get::<i64, _>("waiting")? as u64,
             last_event_id: row.try_get("last_event")?,
         })
     }
@@ -683,6 +688,156 @@ impl Store for SqliteStore {
                 .fetch_one(&self.pool)
                 .await?,
         )
+    }
+
+    async fn schedule(
+        &self,
+        workflow: &str,
+        name: &str,
+        from_ms: i64,
+    ) -> Result<ScheduleRow, StoreError> {
+        let found = sqlx::query("SELECT * FROM schedules WHERE workflow = ? AND name = ?")
+            .bind(workflow)
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?;
+        if let Some(row) = found {
+            return schedule_row(&row);
+        }
+        self.writer
+            .write(
+                Write::new(
+                    "INSERT INTO schedules (workflow, name, last_tick_ms) VALUES (?1, ?2, ?3)
+                     ON CONFLICT DO NOTHING",
+                )
+                .arg(workflow)
+                .arg(name)
+                .arg(from_ms),
+            )
+            .await?;
+        let row = sqlx::query("SELECT * FROM schedules WHERE workflow = ? AND name = ?")
+            .bind(workflow)
+            .bind(name)
+            .fetch_one(&self.pool)
+            .await?;
+        schedule_row(&row)
+    }
+
+    async fn schedule_fired(
+        &self,
+        workflow: &str,
+        name: &str,
+        tick_ms: i64,
+        run_id: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let done = self
+            .writer
+            .write(
+                Write::new(
+                    "UPDATE schedules SET last_tick_ms = ?3, last_run_id = coalesce(?4, last_run_id)
+                     WHERE workflow = ?1 AND name = ?2 AND last_tick_ms < ?3
+                     RETURNING 1",
+                )
+                .arg(workflow)
+                .arg(name)
+                .arg(tick_ms)
+                .arg(run_id),
+            )
+            .await?;
+        Ok(done.first().is_some_and(|rows| !rows.is_empty()))
+    }
+
+    async fn send_signal(
+        &self,
+        run_id: &str,
+        signal: &str,
+        payload: &Value,
+    ) -> Result<(), StoreError> {
+        self.writer
+            .write(
+                Write::new(
+                    "INSERT INTO signals (run_id, signal, payload, sent_at) VALUES (?1, ?2, ?3, ?4)",
+                )
+                .arg(run_id)
+                .arg(signal)
+                .arg(json_text(payload))
+                .arg(now_text()),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn take_signal(
+        &self,
+        run_id: &str,
+        signal: &str,
+        step_id: &str,
+    ) -> Result<Option<Value>, StoreError> {
+        let done = self
+            .writer
+            .write(
+                Write::new(
+                    "UPDATE signals SET step_id = ?3
+                     WHERE id = (SELECT id FROM signals
+                                 WHERE run_id = ?1 AND signal = ?2
+                                   AND (step_id IS NULL OR step_id = ?3)
+                                 ORDER BY step_id IS NULL, id LIMIT 1)
+                     RETURNING id",
+                )
+                .arg(run_id)
+                .arg(signal)
+                .arg(step_id),
+            )
+            .await?;
+        let Some(&id) = done.first().and_then(|rows| rows.first()) else {
+            return Ok(None);
+        };
+        let payload: String = sqlx::query_scalar("SELECT payload FROM signals WHERE id = ?")
+            .bind(id)
+            .fetch_one(&self.pool)
+            .await?;
+        parse_json(Some(payload))
+    }
+
+    async fn signals(&self, run_id: &str) -> Result<Vec<SignalRow>, StoreError> {
+        sqlx::query("SELECT * FROM signals WHERE run_id = ? ORDER BY id")
+            .bind(run_id)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(signal_row)
+            .collect()
+    }
+
+    async fn waiting_steps(&self, limit: u32) -> Result<Vec<WaitingStep>, StoreError> {
+        let rows: Vec<(String, String, String, Option<String>, Option<String>)> = sqlx::query_as(
+            "SELECT s.run_id, r.workflow, s.step_id, s.input, s.started_at
+             FROM steps s JOIN runs r ON r.run_id = s.run_id
+             WHERE s.status = 'waiting' ORDER BY s.started_at, s.run_id LIMIT ?",
+        )
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|(run_id, workflow, step, input, since)| {
+                Ok(WaitingStep {
+                    run_id,
+                    workflow,
+                    step,
+                    input: parse_json(input)?.unwrap_or(Value::Null),
+                    since,
+                })
+            })
+            .collect()
+    }
+
+    async fn schedules(&self) -> Result<Vec<ScheduleRow>, StoreError> {
+        sqlx::query("SELECT * FROM schedules ORDER BY workflow, name")
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(schedule_row)
+            .collect()
     }
 
     async fn prune(&self, keep_runs: u64, finished_before_ms: i64) -> Result<u64, StoreError> {
@@ -818,9 +973,14 @@ fn transition_write(run_id: &str, write: Transition<'_>, fence: Option<&Fence>, 
             step_id,
             attempt,
             input,
+        }
+        | Transition::StepWaits {
+            step_id,
+            attempt,
+            input,
         } => base(
             with_event!(
-                "UPDATE steps SET status = 'running', attempts = ?7, input = ?8, output = NULL,
+                "UPDATE steps SET status = ?10, attempts = ?7, input = ?8, output = NULL,
                                   error_code = NULL, error_message = NULL,
                                   started_at = ?4, finished_at = NULL,
                                   workers = json_insert(coalesce(workers, '[]'), '$[#]',
@@ -833,7 +993,8 @@ fn transition_write(run_id: &str, write: Transition<'_>, fence: Option<&Fence>, 
         .arg(step_id)
         .arg(i64::from(attempt))
         .arg(input.map(json_text))
-        .arg(worker),
+        .arg(worker)
+        .arg(write.step_to().map_or("running", StepStatus::as_str)),
         Transition::StepAttempt { step_id, attempt } => base(
             with_event!(
                 "UPDATE steps SET attempts = max(attempts, ?7),

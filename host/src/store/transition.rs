@@ -5,10 +5,11 @@
 //! run:  running ──RunFinished / RunAbandoned──▶ succeeded | failed | cancelled
 //!       failed | cancelled ──RunReopened──▶ running
 //! step: pending ──StepStarted──▶ running ──StepAttempt──▶ running
-//!       pending | running ──StepFinished──▶ succeeded | failed | skipped | cancelled
+//!       pending ──StepWaits──▶ waiting                (a wait step, for its signal)
+//!       pending | running | waiting ──StepFinished──▶ succeeded | failed | skipped | cancelled
 //!       running ──StepStarted──▶ running            (after a crash: the next attempt)
 //!       failed | cancelled ──RunReopened──▶ pending   (with its run)
-//!       pending | running ──RunAbandoned──▶ cancelled (with its run)
+//!       pending | running | waiting ──RunAbandoned──▶ cancelled (with its run)
 //! ```
 //!
 //! A [`Transition`] says what it writes, which event it appends
@@ -32,6 +33,13 @@ pub enum Transition<'a> {
     /// A step starts an attempt on `input` (its first, or after a crash its
     /// next).
     StepStarted {
+        step_id: &'a str,
+        attempt: u32,
+        input: Option<&'a Value>,
+    },
+    /// A wait step starts waiting for its signal, on `input` (`{signal,
+    /// timeout_at, request}`).
+    StepWaits {
         step_id: &'a str,
         attempt: u32,
         input: Option<&'a Value>,
@@ -99,6 +107,7 @@ impl<'a> Transition<'a> {
     pub fn kind(&self) -> &'static str {
         match self {
             Transition::StepStarted { .. } | Transition::StepAttempt { .. } => "step.started",
+            Transition::StepWaits { .. } => "step.waiting",
             Transition::StepFinished { .. } => "step.finished",
             Transition::RunFinished { .. } | Transition::RunAbandoned { .. } => "run.finished",
             Transition::RunReopened { .. } => RUN_STARTED,
@@ -113,6 +122,9 @@ impl<'a> Transition<'a> {
             }
             | Transition::StepAttempt { step_id, attempt } => {
                 json!({"step": step_id, "attempt": attempt})
+            }
+            Transition::StepWaits { step_id, input, .. } => {
+                json!({"step": step_id, "signal": input.and_then(|i| i.get("signal"))})
             }
             Transition::StepFinished {
                 step_id,
@@ -139,13 +151,17 @@ impl<'a> Transition<'a> {
                 run: &[],
                 steps: &[S::Pending, S::Running],
             },
+            Transition::StepWaits { .. } => Guard {
+                run: &[],
+                steps: &[S::Pending, S::Waiting],
+            },
             Transition::StepAttempt { .. } => Guard {
                 run: &[],
                 steps: &[S::Running],
             },
             Transition::StepFinished { .. } => Guard {
                 run: &[],
-                steps: &[S::Pending, S::Running],
+                steps: &[S::Pending, S::Running, S::Waiting],
             },
             Transition::RunFinished { .. } => Guard {
                 run: &[R::Running],
@@ -157,7 +173,7 @@ impl<'a> Transition<'a> {
             },
             Transition::RunAbandoned { .. } => Guard {
                 run: &[R::Running],
-                steps: &[S::Pending, S::Running],
+                steps: &[S::Pending, S::Running, S::Waiting],
             },
         }
     }
@@ -175,6 +191,7 @@ impl<'a> Transition<'a> {
     pub fn step_id(&self) -> Option<&'a str> {
         match *self {
             Transition::StepStarted { step_id, .. }
+            | Transition::StepWaits { step_id, .. }
             | Transition::StepAttempt { step_id, .. }
             | Transition::StepFinished { step_id, .. } => Some(step_id),
             _ => None,
@@ -188,6 +205,7 @@ impl<'a> Transition<'a> {
             Transition::StepStarted { .. } | Transition::StepAttempt { .. } => {
                 Some(StepStatus::Running)
             }
+            Transition::StepWaits { .. } => Some(StepStatus::Waiting),
             Transition::StepFinished { status, .. } => Some(status),
             Transition::RunReopened { .. } => Some(StepStatus::Pending),
             Transition::RunAbandoned { .. } => Some(StepStatus::Cancelled),
@@ -245,6 +263,7 @@ impl<'a> Transition<'a> {
     pub fn name(&self) -> &'static str {
         match self {
             Transition::StepStarted { .. } => "StepStarted",
+            Transition::StepWaits { .. } => "StepWaits",
             Transition::StepAttempt { .. } => "StepAttempt",
             Transition::StepFinished { .. } => "StepFinished",
             Transition::RunFinished { .. } => "RunFinished",
@@ -258,9 +277,10 @@ impl<'a> Transition<'a> {
 mod tests {
     use super::*;
 
-    const ALL_STEPS: [StepStatus; 6] = [
+    const ALL_STEPS: [StepStatus; 7] = [
         StepStatus::Pending,
         StepStatus::Running,
+        StepStatus::Waiting,
         StepStatus::Succeeded,
         StepStatus::Failed,
         StepStatus::Skipped,

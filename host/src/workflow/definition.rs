@@ -119,12 +119,31 @@ pub struct StepSpec {
     /// sleeps until (no component).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub until: Option<String>,
+    /// A wait step: the signal it waits for (no component).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wait: Option<String>,
+    /// A wait step: JSON Schema of the signal's payload.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schema: Option<Value>,
+    /// A wait step: how long it waits before it fails `timeout`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wait_timeout_ms: Option<u64>,
 }
 
 impl StepSpec {
     /// Whether the step is a durable sleep, not a node.
     pub fn sleeps(&self) -> bool {
         self.sleep_ms.is_some() || self.until.is_some()
+    }
+
+    /// Whether the step waits for a signal, not a node.
+    pub fn waits(&self) -> bool {
+        self.wait.is_some()
+    }
+
+    /// Whether the step runs a node (it neither sleeps nor waits).
+    pub fn runs_node(&self) -> bool {
+        !self.sleeps() && !self.waits()
     }
 }
 
@@ -197,13 +216,16 @@ impl Spec {
                 step: s.id.clone(),
                 message,
             };
-            if s.sleep.is_some() || s.until.is_some() {
-                specs.push(sleep_spec(s).map_err(step_err)?);
+            if s.sleep.is_some() || s.until.is_some() || s.wait.is_some() {
+                specs.push(nodeless_spec(s).map_err(step_err)?);
                 continue;
+            }
+            if s.schema.is_some() {
+                return Err(step_err("`schema` is for a `wait` step".into()));
             }
             if s.component.as_os_str().is_empty() {
                 return Err(step_err(
-                    "needs `component` (a node), or `sleep` or `until` (a durable sleep)".into(),
+                    "needs `component` (a node), `sleep` or `until` (a durable sleep), or `wait` (a signal)".into(),
                 ));
             }
             let path = config.resolve(&s.component);
@@ -245,8 +267,7 @@ impl Spec {
                 timeout_ms: timeout.as_millis() as u64,
                 max_memory: s.max_memory.map_or(defaults.max_memory, |m| m.as_u64()),
                 retry,
-                sleep_ms: None,
-                until: None,
+                ..StepSpec::default()
             });
         }
         if run_timeout.is_some_and(|t| t.is_zero()) {
@@ -270,27 +291,58 @@ impl Spec {
     }
 }
 
-/// A sleep step (`sleep` or `until`): no node, so nothing of a node's may be
-/// set.
-fn sleep_spec(s: &StepConfig) -> Result<StepSpec, String> {
+/// A sleep step (`sleep` or `until`) or a wait step (`wait`): no node, so
+/// nothing of a node's may be set (but a wait step's `timeout`).
+fn nodeless_spec(s: &StepConfig) -> Result<StepSpec, String> {
+    let waits = s.wait.is_some();
+    let what = if waits {
+        "a wait step (`wait`)"
+    } else {
+        "a sleep step (`sleep` or `until`)"
+    };
     let node_only = [
         ("component", !s.component.as_os_str().is_empty()),
         ("allow", !s.allow.is_empty()),
         ("for_each", s.for_each.is_some()),
         ("concurrency", s.concurrency.is_some()),
-        ("timeout", s.timeout.is_some()),
+        ("timeout", s.timeout.is_some() && !waits),
         ("max_memory", s.max_memory.is_some()),
         ("retry", s.retry.is_some()),
+        ("schema", s.schema.is_some() && !waits),
     ];
     if let Some((key, _)) = node_only.iter().find(|(_, set)| *set) {
-        return Err(format!(
-            "a sleep step (`sleep` or `until`) runs no node: remove `{key}`"
-        ));
+        return Err(format!("{what} runs no node: remove `{key}`"));
+    }
+    if waits && (s.sleep.is_some() || s.until.is_some()) {
+        return Err("sets both `wait` and a sleep (`sleep` or `until`); pick one".into());
     }
     if s.sleep.is_some() && s.until.is_some() {
         return Err("sets both `sleep` and `until`; pick one".into());
     }
+    if let Some(signal) = &s.wait
+        && (signal.is_empty()
+            || signal.len() > 100
+            || !signal
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
+    {
+        return Err(format!(
+            "`wait = \"{signal}\"`: a signal name uses only letters, digits, `_`, `-` and `.` (at most 100)"
+        ));
+    }
+    if let Some(schema) = &s.schema {
+        jsonschema::validator_for(schema)
+            .map_err(|e| format!("`schema` is not a valid JSON Schema: {e}"))?;
+    }
+    if s.timeout.is_some_and(|t| t.is_zero()) {
+        return Err("`timeout` must be more than 0".into());
+    }
     Ok(StepSpec {
+        wait: s.wait.clone(),
+        schema: s.schema.clone(),
+        wait_timeout_ms: s
+            .timeout
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         id: s.id.clone(),
         needs: s.needs.clone(),
         input: s.input.clone(),
@@ -319,6 +371,8 @@ pub struct Step {
     pub for_each: Option<Expr>,
     /// A sleep step's `until`.
     pub until: Option<Expr>,
+    /// A wait step's `schema`.
+    pub schema: Option<Arc<jsonschema::Validator>>,
     pub limits: Limits,
 }
 
@@ -328,7 +382,7 @@ impl Step {
     /// Its start is then stored with the run, in the same write.
     pub fn starts_with_run(&self) -> bool {
         self.spec.needs.is_empty()
-            && !self.spec.sleeps()
+            && self.spec.runs_node()
             && self.input.is_none()
             && self.condition.is_none()
             && self.for_each.is_none()
@@ -445,6 +499,19 @@ impl Definition {
                 condition: compile(&s.id, "if", &s.condition)?,
                 for_each: compile(&s.id, "for_each", &s.for_each)?,
                 until: compile(&s.id, "until", &s.until)?,
+                schema: s
+                    .schema
+                    .as_ref()
+                    .map(|schema| {
+                        jsonschema::validator_for(schema)
+                            .map(Arc::new)
+                            .map_err(|e| DefinitionError::Step {
+                                workflow: name.to_owned(),
+                                step: s.id.clone(),
+                                message: format!("`schema` is not a valid JSON Schema: {e}"),
+                            })
+                    })
+                    .transpose()?,
                 grants: Arc::new(grants),
                 limits: Limits {
                     timeout: Duration::from_millis(s.timeout_ms),
@@ -485,6 +552,31 @@ impl Definition {
             input_schema,
             leaves,
         })
+    }
+
+    /// Checks a signal's `payload` against the `schema` of wait step `step`.
+    ///
+    /// # Errors
+    /// A message naming the field that breaks the schema.
+    pub fn check_payload(step: &Step, payload: &Value) -> Result<(), String> {
+        let Some(schema) = &step.schema else {
+            return Ok(());
+        };
+        match schema.iter_errors(payload).next() {
+            None => Ok(()),
+            Some(e) => {
+                let at = e.instance_path().to_string();
+                let at = if at.is_empty() {
+                    "the payload".to_owned()
+                } else {
+                    format!("payload field `{at}`")
+                };
+                Err(format!(
+                    "{at} does not match the `schema` of step `{}`: {e}",
+                    step.spec.id
+                ))
+            }
+        }
     }
 
     /// The step with `id`.
@@ -606,8 +698,7 @@ mod tests {
             timeout_ms: 1000,
             max_memory: 1 << 20,
             retry: RetryPolicy::default(),
-            sleep_ms: None,
-            until: None,
+            ..StepSpec::default()
         }
     }
 

@@ -120,7 +120,7 @@ const MAX_JOURNALED_ARGUMENTS: usize = 4096;
 /// an async worker, and gives up on it after [`JQ_TIMEOUT`]. (jq has no way
 /// to be interrupted: a runaway evaluation's thread is left to finish, and
 /// dies with the process.)
-async fn jq<T: Send + 'static>(
+pub(super) async fn jq<T: Send + 'static>(
     code: &'static str,
     eval: impl FnOnce() -> Result<T, super::expr::EvalError> + Send + 'static,
 ) -> Result<T, Failure> {
@@ -181,6 +181,8 @@ pub(crate) struct RunCtx {
     pub started: Vec<String>,
     /// Whether the run sleeps (see [`Asleep`]).
     pub asleep: Asleep,
+    /// Bumped when a signal is sent to the run: its wait steps look for it.
+    pub signals: tokio::sync::watch::Receiver<u64>,
 }
 
 /// Which runs of this process sleep: a run with a sleep step in flight does
@@ -287,9 +289,10 @@ struct StepState {
     output: Option<Value>,
     attempts: u32,
     error: Option<Failure>,
-    /// A sleep step found sleeping at start-up: the time it wakes, as its
-    /// start stored it.
-    sleeping_until: Option<String>,
+    /// A sleep step found sleeping, or a wait step found waiting, at
+    /// start-up: its input as its start stored it (when it wakes; what it
+    /// waits for and until when).
+    resumed: Option<Value>,
 }
 
 /// Drives a run until every step has finished or it is stopped.
@@ -306,16 +309,18 @@ pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending
         .into_iter()
         .map(|r| {
             // A sleep step left `running` sleeps on until the time its start
-            // stored: it was not interrupted, only its host was.
-            let sleeping_until = (r.status == StepStatus::Running)
-                .then(|| ctx.def.step(&r.step_id))
-                .flatten()
-                .filter(|s| s.spec.sleeps())
-                .and_then(|_| r.input.as_ref()?["until"].as_str().map(str::to_owned));
+            // stored, and a wait step left `waiting` waits on: they were not
+            // interrupted, only their host was.
+            let spec = ctx.def.step(&r.step_id).map(|s| &s.spec);
+            let resumed = match r.status {
+                StepStatus::Running if spec.is_some_and(|s| s.sleeps()) => r.input.clone(),
+                StepStatus::Waiting if spec.is_some_and(|s| s.waits()) => r.input.clone(),
+                _ => None,
+            };
             // A step left `running` was interrupted by a crash: it runs again,
             // unless it has been interrupted too often (it may be what kills
             // the host).
-            let status = if sleeping_until.is_some() {
+            let status = if resumed.is_some() || r.status == StepStatus::Waiting {
                 StepStatus::Pending
             } else if r.status == StepStatus::Running {
                 let budget = ctx
@@ -337,7 +342,7 @@ pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending
                     output: r.output,
                     attempts: r.attempts,
                     error: r.error,
-                    sleeping_until,
+                    resumed,
                 },
             )
         })
@@ -518,7 +523,7 @@ async fn launch_ready(
         state.status = StepStatus::Running;
         let first_attempt = state.attempts + 1;
         let recorded = first_attempt == 1 && ctx.started.contains(id);
-        let sleeping_until = state.sleeping_until.take();
+        let resumed = state.resumed.take();
         let ctx = ctx.clone();
         let step = step.clone();
         let stop = stop_token.clone();
@@ -531,9 +536,13 @@ async fn launch_ready(
                 first: first_attempt,
                 recorded,
             };
-            let outcome = match sleeping_until {
-                Some(until) => {
-                    sleep_step(&ctx, &step, Arc::new(data), attempt, Some(until), &stop).await
+            let outcome = match resumed {
+                Some(input) if step.spec.waits() => {
+                    wait_step(&ctx, &step, Arc::new(data), attempt, Some(input), &stop).await
+                }
+                Some(input) => {
+                    let until = input["until"].as_str().map(str::to_owned);
+                    sleep_step(&ctx, &step, Arc::new(data), attempt, until, &stop).await
                 }
                 None => run_step(&ctx, &step, data, attempt, &stop, &span, &mut log).await,
             };
@@ -855,6 +864,9 @@ async fn run_step(
     if step.spec.sleeps() {
         return sleep_step(ctx, step, data, attempt, None, stop).await;
     }
+    if step.spec.waits() {
+        return wait_step(ctx, step, data, attempt, None, stop).await;
+    }
     // The attempt counter is the step's, shared by its items: every node run
     // (a first try or a retry) takes the next number, so the journal never
     // mixes two runs of the node.
@@ -1016,6 +1028,93 @@ async fn sleep_step(
     tokio::select! {
         _ = tokio::time::sleep(left) => Outcome::Succeeded(output),
         _ = stop.cancelled() => Outcome::Interrupted,
+    }
+}
+
+/// How often a waiting step looks for its signal in the store, besides
+/// when it hears of one (a note from another worker may be missed).
+const SIGNAL_POLL: Duration = Duration::from_secs(5);
+
+/// A wait step (`wait`): waits, holding no step slot, for a signal of its
+/// name ([`crate::store::Store::take_signal`]; one sent before the step
+/// started was kept for it), and gives its payload as output. What it waits
+/// for and until when is stored as its input (`{signal, timeout_at,
+/// request}`, `request` being what its input would be), so a host that
+/// restarts (or another worker) waits on for what is left (`resumed`).
+async fn wait_step(
+    ctx: &RunCtx,
+    step: &Step,
+    data: Arc<Value>,
+    attempt: Attempt,
+    resumed: Option<Value>,
+    stop: &CancellationToken,
+) -> Outcome {
+    let signal = step.spec.wait.as_deref().unwrap_or_default();
+    let timeout_at = match resumed {
+        Some(input) => input["timeout_at"].as_str().map(str::to_owned),
+        None => {
+            let request = match step_input(step, &data, None).await {
+                Ok(request) => request,
+                Err(f) => return Outcome::Failed(f),
+            };
+            let timeout_at = step.spec.wait_timeout_ms.map(|ms| {
+                humantime::format_rfc3339_millis(
+                    std::time::SystemTime::now() + Duration::from_millis(ms),
+                )
+                .to_string()
+            });
+            let input = json!({"signal": signal, "timeout_at": timeout_at, "request": request});
+            let write = Transition::StepWaits {
+                step_id: &step.spec.id,
+                attempt: attempt.first,
+                input: Some(&input),
+            };
+            if let Err(e) = apply(ctx, &[write]).await {
+                return store_failure(e);
+            }
+            timeout_at
+        }
+    };
+    let deadline = timeout_at.as_deref().map(|at| {
+        let left = humantime::parse_rfc3339_weak(at)
+            .ok()
+            .and_then(|at| at.duration_since(std::time::SystemTime::now()).ok())
+            .unwrap_or_default();
+        Instant::now() + left
+    });
+    let _asleep = ctx.asleep.enter();
+    let mut sent = ctx.signals.clone();
+    loop {
+        // Seen before looking, so a signal sent while looking wakes the wait.
+        sent.borrow_and_update();
+        match ctx
+            .store
+            .take_signal(&ctx.run_id, signal, &step.spec.id)
+            .await
+        {
+            Ok(Some(payload)) => return Outcome::Succeeded(payload),
+            Ok(None) => {}
+            Err(e) if e.is_unavailable() => {
+                tracing::warn!(run = %ctx.run_id, step = %step.spec.id,
+                    "cannot look for the step's signal: {e}");
+            }
+            Err(e) => return store_failure(e),
+        }
+        tokio::select! {
+            Ok(()) = sent.changed() => {}
+            _ = tokio::time::sleep(SIGNAL_POLL) => {}
+            _ = sleep_until(deadline), if deadline.is_some() => {
+                let limit = step.spec.wait_timeout_ms.unwrap_or_default();
+                return Outcome::Failed(Failure::new(
+                    "timeout",
+                    format!(
+                        "no `{signal}` signal came within {}",
+                        humantime::format_duration(Duration::from_millis(limit))
+                    ),
+                ));
+            }
+            _ = stop.cancelled() => return Outcome::Interrupted,
+        }
     }
 }
 

@@ -14,6 +14,9 @@ mod maintenance;
 mod mcp;
 mod mode;
 mod run;
+pub mod schedule;
+pub mod signal;
+pub mod webhook;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -35,6 +38,7 @@ pub use definition::{Definition, DefinitionError, Spec};
 pub use maintenance::DEFAULT_LEASE;
 pub use mcp::Exposed;
 use mode::Mode;
+pub use run::Started;
 use run::{Done, Live, NodeError};
 
 /// The run state a client sees (`status` of `workflow.get`).
@@ -75,6 +79,8 @@ impl Default for Options {
 struct Loaded {
     definitions: BTreeMap<String, Definition>,
     exposed: BTreeMap<String, Arc<Exposed>>,
+    schedules: Vec<schedule::Schedule>,
+    webhooks: BTreeMap<String, Arc<webhook::Webhook>>,
 }
 
 impl Loaded {
@@ -85,6 +91,8 @@ impl Loaded {
         Ok(Loaded {
             definitions: definition::load_all(config, runtime.limits())?,
             exposed: mcp::exposed_workflows(config)?,
+            schedules: schedule::load_all(config)?,
+            webhooks: webhook::load_all(config)?,
         })
     }
 }
@@ -155,6 +163,10 @@ pub struct RunRecord {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<String>,
     pub definition_hash: String,
+    /// What started the run when no caller did: `{kind: "schedule", name,
+    /// scheduled_at, missed}` or `{kind: "webhook", delivery}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub steps: Option<Vec<StepRecord>>,
 }
@@ -171,6 +183,7 @@ impl From<RunRow> for RunRecord {
             started_at: r.started_at,
             finished_at: r.finished_at,
             definition_hash: r.definition_hash,
+            trigger: r.trigger,
             steps: None,
         }
     }
@@ -195,6 +208,10 @@ pub enum WorkflowError {
     },
     #[error("workflow `{workflow}`: {message}")]
     InvalidInput { workflow: String, message: String },
+    #[error("run `{run_id}` is not waiting for this signal: {message}")]
+    NotWaiting { run_id: String, message: String },
+    #[error("{0}")]
+    InvalidPayload(String),
     #[error("run `{run_id}` is {status}; only a failed or cancelled run can be retried")]
     NotRetryable { run_id: String, status: String },
     #[error(transparent)]
@@ -233,6 +250,8 @@ pub struct Workflows {
     mode: Mode,
     /// Runs of this process that sleep ([`engine::Asleep`]).
     asleep: Arc<std::sync::atomic::AtomicUsize>,
+    /// Wakes the scheduler: a reload changed the schedules.
+    schedules_changed: Arc<tokio::sync::Notify>,
 }
 
 impl Workflows {
@@ -264,6 +283,7 @@ impl Workflows {
             worker: maintenance::Worker::new(options.lease),
             mode: Mode::of(&*store),
             asleep: Arc::default(),
+            schedules_changed: Arc::default(),
             options,
             closing: closing.clone(),
             finished_since_prune: Default::default(),
@@ -280,7 +300,7 @@ impl Workflows {
     /// Loads (and so checks) the component of every step of `loaded`.
     fn load_nodes(&self, loaded: &Loaded) -> Result<(), WorkflowError> {
         for def in loaded.definitions.values() {
-            for step in def.steps.iter().filter(|s| !s.spec.sleeps()) {
+            for step in def.steps.iter().filter(|s| s.spec.runs_node()) {
                 self.node_for(&step.spec).map_err(|e| match e {
                     NodeError::Load(source) => WorkflowError::Load {
                         workflow: def.name.clone(),
@@ -339,6 +359,7 @@ impl Workflows {
         let exposed_changed = !mcp::same_exposed(&before.exposed, &next.exposed);
         *slot = Arc::new(next);
         drop(slot);
+        self.schedules_changed.notify_one();
         if exposed_changed {
             self.exposed_changes.send_modify(|n| *n += 1);
         }
@@ -361,6 +382,7 @@ impl Workflows {
     pub async fn resume(self: &Arc<Self>) -> Result<usize, WorkflowError> {
         let count = self.mode.resume(self).await?;
         maintenance::start_pruner(self);
+        maintenance::start_scheduler(self);
         Ok(count)
     }
 
@@ -420,6 +442,7 @@ impl Workflows {
         let Counts {
             runs_running,
             runs_total,
+            runs_waiting_for_signal,
             last_event_id,
         } = self.store.counts().await?;
         Ok(json!({
@@ -427,8 +450,46 @@ impl Workflows {
             "path": self.store.location(),
             "runs_running": runs_running,
             "runs_total": runs_total,
+            "runs_waiting_for_signal": runs_waiting_for_signal,
             "last_event_id": last_event_id,
         }))
+    }
+
+    /// Every schedule of the config, with its next tick and what its last
+    /// fired tick started, for `host.status` and the console.
+    ///
+    /// # Errors
+    /// [`WorkflowError::Store`].
+    pub async fn schedules_status(&self) -> Result<Vec<Value>, WorkflowError> {
+        let rows = self.store.schedules().await?;
+        let now = crate::store::now_ms();
+        Ok(self
+            .loaded()
+            .schedules
+            .iter()
+            .map(|s| {
+                let row = rows
+                    .iter()
+                    .find(|r| r.workflow == s.workflow && r.name == s.name);
+                let fired = row.filter(|r| r.last_run_id.is_some());
+                json!({
+                    "workflow": s.workflow,
+                    "name": s.name,
+                    "cron": s.pattern,
+                    "timezone": s.timezone.name(),
+                    "overlap": s.overlap,
+                    "catch_up": s.catch_up,
+                    "next_at": s.next_after(now).map(schedule::rfc3339),
+                    "last_tick_at": fired.map(|r| schedule::rfc3339(r.last_tick_ms)),
+                    "last_run_id": fired.and_then(|r| r.last_run_id.clone()),
+                })
+            })
+            .collect())
+    }
+
+    /// The workflows with a webhook (`POST /hooks/<name>`).
+    pub fn webhooks(&self) -> Vec<String> {
+        self.loaded().webhooks.keys().cloned().collect()
     }
 
     /// This worker (`{id, started_at}`) and, on a shared store, every worker

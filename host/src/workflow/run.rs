@@ -35,6 +35,8 @@ pub(super) struct Live {
     /// Stops the run here and leaves its state for whoever drives it next:
     /// shutdown past the grace period, or a lease this worker lost.
     pub(super) stop: CancellationToken,
+    /// Bumped when a signal is sent to the run (its wait steps look).
+    pub(super) signals: watch::Sender<u64>,
 }
 
 /// A live run as its waiters see it.
@@ -45,6 +47,14 @@ pub(super) enum Done {
     /// that is exact ([`Store::stamps_with_event_time`]); without, a waiter
     /// reads it.
     Ended(Option<Box<RunRecord>>),
+}
+
+/// A run [`Workflows::start_triggered`] started, or found.
+#[derive(Debug)]
+pub struct Started {
+    pub run: RunRecord,
+    /// Whether it is new (not found by its idempotency key).
+    pub new: bool,
 }
 
 /// What [`Workflows::launch`] needs to drive a run.
@@ -131,6 +141,47 @@ impl Workflows {
         idempotency_key: Option<String>,
         parent: &TraceParent,
     ) -> Result<RunRecord, WorkflowError> {
+        let started = self
+            .start_with(workflow, input, idempotency_key, None, parent)
+            .await?;
+        Ok(started.run)
+    }
+
+    /// Starts a run that `trigger` (a schedule's tick, a webhook delivery)
+    /// started, recorded with the run; says whether the idempotency key
+    /// found a run started before instead.
+    ///
+    /// # Errors
+    /// As [`Workflows::start`].
+    pub async fn start_triggered(
+        self: &Arc<Self>,
+        workflow: &str,
+        input: Value,
+        idempotency_key: String,
+        trigger: Value,
+    ) -> Result<Started, WorkflowError> {
+        self.start_with(
+            workflow,
+            input,
+            Some(idempotency_key),
+            Some(trigger),
+            &TraceParent::none(),
+        )
+        .await
+    }
+
+    pub(super) async fn start_with(
+        self: &Arc<Self>,
+        workflow: &str,
+        input: Value,
+        idempotency_key: Option<String>,
+        trigger: Option<Value>,
+        parent: &TraceParent,
+    ) -> Result<Started, WorkflowError> {
+        let existing = |run: Box<RunRow>| Started {
+            run: (*run).into(),
+            new: false,
+        };
         let def = self
             .definition(workflow)
             .ok_or_else(|| WorkflowError::UnknownWorkflow(workflow.to_owned()))?;
@@ -163,6 +214,7 @@ impl Workflows {
             created_ms,
             started_at: now_text(),
             finished_at: None,
+            trigger,
         };
         let new = NewRun {
             steps: def.spec.steps.iter().map(|s| s.id.clone()).collect(),
@@ -179,6 +231,9 @@ impl Workflows {
         });
         let started = |span: &tracing::Span| {
             let mut data = json!({"workflow": workflow, "input": run.input});
+            if let Some(trigger) = &run.trigger {
+                data["trigger"] = trigger.clone();
+            }
             // Kept with the run, so a resumed or retried run can link to it.
             if let Some(traceparent) = trace::traceparent(span) {
                 data["traceparent"] = Value::String(traceparent);
@@ -214,8 +269,8 @@ impl Workflows {
                 .events
                 .create_run(&new, lease.as_ref(), started(&span), then)
                 .await?;
-            if let Created::Existing(existing) = created {
-                return Ok((*existing).into());
+            if let Created::Existing(run) = created {
+                return Ok(existing(run));
             }
             if then_stored {
                 first_started = first_steps.iter().map(|&id| id.to_owned()).collect();
@@ -224,9 +279,8 @@ impl Workflows {
         } else {
             // The key may find the run it started before: no span for a run
             // that this start does not make.
-            if let Created::Existing(existing) = self.store.create_run(&new, lease.as_ref()).await?
-            {
-                return Ok((*existing).into());
+            if let Created::Existing(run) = self.store.create_run(&new, lease.as_ref()).await? {
+                return Ok(existing(run));
             }
             let span = trace::run_span(workflow, &run.run_id, parent);
             self.events
@@ -248,7 +302,10 @@ impl Workflows {
                 started: first_started,
             });
         }
-        Ok(run.into())
+        Ok(Started {
+            run: run.into(),
+            new: true,
+        })
     }
 
     /// The nodes of every step of `def`, checked against the hashes it
@@ -256,7 +313,7 @@ impl Workflows {
     fn nodes_of(&self, def: &Definition) -> Result<HashMap<String, Node>, Failure> {
         def.steps
             .iter()
-            .filter(|step| !step.spec.sleeps())
+            .filter(|step| step.spec.runs_node())
             .map(|step| {
                 let node = self.node_for(&step.spec).map_err(|e| match e {
                     NodeError::Changed(now) => Failure::new(
@@ -376,6 +433,7 @@ impl Workflows {
         let (done_tx, done_rx) = watch::channel(Done::Running);
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
         let progress = engine::StepProgress::default();
+        let (signals_tx, signals) = watch::channel(0);
         self.live.lock().unwrap_or_else(|e| e.into_inner()).insert(
             run.run_id.clone(),
             Live {
@@ -384,6 +442,7 @@ impl Workflows {
                 done: done_rx,
                 progress: progress.clone(),
                 stop: stop.clone(),
+                signals: signals_tx,
             },
         );
         let ctx = Arc::new(RunCtx {
@@ -403,6 +462,7 @@ impl Workflows {
             span,
             started,
             asleep: engine::Asleep::of_run(self.asleep.clone(), self.worker.wake.clone()),
+            signals,
         });
         // What waiters get when the run ends here: the run as it started
         // (its input taken from `ctx` only when someone waits), with what its

@@ -14,7 +14,7 @@
   const WORKFLOW_KEY = "wf-host.workflow"; // the start form's last choice
   const PAGE_SIZE = 20;
   const RUN_STATUSES = ["running", "succeeded", "failed", "cancelled"];
-  const STEP_STATUSES = ["pending", "running", "succeeded", "failed", "skipped", "cancelled"];
+  const STEP_STATUSES = ["pending", "running", "waiting", "succeeded", "failed", "skipped", "cancelled"];
   const SVG = "http://www.w3.org/2000/svg";
 
   const $ = (id) => document.getElementById(id);
@@ -322,13 +322,60 @@
     if (status) params.status = status;
     if (pages[page]) params.cursor = pages[page];
     try {
-      const result = await rpc("workflow.list", params);
+      const [result, waiting, status] = await Promise.all([
+        rpc("workflow.list", params),
+        rpc("workflow.waiting", { limit: 50 }),
+        rpc("host.status"),
+      ]);
       nextCursor = result.next_cursor || null;
       renderRuns(result.runs || []);
+      renderWaiting(waiting.steps || []);
+      renderSchedules(status.schedules || []);
       $("runs-error").textContent = "";
     } catch (e) {
       fail(e, $("runs-error"));
     }
+  }
+
+  function runLink(runId) {
+    return el("a", { href: "#/runs/" + encodeURIComponent(runId), class: "run-link", text: runId });
+  }
+
+  // The wait steps waiting for a signal: what each waits for, and until when.
+  function renderWaiting(steps) {
+    const rows = steps.map((s) => {
+      const input = s.input || {};
+      return el(
+        "tr",
+        { "data-run-id": s.run_id, "data-step": s.step },
+        el("td", null, runLink(s.run_id)),
+        el("td", { text: s.workflow }),
+        el("td", null, el("code", { text: s.step })),
+        el("td", null, el("code", { text: String(input.signal || "") })),
+        el("td", { text: when(s.since) }),
+        el("td", { text: input.timeout_at ? when(input.timeout_at) : "never" }),
+      );
+    });
+    $("waiting-body").replaceChildren(...rows);
+    $("waiting-section").hidden = steps.length === 0;
+  }
+
+  // The config's schedules: the next tick, and the run the last one started.
+  function renderSchedules(schedules) {
+    const rows = schedules.map((s) =>
+      el(
+        "tr",
+        { "data-workflow": s.workflow, "data-schedule": s.name },
+        el("td", { text: s.workflow }),
+        el("td", null, el("code", { text: s.name })),
+        el("td", null, el("code", { text: s.cron })),
+        el("td", { text: s.timezone }),
+        el("td", { class: "next-at", text: s.next_at ? when(s.next_at) : "never" }),
+        el("td", null, s.last_run_id ? runLink(s.last_run_id) : "none yet"),
+      ),
+    );
+    $("schedules-body").replaceChildren(...rows);
+    $("schedules-section").hidden = schedules.length === 0;
   }
 
   const scheduleRunsRefresh = coalesce(loadRuns, 300);
@@ -465,6 +512,9 @@
     $("retry-run").disabled = !(run.status === "failed" || run.status === "cancelled");
     const steps = run.steps || [];
     if (selectedStep !== null && !steps.some((s) => s.id === selectedStep)) selectedStep = null;
+    // A step that waits for someone is what the page is opened for.
+    const waiting = steps.find((s) => s.status === "waiting");
+    if (selectedStep === null && waiting) selectedStep = waiting.id;
     drawGraph(steps);
     $("run-steps").hidden = false;
     renderStep();
@@ -624,12 +674,46 @@
       el("h3", null, "Step ", el("code", { text: step.id })),
       el("dl", { class: "summary" }, ...facts.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", null, v)])),
     ];
+    if (step.status === "waiting") parts.push(signalBox(step));
     if (step.input !== undefined) parts.push(el("h4", { text: "Input" }), json(step.input));
     if (step.output !== undefined) parts.push(el("h4", { text: "Output" }), json(step.output));
     if (step.error) parts.push(el("h4", { text: "Error" }), errorBox(step.error));
     parts.push(el("h4", { text: "Logs" }), logList(step.logs || []));
     parts.push(el("h4", { text: "Capability calls" }), callTable(step.calls || []));
     box.replaceChildren(...parts);
+  }
+
+  // A waiting step: approve or reject it (a signal of the name it waits for,
+  // with `{approved, comment}` as its payload, which becomes its output).
+  function signalBox(step) {
+    const input = step.input || {};
+    const signal = String(input.signal || "");
+    const comment = el("textarea", { id: "signal-comment", rows: "2", placeholder: "Comment (optional)" });
+    const error = el("span", { id: "signal-error", class: "error" });
+    const send = async (approved, button) => {
+      button.disabled = true;
+      error.textContent = "";
+      const payload = { approved, comment: comment.value };
+      try {
+        await rpc("workflow.signal", { run_id: lastRun.run_id, signal, payload });
+        loadRun();
+      } catch (e) {
+        fail(e, error);
+        button.disabled = false;
+      }
+    };
+    const approve = el("button", { type: "button", id: "approve-step", text: "Approve" });
+    const reject = el("button", { type: "button", id: "reject-step", text: "Reject" });
+    approve.addEventListener("click", () => send(true, approve));
+    reject.addEventListener("click", () => send(false, reject));
+    const until = input.timeout_at ? ` until ${when(input.timeout_at)}` : "";
+    return el(
+      "div",
+      { class: "signal-box" },
+      el("p", null, "Waits for signal ", el("code", { text: signal }), until + "."),
+      comment,
+      el("div", { class: "actions" }, approve, " ", reject, " ", error),
+    );
   }
 
   function logList(logs) {

@@ -23,6 +23,7 @@ pub(super) async fn listener(
             Ok(Note::Cancel(run_id)) => {
                 this.cancel_local(&run_id);
             }
+            Ok(Note::Signal(run_id)) => this.signal_local(&run_id),
             Ok(Note::Ready | Note::Reconnected) | Err(RecvError::Lagged(_)) => {
                 this.worker.wake.notify_one();
             }

@@ -3,6 +3,8 @@
 //!
 //! - [`pruner`]: deletes finished runs past `keep_runs` and `keep_for`, every
 //!   minute and after every batch of finished runs. Every store.
+//! - [`scheduler`]: fires the ticks of the config's schedules, each once
+//!   whichever workers are alive. Every store.
 //!
 //! And on a shared store (PostgreSQL), where every `wf-host serve` on one
 //! database is a worker and a run is driven by the worker that holds its
@@ -29,6 +31,7 @@ mod claimer;
 mod listener;
 mod pruner;
 mod renewer;
+mod scheduler;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +43,7 @@ use crate::store::{WorkerRow, now_text};
 
 pub(crate) use claimer::start_claimer;
 pub(crate) use pruner::start_pruner;
+pub(crate) use scheduler::start_scheduler;
 
 /// Default lease of a claimed run.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);

@@ -1,0 +1,21 @@
+-- Runs that start on their own, and runs that wait: the schema of
+-- migrations/sqlite/0004_triggers.sql, in PostgreSQL's types.
+ALTER TABLE runs ADD COLUMN run_trigger TEXT;
+
+CREATE TABLE schedules (
+    workflow     TEXT NOT NULL,
+    name         TEXT NOT NULL,
+    last_tick_ms BIGINT NOT NULL,
+    last_run_id  TEXT,
+    PRIMARY KEY (workflow, name)
+);
+
+CREATE TABLE signals (
+    id      BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    run_id  TEXT COLLATE "C" NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    signal  TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    sent_at TEXT NOT NULL,
+    step_id TEXT
+);
+CREATE INDEX signals_run ON signals (run_id, signal, id);

@@ -1,0 +1,28 @@
+-- Runs that start on their own, and runs that wait.
+--
+-- What started a run that no caller started (JSON): a schedule's tick
+-- (`{"kind": "schedule", "name", "scheduled_at"}`) or a webhook delivery.
+ALTER TABLE runs ADD COLUMN run_trigger TEXT;
+
+-- Each schedule's progress: the last tick it fired (or from when it counts
+-- ticks, before its first), and the run that tick started. Shared by every
+-- worker of a store, so a tick fires once whoever is alive.
+CREATE TABLE schedules (
+    workflow     TEXT NOT NULL,
+    name         TEXT NOT NULL,
+    last_tick_ms INTEGER NOT NULL,
+    last_run_id  TEXT,
+    PRIMARY KEY (workflow, name)
+);
+
+-- Signals sent to runs (`workflow.signal`), kept until a `wait` step of the
+-- run takes them (`step_id`), oldest first.
+CREATE TABLE signals (
+    id      INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id  TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    signal  TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    sent_at TEXT NOT NULL,
+    step_id TEXT
+);
+CREATE INDEX signals_run ON signals (run_id, signal, id);

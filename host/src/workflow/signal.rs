@@ -1,0 +1,168 @@
+//! Signals: `workflow.signal {run_id, signal, payload}` for a run's wait
+//! steps (`wait = "<signal>"`), from JSON-RPC, the console and `/mcp`.
+//!
+//! A signal is checked against the run as stored, from any worker: the run
+//! must be running and have a wait step for it that has not finished, with
+//! no other signal already kept for that step, and the payload must satisfy
+//! the step's `schema`. It is then kept in the store, so one sent before its
+//! step starts waiting is not lost: the step takes it when it gets there.
+//! Whoever drives the run hears of it (here, or through a note from the
+//! store) and its wait step takes it.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::definition::{Definition, Spec};
+use super::{WorkflowError, Workflows};
+use crate::store::{RunStatus, StepStatus};
+
+/// Longest payload kept, in bytes of JSON.
+pub const MAX_PAYLOAD: usize = 256 * 1024;
+
+/// What `workflow.signal` answers.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Signalled {
+    pub run_id: String,
+    pub signal: String,
+    /// The wait step that takes it.
+    pub step: String,
+    /// `waiting`: the step waits for it now; `kept`: it is kept until the
+    /// step gets there.
+    pub delivery: &'static str,
+}
+
+impl Workflows {
+    /// Sends `signal` with `payload` to run `run_id`.
+    ///
+    /// # Errors
+    /// [`WorkflowError::UnknownRun`]; [`WorkflowError::NotWaiting`] when the
+    /// run does not wait (and will not) for this signal;
+    /// [`WorkflowError::InvalidPayload`] when the payload breaks the step's
+    /// `schema` (the run keeps waiting).
+    pub async fn signal(
+        self: &Arc<Self>,
+        run_id: &str,
+        signal: &str,
+        payload: Value,
+    ) -> Result<Signalled, WorkflowError> {
+        let not_waiting = |message: String| WorkflowError::NotWaiting {
+            run_id: run_id.to_owned(),
+            message,
+        };
+        let run = self
+            .store
+            .run(run_id)
+            .await?
+            .ok_or_else(|| WorkflowError::UnknownRun(run_id.to_owned()))?;
+        if run.status != RunStatus::Running {
+            return Err(not_waiting(format!(
+                "it is {}; a signal is only taken by a running run",
+                run.status.as_str()
+            )));
+        }
+        let def = Spec::deserialize_value(&run.definition)
+            .and_then(|spec| Definition::compile(&run.workflow, spec).map_err(|e| e.to_string()))
+            .map_err(|e| not_waiting(format!("its definition cannot be read: {e}")))?;
+        let waits: Vec<_> = def
+            .spec
+            .steps
+            .iter()
+            .filter_map(|s| s.wait.as_deref().map(|w| (s.id.as_str(), w)))
+            .collect();
+        if !waits.iter().any(|(_, w)| *w == signal) {
+            let known = if waits.is_empty() {
+                "it has no wait step".to_owned()
+            } else {
+                let names: Vec<String> = waits.iter().map(|(_, w)| format!("`{w}`")).collect();
+                format!("it waits only for {}", names.join(", "))
+            };
+            return Err(not_waiting(format!(
+                "no step of workflow `{}` waits for signal `{signal}`: {known}",
+                run.workflow
+            )));
+        }
+        let steps = self.store.steps(run_id).await?;
+        // The wait steps for this signal that can still take one, in the
+        // order they take them (definition order; the one waiting first).
+        let mut open: Vec<(&str, StepStatus)> = def
+            .steps
+            .iter()
+            .filter(|s| s.spec.wait.as_deref() == Some(signal))
+            .filter_map(|s| {
+                let status = steps.iter().find(|r| r.step_id == s.spec.id)?.status;
+                (!status.is_finished()).then_some((s.spec.id.as_str(), status))
+            })
+            .collect();
+        open.sort_by_key(|(_, status)| *status != StepStatus::Waiting);
+        let kept = self
+            .store
+            .signals(run_id)
+            .await?
+            .into_iter()
+            .filter(|s| s.signal == signal && s.step_id.is_none())
+            .count();
+        let Some(&(step_id, status)) = open.get(kept) else {
+            return Err(not_waiting(if open.is_empty() {
+                format!("its step waiting for signal `{signal}` has finished")
+            } else {
+                format!(
+                    "a `{signal}` signal is already kept for each step that waits for one ({kept})"
+                )
+            }));
+        };
+        let step = def.step(step_id).expect("found in the definition");
+        Definition::check_payload(step, &payload).map_err(WorkflowError::InvalidPayload)?;
+        if payload.to_string().len() > MAX_PAYLOAD {
+            return Err(WorkflowError::InvalidPayload(format!(
+                "the payload is larger than {MAX_PAYLOAD} bytes of JSON"
+            )));
+        }
+        self.store.send_signal(run_id, signal, &payload).await?;
+        self.signal_local(run_id);
+        tracing::info!(run = %run_id, signal, step = step_id, "signal sent");
+        Ok(Signalled {
+            run_id: run_id.to_owned(),
+            signal: signal.to_owned(),
+            step: step_id.to_owned(),
+            delivery: if status == StepStatus::Waiting {
+                "waiting"
+            } else {
+                "kept"
+            },
+        })
+    }
+
+    /// Up to `limit` wait steps waiting for their signal, the longest
+    /// waiting first (`workflow.waiting`, the console).
+    ///
+    /// # Errors
+    /// [`WorkflowError::Store`].
+    pub async fn waiting_steps(
+        &self,
+        limit: u32,
+    ) -> Result<Vec<crate::store::WaitingStep>, WorkflowError> {
+        Ok(self.store.waiting_steps(limit).await?)
+    }
+
+    /// Tells the run's wait steps, if this process drives it, that a signal
+    /// was sent.
+    pub(crate) fn signal_local(&self, run_id: &str) {
+        if let Some(live) = self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(run_id)
+        {
+            live.signals.send_modify(|n| *n += 1);
+        }
+    }
+}
+
+impl Spec {
+    /// A stored spec, read back.
+    fn deserialize_value(value: &Value) -> Result<Spec, String> {
+        serde::Deserialize::deserialize(value).map_err(|e: serde_json::Error| e.to_string())
+    }
+}

@@ -1,0 +1,822 @@
+//! Runs that start on their own and runs that wait for someone: cron
+//! schedules, webhooks and signals (approval steps), through real `wf-host
+//! serve` processes, on the real clock, with the echo node built from source.
+//! The PostgreSQL tests start their own throwaway server.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use base64::Engine as _;
+use hmac::{Hmac, Mac};
+use rmcp::ServiceExt;
+use rmcp::model::CallToolRequestParams;
+use rmcp::transport::StreamableHttpClientTransport;
+use serde_json::{Value, json};
+use sha2::Sha256;
+
+use common::postgres::TestPostgres;
+use common::serve::Serve;
+use common::*;
+
+/// Writes `body` as `wf.toml` in `dir`, `{echo}` filled in.
+fn write_config(dir: &Path, body: &str) -> PathBuf {
+    let text = body.replace("{echo}", &plugin("echo").display().to_string());
+    let path = dir.join("wf.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `wf-host serve` on `config`, its state in `state` (a file, or a URL).
+fn serve(config: &Path, state: &str, env: &[(&str, &str)]) -> Serve {
+    let config = config.to_owned();
+    Serve::start_with_env(move |_| config, &["--state", state], env)
+}
+
+fn kill(serve: Serve) {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(serve.child.id() as i32, libc::SIGKILL) };
+    drop(serve);
+}
+
+async fn call(serve: &Serve, method: &str, params: Value) -> Value {
+    let reply = serve.rpc(method, params, None).await;
+    match reply.get("result") {
+        Some(result) => result.clone(),
+        None => panic!("{method} failed: {reply}"),
+    }
+}
+
+/// Every run of `workflow`, oldest first, as `workflow.get` shows them.
+async fn runs(serve: &Serve, workflow: &str) -> Vec<Value> {
+    let listed = call(
+        serve,
+        "workflow.list",
+        json!({"workflow": workflow, "limit": 1000}),
+    )
+    .await;
+    let mut runs = Vec::new();
+    for run in listed["runs"].as_array().unwrap().iter().rev() {
+        let id = run["run_id"].as_str().unwrap();
+        runs.push(call(serve, "workflow.get", json!({"run_id": id})).await);
+    }
+    runs
+}
+
+/// The runs' ticks, in ms since the epoch, ascending.
+fn ticks(runs: &[Value]) -> Vec<u128> {
+    let mut ticks: Vec<u128> = runs
+        .iter()
+        .map(|r| {
+            assert_eq!(r["trigger"]["kind"], "schedule", "{r}");
+            epoch_ms(r["trigger"]["scheduled_at"].as_str().unwrap())
+        })
+        .collect();
+    ticks.sort_unstable();
+    ticks
+}
+
+fn epoch_ms(text: &str) -> u128 {
+    humantime::parse_rfc3339_weak(text)
+        .unwrap()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
+fn now_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
+async fn wait_until(what: &str, timeout: Duration, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A sum of a counter's samples in `/metrics` whose labels include `labels`.
+async fn metric(serve: &Serve, name: &str, labels: &str) -> f64 {
+    let (status, text) = serve.get("/metrics", None).await;
+    assert_eq!(status, 200);
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(labels))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+const EVERY_SECOND: &str = r#"
+[workflows.tick]
+component = "{echo}"
+[[workflows.tick.schedules]]
+name = "each-second"
+cron = "*/1 * * * * *"
+input = '{at: .scheduled_at, from: .schedule}'
+"#;
+
+/// A 6-field schedule fires once a second: one run per tick, each on its
+/// own second, its input from the schedule's `input` mapping, its trigger
+/// naming the schedule and the tick; the metric counts them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_six_field_schedule_fires_once_a_second() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), EVERY_SECOND);
+    let state = dir.path().join("state.db");
+    let serve = serve(&config, state.to_str().unwrap(), &[]);
+    let began = now_ms();
+    tokio::time::sleep(Duration::from_millis(5300)).await;
+    let runs = runs(&serve, "tick").await;
+    let ticks = ticks(&runs);
+    assert!(
+        (5..=6).contains(&ticks.len()),
+        "{} runs in 5.3 s: {ticks:?}",
+        ticks.len()
+    );
+    for pair in ticks.windows(2) {
+        assert_eq!(pair[1] - pair[0], 1000, "one run per second: {ticks:?}");
+    }
+    assert!(ticks[0] > began && ticks[0].is_multiple_of(1000), "{ticks:?}");
+    for run in &runs {
+        assert_eq!(run["trigger"]["name"], "each-second");
+        assert_eq!(run["input"]["from"], "each-second");
+        assert_eq!(run["input"]["at"], run["trigger"]["scheduled_at"]);
+    }
+    let fired = metric(
+        &serve,
+        "wf_schedule_fires_total",
+        r#"schedule="each-second""#,
+    )
+    .await;
+    assert!(
+        fired >= ticks.len() as f64,
+        "{fired} fires counted for {} runs",
+        ticks.len()
+    );
+    let status = call(&serve, "host.status", json!({})).await;
+    let schedule = &status["schedules"][0];
+    assert_eq!(schedule["name"], "each-second");
+    assert_eq!(schedule["cron"], "*/1 * * * * *");
+    assert!(schedule["next_at"].is_string(), "{status}");
+    assert!(schedule["last_run_id"].is_string(), "{status}");
+}
+
+/// Down for 5 s, then back: `catch_up = "one"` fires the latest missed tick,
+/// once (its trigger counts the ticks it stands for), and none of the
+/// others; `"none"` fires none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_downtime_catch_up_one_fires_one_missed_tick_and_none_fires_none() {
+    for catch_up in ["one", "none"] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = write_config(
+            dir.path(),
+            &format!("{EVERY_SECOND}catch_up = \"{catch_up}\"\n"),
+        );
+        let state = dir.path().join("state.db");
+        let state = state.to_str().unwrap();
+        let first = serve(&config, state, &[]);
+        wait_until("two ticks", Duration::from_secs(10), async || {
+            runs(&first, "tick").await.len() >= 2
+        })
+        .await;
+        kill(first);
+        let killed = now_ms();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let restarted = now_ms();
+        let second = serve(&config, state, &[]);
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let runs = runs(&second, "tick").await;
+        let before: Vec<&Value> = runs
+            .iter()
+            .filter(|r| epoch_ms(r["started_at"].as_str().unwrap()) < killed)
+            .collect();
+        let last_before = ticks(&before.iter().map(|r| (*r).clone()).collect::<Vec<_>>())
+            .last()
+            .copied()
+            .unwrap();
+        let after: Vec<Value> = runs
+            .iter()
+            .filter(|r| epoch_ms(r["trigger"]["scheduled_at"].as_str().unwrap()) > last_before)
+            .cloned()
+            .collect();
+        let after_ticks = ticks(&after);
+        assert!(!after_ticks.is_empty(), "no tick fired after the restart");
+        let missed: Vec<u64> = after
+            .iter()
+            .map(|r| r["trigger"]["missed"].as_u64().unwrap())
+            .collect();
+        let in_downtime = after_ticks
+            .iter()
+            .filter(|&&t| t > last_before && t <= restarted)
+            .count();
+        match catch_up {
+            "one" => {
+                let caught: Vec<&u64> = missed.iter().filter(|&&m| m > 0).collect();
+                assert_eq!(caught.len(), 1, "exactly one run catches up: {after:?}");
+                assert!(
+                    *caught[0] >= 4,
+                    "it stands for the ticks missed: {missed:?}"
+                );
+                assert!(
+                    in_downtime <= 1,
+                    "one missed tick fired, not all: {after_ticks:?}"
+                );
+                // Every tick after the catch-up fires, once each.
+                for pair in after_ticks.windows(2) {
+                    assert!(pair[1] > pair[0], "{after_ticks:?}");
+                }
+            }
+            _ => {
+                assert_eq!(in_downtime, 0, "no missed tick fires: {after_ticks:?}");
+                assert!(after_ticks[0] > restarted, "{after_ticks:?}");
+            }
+        }
+        assert_eq!(
+            after_ticks.iter().collect::<BTreeSet<_>>().len(),
+            after_ticks.len(),
+            "no tick fires twice"
+        );
+    }
+}
+
+/// Two PostgreSQL workers, one schedule: every tick fires exactly once
+/// (one run per second, never two for one tick), whichever worker fires it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_postgres_workers_fire_each_tick_once() {
+    let pg = TestPostgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), EVERY_SECOND);
+    let url = pg.url();
+    let a = serve(&config, &url, &[]);
+    let b = serve(&config, &url, &[]);
+    tokio::time::sleep(Duration::from_millis(5300)).await;
+    let runs = runs(&a, "tick").await;
+    let ticks = ticks(&runs);
+    assert!(ticks.len() >= 4, "{ticks:?}");
+    assert_eq!(
+        ticks.iter().collect::<BTreeSet<_>>().len(),
+        ticks.len(),
+        "a tick fired twice: {ticks:?}"
+    );
+    for pair in ticks.windows(2) {
+        assert_eq!(pair[1] - pair[0], 1000, "a tick was lost: {ticks:?}");
+    }
+    let fired = metric(&a, "wf_schedule_fires_total", "each-second").await
+        + metric(&b, "wf_schedule_fires_total", "each-second").await;
+    // Runs listed a moment ago; a tick may have fired since.
+    assert!(
+        (ticks.len() as f64..=ticks.len() as f64 + 1.0).contains(&fired),
+        "{fired} fires counted by both workers for {} runs",
+        ticks.len()
+    );
+}
+
+const HOOKS: &str = r#"
+[workflows.push]
+component = "{echo}"
+[workflows.push.webhook]
+signature = "github"
+secret_env = "PUSH_SECRET"
+input = '{ref: .body.ref, event: .headers["x-github-event"], tag: .query.tag}'
+max_input = "4 KiB"
+
+[workflows.events]
+component = "{echo}"
+[workflows.events.webhook]
+signature = "standard-webhooks"
+secret_env = "EVENTS_SECRET"
+
+[workflows.plain]
+component = "{echo}"
+[workflows.plain.webhook]
+signature = "hmac-sha256"
+header = "X-Signature"
+secret_file = "plain.secret"
+"#;
+
+const PUSH_SECRET: &str = "It's a Secret to Everybody";
+/// `whsec_` and base64 of the key.
+const EVENTS_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+fn hmac_hex(key: &[u8], parts: &[&[u8]]) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(key).unwrap();
+    for part in parts {
+        mac.update(part);
+    }
+    hex::encode(mac.finalize().into_bytes())
+}
+
+async fn post(serve: &Serve, path: &str, headers: &[(&str, String)], body: &str) -> (u16, Value) {
+    let mut request = http_client()
+        .post(format!("{}{path}", serve.base))
+        .header("content-type", "application/json")
+        .body(body.to_owned());
+    for (name, value) in headers {
+        request = request.header(*name, value);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// Webhooks: a GitHub-signed delivery starts a run with its mapped input
+/// (202 and the run id); a redelivery (same `X-GitHub-Delivery`) gets the
+/// same run; a wrong signature, a missing one, a stale Standard Webhooks
+/// timestamp each get 401 and start nothing (the store shows no other run);
+/// a body over `max_input` gets 413; a page's `Origin` does not matter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_start_verified_runs_and_refuse_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("plain.secret"), "plain-key\n").unwrap();
+    let config = write_config(dir.path(), HOOKS);
+    let state = dir.path().join("state.db");
+    let serve = serve(
+        &config,
+        state.to_str().unwrap(),
+        &[
+            ("PUSH_SECRET", PUSH_SECRET),
+            ("EVENTS_SECRET", EVENTS_SECRET),
+        ],
+    );
+    let body = r#"{"ref":"refs/heads/main","after":"abc"}"#;
+    let signed = format!(
+        "sha256={}",
+        hmac_hex(PUSH_SECRET.as_bytes(), &[body.as_bytes()])
+    );
+    let github = |delivery: &str, signature: &str| {
+        vec![
+            ("X-GitHub-Event", "push".to_owned()),
+            ("X-GitHub-Delivery", delivery.to_owned()),
+            ("X-Hub-Signature-256", signature.to_owned()),
+            // Server to server: no page's origin applies.
+            ("Origin", "https://github.com".to_owned()),
+        ]
+    };
+    let (status, reply) = post(&serve, "/hooks/push?tag=v1", &github("d-1", &signed), body).await;
+    assert_eq!(status, 202, "{reply}");
+    let run_id = reply["run_id"].as_str().unwrap().to_owned();
+    let done = call(
+        &serve,
+        "workflow.wait",
+        json!({"run_id": run_id, "timeout_ms": 30000}),
+    )
+    .await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert_eq!(
+        done["output"],
+        json!({"ref": "refs/heads/main", "event": "push", "tag": "v1"})
+    );
+    assert_eq!(
+        done["trigger"],
+        json!({"kind": "webhook", "delivery": "d-1"})
+    );
+
+    let (status, again) = post(&serve, "/hooks/push", &github("d-1", &signed), body).await;
+    assert_eq!(
+        (status, &again["run_id"]),
+        (202, &json!(run_id)),
+        "a redelivery is the same run"
+    );
+
+    let wrong = format!("sha256={}", hmac_hex(b"not the secret", &[body.as_bytes()]));
+    let (status, reply) = post(&serve, "/hooks/push", &github("d-2", &wrong), body).await;
+    assert_eq!(status, 401, "{reply}");
+    assert!(
+        reply["error"].as_str().unwrap().contains("does not match"),
+        "{reply}"
+    );
+    let (status, reply) = post(
+        &serve,
+        "/hooks/push",
+        &[("X-GitHub-Delivery", "d-3".into())],
+        body,
+    )
+    .await;
+    assert_eq!(status, 401, "{reply}");
+    assert!(
+        reply["error"]
+            .as_str()
+            .unwrap()
+            .contains("missing `x-hub-signature-256`"),
+        "{reply}"
+    );
+    let tampered = body.replace("main", "evil");
+    let (status, _) = post(&serve, "/hooks/push", &github("d-4", &signed), &tampered).await;
+    assert_eq!(status, 401, "a signature is of the body it came with");
+    let big = format!(r#"{{"ref":"{}"}}"#, "x".repeat(5000));
+    let big_sig = format!(
+        "sha256={}",
+        hmac_hex(PUSH_SECRET.as_bytes(), &[big.as_bytes()])
+    );
+    let (status, _) = post(&serve, "/hooks/push", &github("d-5", &big_sig), &big).await;
+    assert_eq!(status, 413);
+    let (status, _) = post(&serve, "/hooks/nope", &[], "{}").await;
+    assert_eq!(status, 404);
+
+    // Standard Webhooks: signed over `id.timestamp.body`, within 5 minutes.
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(EVENTS_SECRET.trim_start_matches("whsec_"))
+        .unwrap();
+    let standard = |id: &str, at: u64| {
+        let ts = at.to_string();
+        let mut mac = Hmac::<Sha256>::new_from_slice(&key).unwrap();
+        mac.update(format!("{id}.{ts}.{body}").as_bytes());
+        let sig = base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
+        vec![
+            ("webhook-id", id.to_owned()),
+            ("webhook-timestamp", ts),
+            ("webhook-signature", format!("v1,bm90IHRoaXMgb25l v1,{sig}")),
+        ]
+    };
+    let now = (now_ms() / 1000) as u64;
+    let (status, reply) = post(&serve, "/hooks/events", &standard("msg_1", now), body).await;
+    assert_eq!(status, 202, "{reply}");
+    let (status, reply) = post(&serve, "/hooks/events", &standard("msg_2", now - 600), body).await;
+    assert_eq!(status, 401, "{reply}");
+    assert!(
+        reply["error"]
+            .as_str()
+            .unwrap()
+            .contains("webhook-timestamp"),
+        "{reply}"
+    );
+
+    // A plain HMAC in a header of the config's choosing, the secret from a file.
+    let plain = hmac_hex(b"plain-key", &[body.as_bytes()]);
+    let (status, reply) = post(&serve, "/hooks/plain", &[("X-Signature", plain)], body).await;
+    assert_eq!(status, 202, "{reply}");
+
+    // Only the three verified deliveries made runs.
+    let mut started = 0;
+    for workflow in ["push", "events", "plain"] {
+        started += runs(&serve, workflow).await.len();
+    }
+    assert_eq!(started, 3);
+    let refused = metric(&serve, "wf_webhook_requests_total", r#"status="401""#).await;
+    assert_eq!(refused, 4.0);
+}
+
+/// A webhook without a secret, or with `verify` off but not written out,
+/// is refused when the config loads, naming what is missing.
+#[test]
+fn a_webhook_without_its_secret_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "[workflows.push]\ncomponent = \"{echo}\"\n[workflows.push.webhook]\nsignature = \"github\"\nsecret_env = \"NO_SUCH_SECRET_VAR\"\n",
+    );
+    let out = std::process::Command::new(wf_host_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .env_remove("NO_SUCH_SECRET_VAR")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("workflow `push`: webhook: the environment variable `NO_SUCH_SECRET_VAR` (`secret_env`) is not set"),
+        "{stderr}"
+    );
+    write_config(
+        dir.path(),
+        "[workflows.push]\ncomponent = \"{echo}\"\n[workflows.push.webhook]\n",
+    );
+    let out = std::process::Command::new(wf_host_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("or `verify = \"none\"`"), "{stderr}");
+}
+
+const APPROVAL: &str = r#"
+[workflows.deploy]
+expose = true
+output = '{approval: .steps.approve.output, input: .input}'
+[[workflows.deploy.steps]]
+id = "prepare"
+component = "{echo}"
+[[workflows.deploy.steps]]
+id = "approve"
+needs = ["prepare"]
+wait = "approve"
+timeout = "TIMEOUT"
+schema = { type = "object", required = ["approved"], properties = { approved = { type = "boolean" } } }
+input = '{release: .steps.prepare.output.release}'
+[[workflows.deploy.steps]]
+id = "ship"
+needs = ["approve"]
+if = '.steps.approve.output.approved'
+component = "{echo}"
+
+[workflows.slow-start]
+[[workflows.slow-start.steps]]
+id = "first"
+sleep = "1500ms"
+[[workflows.slow-start.steps]]
+id = "approve"
+needs = ["first"]
+wait = "approve"
+"#;
+
+fn approval_config(dir: &Path, timeout: &str) -> PathBuf {
+    write_config(dir, &APPROVAL.replace("TIMEOUT", timeout))
+}
+
+/// Waits until step `step` of the run is `waiting`; the run.
+async fn until_waiting(serve: &Serve, run_id: &str, step: &str) -> Value {
+    let mut got = Value::Null;
+    wait_until("the wait step", Duration::from_secs(30), async || {
+        got = call(serve, "workflow.get", json!({"run_id": run_id})).await;
+        got["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["id"] == step && s["status"] == "waiting")
+    })
+    .await;
+    got
+}
+
+/// An approval through JSON-RPC: the run waits (step `waiting`, listed by
+/// `workflow.waiting`, counted by `host.status`), a payload that breaks the
+/// schema is -32602 and the run keeps waiting, the approval resumes it with
+/// the payload as the step's output; a signal to a run that no longer waits
+/// is -32008 and names why. A wait survives a SIGKILL of the host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_through_rpc_resumes_the_run_and_bad_signals_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = approval_config(dir.path(), "1h");
+    let state = dir.path().join("state.db");
+    let state = state.to_str().unwrap();
+    let first = serve(&config, state, &[]);
+    let run = call(
+        &first,
+        "workflow.start",
+        json!({"workflow": "deploy", "input": {"release": "1.2"}}),
+    )
+    .await;
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    let got = until_waiting(&first, &run_id, "approve").await;
+    assert_eq!(got["steps"][1]["input"]["signal"], "approve");
+    assert_eq!(
+        got["steps"][1]["input"]["request"],
+        json!({"release": "1.2"})
+    );
+    let waiting = call(&first, "workflow.waiting", json!({})).await;
+    assert_eq!(waiting["steps"][0]["run_id"], json!(run_id), "{waiting}");
+    let status = call(&first, "host.status", json!({})).await;
+    assert_eq!(status["state"]["runs_waiting_for_signal"], 1, "{status}");
+    // The host dies while the run waits; the next one waits on.
+    kill(first);
+    let serve = serve(&config, state, &[]);
+    until_waiting(&serve, &run_id, "approve").await;
+
+    let bad = serve
+        .rpc(
+            "workflow.signal",
+            json!({"run_id": run_id, "signal": "approve", "payload": {"approved": "yes"}}),
+            None,
+        )
+        .await;
+    assert_eq!(bad["error"]["code"], -32602, "{bad}");
+    assert!(
+        bad["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("`/approved`"),
+        "{bad}"
+    );
+    let unknown = serve
+        .rpc(
+            "workflow.signal",
+            json!({"run_id": run_id, "signal": "nope", "payload": {}}),
+            None,
+        )
+        .await;
+    assert_eq!(unknown["error"]["code"], -32008, "{unknown}");
+    assert!(
+        unknown["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("waits only for `approve`"),
+        "{unknown}"
+    );
+
+    let sent = call(
+        &serve,
+        "workflow.signal",
+        json!({"run_id": run_id, "signal": "approve", "payload": {"approved": true, "by": "ana"}}),
+    )
+    .await;
+    assert_eq!(sent["delivery"], "waiting", "{sent}");
+    assert_eq!(sent["step"], "approve");
+    let done = call(
+        &serve,
+        "workflow.wait",
+        json!({"run_id": run_id, "timeout_ms": 30000}),
+    )
+    .await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert_eq!(
+        done["output"]["approval"],
+        json!({"approved": true, "by": "ana"})
+    );
+    let steps = done["steps"].as_array().unwrap();
+    assert_eq!(steps[2]["status"], "succeeded", "approved: it ships");
+
+    let late = serve
+        .rpc(
+            "workflow.signal",
+            json!({"run_id": run_id, "signal": "approve", "payload": {"approved": true}}),
+            None,
+        )
+        .await;
+    assert_eq!(late["error"]["code"], -32008, "{late}");
+    assert!(
+        late["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("it is succeeded"),
+        "{late}"
+    );
+}
+
+/// A signal sent before its step waits is kept, and taken when the step
+/// gets there; a second one for the same single step is refused rather than
+/// kept forever. A wait step that times out fails `timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_signal_is_kept_and_a_wait_times_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = approval_config(dir.path(), "1s");
+    let state = dir.path().join("state.db");
+    let serve = serve(&config, state.to_str().unwrap(), &[]);
+
+    let run = call(
+        &serve,
+        "workflow.start",
+        json!({"workflow": "slow-start", "input": {}}),
+    )
+    .await;
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    let sent = call(
+        &serve,
+        "workflow.signal",
+        json!({"run_id": run_id, "signal": "approve", "payload": {"early": true}}),
+    )
+    .await;
+    assert_eq!(sent["delivery"], "kept", "{sent}");
+    let twice = serve
+        .rpc(
+            "workflow.signal",
+            json!({"run_id": run_id, "signal": "approve", "payload": {}}),
+            None,
+        )
+        .await;
+    assert_eq!(twice["error"]["code"], -32008, "{twice}");
+    let done = call(
+        &serve,
+        "workflow.wait",
+        json!({"run_id": run_id, "timeout_ms": 30000}),
+    )
+    .await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert_eq!(done["output"], json!({"early": true}));
+
+    let run = call(
+        &serve,
+        "workflow.start",
+        json!({"workflow": "deploy", "input": {"release": "2"}}),
+    )
+    .await;
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    let done = call(
+        &serve,
+        "workflow.wait",
+        json!({"run_id": run_id, "timeout_ms": 30000}),
+    )
+    .await;
+    assert_eq!(done["status"], "failed", "{done}");
+    assert_eq!(done["error"]["code"], "timeout", "{done}");
+    assert_eq!(done["steps"][1]["error"]["code"], "timeout");
+    assert!(
+        done["steps"][1]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no `approve` signal came within 1s"),
+        "{done}"
+    );
+}
+
+/// An approval through `/mcp`: the `signal` tool is offered next to the
+/// exposed workflow that waits, and resumes its run; a rejection flows
+/// through as the step's output, so the step that needs approval is skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_through_mcp_resumes_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = approval_config(dir.path(), "1h");
+    let state = dir.path().join("state.db");
+    let serve = serve(&config, state.to_str().unwrap(), &[]);
+    let run = call(
+        &serve,
+        "workflow.start",
+        json!({"workflow": "deploy", "input": {"release": "3"}}),
+    )
+    .await;
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    until_waiting(&serve, &run_id, "approve").await;
+
+    let transport = StreamableHttpClientTransport::from_uri(serve.mcp_url());
+    let client = ().serve(transport).await.unwrap();
+    let tools = client.list_all_tools().await.unwrap();
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    assert!(
+        names.contains(&"signal") && names.contains(&"deploy"),
+        "{names:?}"
+    );
+    let args = json!({"run_id": run_id, "signal": "approve", "payload": {"approved": false, "comment": "not today"}});
+    let result = client
+        .call_tool(
+            CallToolRequestParams::new("signal").with_arguments(args.as_object().unwrap().clone()),
+        )
+        .await
+        .unwrap();
+    assert_ne!(result.is_error, Some(true), "{result:?}");
+    assert_eq!(
+        result.structured_content.as_ref().unwrap()["step"],
+        "approve"
+    );
+    client.cancel().await.unwrap();
+
+    let done = call(
+        &serve,
+        "workflow.wait",
+        json!({"run_id": run_id, "timeout_ms": 30000}),
+    )
+    .await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert_eq!(done["output"]["approval"]["comment"], "not today");
+    assert_eq!(
+        done["steps"][2]["status"], "skipped",
+        "rejected: nothing ships"
+    );
+}
+
+/// Two PostgreSQL workers: a signal sent through either reaches the run,
+/// whichever worker drives it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_through_any_postgres_worker_reaches_the_run() {
+    let pg = TestPostgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = approval_config(dir.path(), "1h");
+    let url = pg.url();
+    let a = serve(&config, &url, &[]);
+    let b = serve(&config, &url, &[]);
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        let via = if i % 2 == 0 { &a } else { &b };
+        let run = call(
+            via,
+            "workflow.start",
+            json!({"workflow": "deploy", "input": {"release": i}}),
+        )
+        .await;
+        ids.push(run["run_id"].as_str().unwrap().to_owned());
+    }
+    for (i, id) in ids.iter().enumerate() {
+        until_waiting(&a, id, "approve").await;
+        // Each through the other worker than the one that started it.
+        let via = if i % 2 == 0 { &b } else { &a };
+        call(
+            via,
+            "workflow.signal",
+            json!({"run_id": id, "signal": "approve", "payload": {"approved": true}}),
+        )
+        .await;
+    }
+    for id in &ids {
+        let started = Instant::now();
+        let done = call(
+            &a,
+            "workflow.wait",
+            json!({"run_id": id, "timeout_ms": 30000}),
+        )
+        .await;
+        assert_eq!(done["status"], "succeeded", "{done}");
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "the note was not heard: polled"
+        );
+    }
+}
