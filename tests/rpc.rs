@@ -655,8 +655,10 @@ async fn rpc_discover_lists_exactly_the_methods_that_answer() {
         "workflow.get",
         "workflow.list",
         "workflow.retry",
+        "workflow.signal",
         "workflow.start",
         "workflow.wait",
+        "workflow.waiting",
     ];
     expected.sort();
     assert_eq!(listed, expected);

@@ -141,7 +141,10 @@ async fn a_six_field_schedule_fires_once_a_second() {
     for pair in ticks.windows(2) {
         assert_eq!(pair[1] - pair[0], 1000, "one run per second: {ticks:?}");
     }
-    assert!(ticks[0] > began && ticks[0].is_multiple_of(1000), "{ticks:?}");
+    assert!(
+        ticks[0] > began && ticks[0].is_multiple_of(1000),
+        "{ticks:?}"
+    );
     for run in &runs {
         assert_eq!(run["trigger"]["name"], "each-second");
         assert_eq!(run["input"]["from"], "each-second");

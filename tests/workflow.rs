@@ -233,7 +233,7 @@ until = '.input.at'"#,
         (
             r#"[[workflows.w.steps]]
 id = "a""#,
-            "workflow `w`, step `a`: needs `component` (a node), or `sleep` or `until` (a durable sleep)".to_owned(),
+            "workflow `w`, step `a`: needs `component` (a node), `sleep` or `until` (a durable sleep), or `wait` (a signal)".to_owned(),
         ),
         (
             r#"[workflows.w]
@@ -242,6 +242,55 @@ component = "{echo}"
 id = "a"
 component = "{echo}""#,
             "workflow `w`: sets both `component` (one node) and `steps` (a graph); pick one"
+                .to_owned(),
+        ),
+        (
+            r#"[[workflows.w.steps]]
+id = "ok"
+wait = "approve"
+component = "{echo}""#,
+            "workflow `w`, step `ok`: a wait step (`wait`) runs no node: remove `component`"
+                .to_owned(),
+        ),
+        (
+            r#"[[workflows.w.steps]]
+id = "ok"
+wait = "approve me"
+"#,
+            "workflow `w`, step `ok`: `wait = \"approve me\"`: a signal name uses only letters"
+                .to_owned(),
+        ),
+        (
+            r#"[[workflows.w.steps]]
+id = "a"
+component = "{echo}"
+schema = { type = "object" }"#,
+            "workflow `w`, step `a`: `schema` is for a `wait` step".to_owned(),
+        ),
+        (
+            r#"[workflows.w]
+component = "{echo}"
+[[workflows.w.schedules]]
+cron = "0 0 30 2 *""#,
+            "workflow `w`: schedule `schedule`: `cron = \"0 0 30 2 *\"` never fires".to_owned(),
+        ),
+        (
+            r#"[workflows.w]
+component = "{echo}"
+[[workflows.w.schedules]]
+cron = "0 7 * * *"
+[[workflows.w.schedules]]
+cron = "0 8 * * *""#,
+            "workflow `w`: two schedules are named `schedule`; give each its own `name`"
+                .to_owned(),
+        ),
+        (
+            r#"[workflows.w]
+component = "{echo}"
+[[workflows.w.schedules]]
+cron = "0 7 * * *"
+overlap = "later""#,
+            "workflow `w`: schedule `schedule`: `overlap = \"later\"`: use `skip`, `queue` or `allow`"
                 .to_owned(),
         ),
     ];
