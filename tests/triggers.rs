@@ -823,3 +823,104 @@ async fn a_signal_through_any_postgres_worker_reaches_the_run() {
         );
     }
 }
+
+/// A run of 2.5 s on a schedule that ticks every second: with `skip`, no
+/// two runs of the schedule overlap and the ticks in between start nothing
+/// (counted as skipped); with `queue`, the tick that came while a run ran
+/// fires as soon as it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_ticks_are_skipped_or_queued() {
+    for overlap in ["skip", "queue"] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = write_config(
+            dir.path(),
+            &format!(
+                r#"
+[[workflows.slow.steps]]
+id = "nap"
+sleep = "2500ms"
+[[workflows.slow.schedules]]
+cron = "* * * * * *"
+overlap = "{overlap}"
+"#
+            ),
+        );
+        let state = dir.path().join("state.db");
+        let serve = serve(&config, state.to_str().unwrap(), &[]);
+        tokio::time::sleep(Duration::from_millis(6500)).await;
+        let runs = runs(&serve, "slow").await;
+        assert!(
+            (2..=3).contains(&runs.len()),
+            "{overlap}: {} runs",
+            runs.len()
+        );
+        let mut finished_before = None;
+        for run in &runs {
+            let started = epoch_ms(run["started_at"].as_str().unwrap());
+            if let Some(previous_end) = finished_before {
+                assert!(
+                    started >= previous_end,
+                    "{overlap}: a run started before the last one ended: {runs:?}"
+                );
+                if overlap == "queue" {
+                    assert!(
+                        started - previous_end < 700,
+                        "queue: the queued tick fired {} ms after the run ended",
+                        started - previous_end
+                    );
+                }
+            }
+            finished_before = run["finished_at"].as_str().map(epoch_ms);
+        }
+        let skipped = metric(&serve, "wf_schedule_skips_total", "").await;
+        match overlap {
+            "skip" => assert!(skipped >= 2.0, "skip: {skipped} ticks skipped"),
+            _ => assert_eq!(skipped, 0.0, "queue: ticks are queued, not skipped"),
+        }
+    }
+}
+
+/// Behind `--token`, a signed webhook needs no bearer token (GitHub cannot
+/// send one: its signature is what lets it in), while one with `verify =
+/// "none"` takes the token like every other caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_token_only_unsigned_webhooks_need_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "{HOOKS}\n[workflows.open]\ncomponent = \"{{echo}}\"\n[workflows.open.webhook]\nverify = \"none\"\n"
+        ),
+    );
+    std::fs::write(dir.path().join("plain.secret"), "plain-key").unwrap();
+    let config2 = config.clone();
+    let serve = Serve::start_with_env(
+        move |_| config2,
+        &["--state", ":memory:", "--token", "hook-test-token"],
+        &[
+            ("PUSH_SECRET", PUSH_SECRET),
+            ("EVENTS_SECRET", EVENTS_SECRET),
+        ],
+    );
+    let body = r#"{"ref":"refs/heads/x"}"#;
+    let plain = hmac_hex(b"plain-key", &[body.as_bytes()]);
+    let (status, reply) = post(&serve, "/hooks/plain", &[("X-Signature", plain)], body).await;
+    assert_eq!(status, 202, "a signed delivery needs no token: {reply}");
+    let (status, reply) = post(&serve, "/hooks/open", &[], body).await;
+    assert_eq!(status, 401, "{reply}");
+    assert!(
+        reply["error"].as_str().unwrap().contains("bearer token"),
+        "{reply}"
+    );
+    let bearer = vec![("Authorization", "Bearer hook-test-token".to_owned())];
+    let (status, reply) = post(&serve, "/hooks/open", &bearer, body).await;
+    assert_eq!(status, 202, "{reply}");
+    // The hooks path reaches nothing else, and other routes keep their checks.
+    for path in ["/hooks/open/more", "/hooks/", "/hooks/open%2F..%2Frpc"] {
+        let (status, _) = post(&serve, path, &bearer, body).await;
+        assert_eq!(status, 404, "{path}");
+    }
+    let page = vec![("Origin", "https://evil.example".to_owned())];
+    let (status, _) = post(&serve, "/rpc", &page, body).await;
+    assert_eq!(status, 403, "/rpc still refuses a foreign page");
+}

@@ -27,9 +27,11 @@ use crate::store::{RunStatus, StoreError, now_ms};
 
 /// Longest sleep between two looks at the schedules.
 const IDLE: Duration = Duration::from_secs(30);
-/// How often a queued tick looks whether the run it waits for ended, and
-/// how soon a failed fire is tried again.
+/// How soon a failed fire is tried again.
 const RECHECK: Duration = Duration::from_secs(1);
+/// How often a queued tick looks whether the run it waits for ended (it
+/// fires that soon after).
+const QUEUE_POLL: Duration = Duration::from_millis(200);
 
 pub(crate) fn start_scheduler(this: &Arc<Workflows>) {
     let weak = Arc::downgrade(this);
@@ -63,8 +65,9 @@ async fn scheduler(
 enum Fired {
     /// Recorded: a run started (or was found), or the tick was skipped.
     Done,
-    /// Not yet: it waits for the last run to end (`queue`), or the store
-    /// or the start failed and it is tried again.
+    /// Not yet: it waits for the last run to end (`queue`).
+    Queued,
+    /// Not yet: the host is shutting down.
     Later,
 }
 
@@ -77,6 +80,7 @@ impl Workflows {
         for schedule in self.loaded().schedules.iter() {
             match self.fire_schedule(schedule, now, watching_since).await {
                 Ok(Fired::Done) => {}
+                Ok(Fired::Queued) => next = next.min(now + QUEUE_POLL.as_millis() as i64),
                 Ok(Fired::Later) => next = next.min(recheck),
                 Err(e) => {
                     tracing::warn!(workflow = %schedule.workflow, schedule = %schedule.name,
@@ -126,7 +130,7 @@ impl Workflows {
                 .is_some_and(|run| run.status == RunStatus::Running)
         {
             return Ok(match schedule.overlap {
-                Overlap::Queue => Fired::Later,
+                Overlap::Queue => Fired::Queued,
                 _ => skip(&format!("run `{last}` of the last tick still runs")).await?,
             });
         }
