@@ -452,6 +452,16 @@ async fn webhooks_start_verified_runs_and_refuse_the_rest() {
             .contains("webhook-timestamp"),
         "{reply}"
     );
+    let mut absurd = standard("msg_3", now);
+    absurd[1].1 = u64::MAX.to_string();
+    let (status, reply) = post(&serve, "/hooks/events", &absurd, body).await;
+    assert_eq!(
+        status, 401,
+        "a timestamp past any clock is refused, not a crash: {reply}"
+    );
+    let long_id = "x".repeat(300);
+    let (status, reply) = post(&serve, "/hooks/push", &github(&long_id, &signed), body).await;
+    assert_eq!(status, 400, "{reply}");
 
     // A plain HMAC in a header of the config's choosing, the secret from a file.
     let plain = hmac_hex(b"plain-key", &[body.as_bytes()]);
@@ -465,7 +475,7 @@ async fn webhooks_start_verified_runs_and_refuse_the_rest() {
     }
     assert_eq!(started, 3);
     let refused = metric(&serve, "wf_webhook_requests_total", r#"status="401""#).await;
-    assert_eq!(refused, 4.0);
+    assert_eq!(refused, 5.0);
 }
 
 /// A webhook without a secret, or with `verify` off but not written out,
@@ -915,6 +925,13 @@ async fn behind_a_token_only_unsigned_webhooks_need_it() {
     let bearer = vec![("Authorization", "Bearer hook-test-token".to_owned())];
     let (status, reply) = post(&serve, "/hooks/open", &bearer, body).await;
     assert_eq!(status, 202, "{reply}");
+    // An unsigned webhook is as closed to a foreign page as `/rpc` is.
+    let from_page = vec![
+        ("Authorization", "Bearer hook-test-token".to_owned()),
+        ("Origin", "https://evil.example".to_owned()),
+    ];
+    let (status, reply) = post(&serve, "/hooks/open", &from_page, body).await;
+    assert_eq!(status, 403, "{reply}");
     // The hooks path reaches nothing else, and other routes keep their checks.
     for path in ["/hooks/open/more", "/hooks/", "/hooks/open%2F..%2Frpc"] {
         let (status, _) = post(&serve, path, &bearer, body).await;

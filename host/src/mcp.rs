@@ -295,7 +295,7 @@ async fn peer_closed(peer: &rmcp::Peer<RoleServer>) {
 }
 
 fn is_finished(status: StepStatus) -> bool {
-    !matches!(status, StepStatus::Pending | StepStatus::Running)
+    status.is_finished()
 }
 
 fn error_result(run_id: Option<&str>, text: String) -> CallToolResult {

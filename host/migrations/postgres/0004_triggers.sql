@@ -19,3 +19,7 @@ CREATE TABLE signals (
     step_id TEXT
 );
 CREATE INDEX signals_run ON signals (run_id, signal, id);
+
+-- The wait steps waiting now (`workflow.waiting`, `host.status`), found
+-- without reading every step ever stored.
+CREATE INDEX steps_waiting ON steps (started_at, run_id) WHERE status = 'waiting';

@@ -15,12 +15,15 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
-use super::{App, BodyError, authorized, read_body};
+use super::{App, BodyError, authorized, origin_refusal, read_body};
 use crate::workflow::WorkflowError;
 use crate::workflow::webhook::{Delivery, HookError, Verify};
 
 /// Longest query string read.
 const MAX_QUERY: usize = 4096;
+/// How long a delivery's body may take to arrive: it is read before it can
+/// be verified, so a slow sender must not hold the connection.
+const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 pub(super) async fn deliver(
     State(app): State<App>,
@@ -58,18 +61,30 @@ async fn handle(
             format!("no webhook for workflow `{workflow}`"),
         );
     };
-    // Unsigned deliveries are accepted only as any other caller would be.
-    if matches!(hook.verify, Verify::None)
-        && let Some(token) = &app.access.token
-        && !authorized(headers, token)
-    {
-        return error(
-            StatusCode::UNAUTHORIZED,
-            "this webhook verifies no signature (`verify = \"none\"`), so it takes the server's bearer token".into(),
-        );
+    // Unsigned deliveries are accepted only as `/rpc` would accept their
+    // sender: from no foreign page, with the token when there is one.
+    if matches!(hook.verify, Verify::None) {
+        if let Some((status, message)) = origin_refusal(&app.access, headers, None) {
+            return error(status, message);
+        }
+        if let Some(token) = &app.access.token
+            && !authorized(headers, token)
+        {
+            return error(
+                StatusCode::UNAUTHORIZED,
+                "this webhook verifies no signature (`verify = \"none\"`), so it takes the server's bearer token".into(),
+            );
+        }
     }
     let max = usize::try_from(hook.max_input).unwrap_or(usize::MAX);
-    let bytes = match read_body(headers, body, max).await {
+    let read = tokio::time::timeout(BODY_TIMEOUT, read_body(headers, body, max)).await;
+    let Ok(read) = read else {
+        return error(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("the body did not arrive within {}s", BODY_TIMEOUT.as_secs()),
+        );
+    };
+    let bytes = match read {
         Ok(bytes) => bytes,
         Err(BodyError::TooLarge) => {
             return error(
@@ -108,7 +123,9 @@ async fn handle(
                 HookError::NotFound(_) => StatusCode::NOT_FOUND,
                 HookError::Unverified(_) => StatusCode::UNAUTHORIZED,
                 HookError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-                HookError::Input(_) | HookError::Workflow(WorkflowError::InvalidInput { .. }) => {
+                HookError::Input(_)
+                | HookError::DeliveryId(_)
+                | HookError::Workflow(WorkflowError::InvalidInput { .. }) => {
                     StatusCode::BAD_REQUEST
                 }
                 HookError::Workflow(WorkflowError::ShuttingDown) => StatusCode::SERVICE_UNAVAILABLE,

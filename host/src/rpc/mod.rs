@@ -217,39 +217,53 @@ async fn same_origin(
     request: axum::extract::Request,
     next: Next,
 ) -> Response {
-    let headers = request.headers();
+    if let Some((status, message)) =
+        origin_refusal(&app.access, request.headers(), request.uri().authority())
+    {
+        return refuse(status, message);
+    }
+    next.run(request).await
+}
+
+/// Why [`same_origin`] refuses a request with `headers` (and the URI's
+/// `authority`, when the request has no `Host`), if it does.
+fn origin_refusal(
+    access: &Access,
+    headers: &HeaderMap,
+    authority: Option<&Authority>,
+) -> Option<(StatusCode, String)> {
     let host = headers
         .get(header::HOST)
         .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned())
-        .or_else(|| request.uri().authority().map(|a| a.to_string()));
-    if !app.access.any_host
+        .or_else(|| authority.map(|a| a.to_string()));
+    if !access.any_host
         && let Some(host) = &host
         && !is_loopback_name(host)
     {
-        return refuse(
+        return Some((
             StatusCode::FORBIDDEN,
             format!(
                 "refused: `Host: {host}` is not a loopback name; this server listens on loopback and answers only `localhost`, `127.0.0.1` or `[::1]` (DNS rebinding protection)"
             ),
-        );
+        ));
     }
     if let Some(origin) = headers.get(header::ORIGIN) {
         let origin = String::from_utf8_lossy(origin.as_bytes()).into_owned();
         let normalized = normalize_origin(&origin).ok();
         let own = host.and_then(|h| normalize_origin(&format!("http://{h}")).ok());
         let allowed = normalized.is_some_and(|o| {
-            own.as_deref() == Some(o.as_str()) || app.access.allow_origins.contains(&o)
+            own.as_deref() == Some(o.as_str()) || access.allow_origins.contains(&o)
         });
         if !allowed {
-            return refuse(
+            return Some((
                 StatusCode::FORBIDDEN,
                 format!(
                     "refused: cross-origin request from `Origin: {origin}`; only the server's own origin or one allowed with `--allow-origin` may call"
                 ),
-            );
+            ));
         }
     }
-    next.run(request).await
+    None
 }
 
 /// `localhost`, or a loopback address (`127.0.0.0/8`, `[::1]`), with an

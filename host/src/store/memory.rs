@@ -580,22 +580,27 @@ impl Store for MemoryStore {
         run_id: &str,
         signal: &str,
         payload: &Value,
-    ) -> Result<(), StoreError> {
+        open: u32,
+    ) -> Result<bool, StoreError> {
         let mut state = self.lock();
         if !state.runs.contains_key(run_id) {
             return Err(StoreError::Refused(format!("run `{run_id}` is not stored")));
         }
-        state
-            .signals
-            .entry(run_id.to_owned())
-            .or_default()
-            .push(SignalRow {
-                signal: signal.to_owned(),
-                payload: payload.clone(),
-                sent_at: now_text(),
-                step_id: None,
-            });
-        Ok(())
+        let signals = state.signals.entry(run_id.to_owned()).or_default();
+        let kept = signals
+            .iter()
+            .filter(|s| s.signal == signal && s.step_id.is_none())
+            .count();
+        if kept >= open as usize {
+            return Ok(false);
+        }
+        signals.push(SignalRow {
+            signal: signal.to_owned(),
+            payload: payload.clone(),
+            sent_at: now_text(),
+            step_id: None,
+        });
+        Ok(true)
     }
 
     async fn take_signal(

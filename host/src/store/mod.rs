@@ -572,13 +572,18 @@ pub trait Store: Send + Sync {
     /// Every schedule's progress.
     async fn schedules(&self) -> Result<Vec<ScheduleRow>, StoreError>;
     /// Keeps signal `signal` for run `run_id` until a wait step of the run
-    /// takes it; a shared store tells every worker ([`Note::Signal`]).
+    /// takes it, unless `open` signals of that name are kept (untaken)
+    /// already: one for each step that can still take one. Checked and
+    /// written at once, so two senders racing for the last step do not both
+    /// get it. Says whether it was kept; a shared store then tells every
+    /// worker ([`Note::Signal`]).
     async fn send_signal(
         &self,
         run_id: &str,
         signal: &str,
         payload: &Value,
-    ) -> Result<(), StoreError>;
+        open: u32,
+    ) -> Result<bool, StoreError>;
     /// Takes, for wait step `step_id`, the signal `signal` it took before
     /// (a restart between taking it and finishing the step), else the
     /// oldest one no step took. Its payload.

@@ -731,20 +731,22 @@ impl Store for PgStore {
         name: &str,
         from_ms: i64,
     ) -> Result<ScheduleRow, StoreError> {
-        // One statement: the insert when it is new, else the row as it is.
-        let row = sqlx::query(
-            "WITH new AS (INSERT INTO schedules (workflow, name, last_tick_ms)
-                          VALUES ($1, $2, $3) ON CONFLICT DO NOTHING RETURNING *)
-             SELECT * FROM new
-             UNION ALL
-             SELECT * FROM schedules WHERE workflow = $1 AND name = $2
-             LIMIT 1",
+        // Two statements: in one, a worker that loses the race to insert
+        // would read a snapshot from before the winner's row.
+        sqlx::query(
+            "INSERT INTO schedules (workflow, name, last_tick_ms) VALUES ($1, $2, $3)
+             ON CONFLICT DO NOTHING",
         )
         .bind(workflow)
         .bind(name)
         .bind(from_ms)
-        .fetch_one(&self.pool)
+        .execute(&self.pool)
         .await?;
+        let row = sqlx::query("SELECT * FROM schedules WHERE workflow = $1 AND name = $2")
+            .bind(workflow)
+            .bind(name)
+            .fetch_one(&self.pool)
+            .await?;
         schedule_row(&row)
     }
 
@@ -775,20 +777,35 @@ impl Store for PgStore {
         run_id: &str,
         signal: &str,
         payload: &Value,
-    ) -> Result<(), StoreError> {
+        open: u32,
+    ) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            "INSERT INTO signals (run_id, signal, payload, sent_at) VALUES ($1, $2, $3, $4)",
+        // The run's row, locked: senders of one run's signals take turns,
+        // so the count below is not stale when the insert commits.
+        sqlx::query("SELECT 1 FROM runs WHERE run_id = $1 FOR NO KEY UPDATE")
+            .bind(run_id)
+            .execute(&mut *tx)
+            .await?;
+        let kept = sqlx::query(
+            "INSERT INTO signals (run_id, signal, payload, sent_at)
+             SELECT $1, $2, $3, $4
+             WHERE (SELECT count(*) FROM signals
+                    WHERE run_id = $1 AND signal = $2 AND step_id IS NULL) < $5",
         )
         .bind(run_id)
         .bind(signal)
         .bind(json_text(payload))
         .bind(now_text())
+        .bind(i64::from(open))
         .execute(&mut *tx)
-        .await?;
-        notify(&mut tx, &format!("signal:{run_id}")).await?;
+        .await?
+        .rows_affected()
+            == 1;
+        if kept {
+            notify(&mut tx, &format!("signal:{run_id}")).await?;
+        }
         tx.commit().await?;
-        Ok(())
+        Ok(kept)
     }
 
     async fn take_signal(

@@ -752,19 +752,27 @@ impl Store for SqliteStore {
         run_id: &str,
         signal: &str,
         payload: &Value,
-    ) -> Result<(), StoreError> {
-        self.writer
+        open: u32,
+    ) -> Result<bool, StoreError> {
+        // One writer: the count and the insert are one step of it.
+        let done = self
+            .writer
             .write(
                 Write::new(
-                    "INSERT INTO signals (run_id, signal, payload, sent_at) VALUES (?1, ?2, ?3, ?4)",
+                    "INSERT INTO signals (run_id, signal, payload, sent_at)
+                     SELECT ?1, ?2, ?3, ?4
+                     WHERE (SELECT count(*) FROM signals
+                            WHERE run_id = ?1 AND signal = ?2 AND step_id IS NULL) < ?5
+                     RETURNING id",
                 )
                 .arg(run_id)
                 .arg(signal)
                 .arg(json_text(payload))
-                .arg(now_text()),
+                .arg(now_text())
+                .arg(i64::from(open)),
             )
             .await?;
-        Ok(())
+        Ok(done.first().is_some_and(|rows| !rows.is_empty()))
     }
 
     async fn take_signal(
@@ -773,6 +781,20 @@ impl Store for SqliteStore {
         signal: &str,
         step_id: &str,
     ) -> Result<Option<Value>, StoreError> {
+        // A read first: a step that finds nothing (most looks) costs the
+        // writer nothing.
+        let any: Option<i64> = sqlx::query_scalar(
+            "SELECT id FROM signals
+             WHERE run_id = ? AND signal = ? AND (step_id IS NULL OR step_id = ?) LIMIT 1",
+        )
+        .bind(run_id)
+        .bind(signal)
+        .bind(step_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        if any.is_none() {
+            return Ok(None);
+        }
         let done = self
             .writer
             .write(

@@ -1032,8 +1032,10 @@ async fn sleep_step(
 }
 
 /// How often a waiting step looks for its signal in the store, besides
-/// when it hears of one (a note from another worker may be missed).
-const SIGNAL_POLL: Duration = Duration::from_secs(5);
+/// when it hears of one: on a shared store, a note from another worker may
+/// be missed; alone, every signal is heard, and the look is a safety net.
+const SIGNAL_POLL_SHARED: Duration = Duration::from_secs(5);
+const SIGNAL_POLL_ALONE: Duration = Duration::from_secs(60);
 
 /// A wait step (`wait`): waits, holding no step slot, for a signal of its
 /// name ([`crate::store::Store::take_signal`]; one sent before the step
@@ -1084,6 +1086,11 @@ async fn wait_step(
     });
     let _asleep = ctx.asleep.enter();
     let mut sent = ctx.signals.clone();
+    let poll = if ctx.store.shared() {
+        SIGNAL_POLL_SHARED
+    } else {
+        SIGNAL_POLL_ALONE
+    };
     loop {
         // Seen before looking, so a signal sent while looking wakes the wait.
         sent.borrow_and_update();
@@ -1102,8 +1109,16 @@ async fn wait_step(
         }
         tokio::select! {
             Ok(()) = sent.changed() => {}
-            _ = tokio::time::sleep(SIGNAL_POLL) => {}
+            _ = tokio::time::sleep(poll) => {}
             _ = sleep_until(deadline), if deadline.is_some() => {
+                // A signal sent just before the deadline still counts.
+                if let Ok(Some(payload)) = ctx
+                    .store
+                    .take_signal(&ctx.run_id, signal, &step.spec.id)
+                    .await
+                {
+                    return Outcome::Succeeded(payload);
+                }
                 let limit = step.spec.wait_timeout_ms.unwrap_or_default();
                 return Outcome::Failed(Failure::new(
                     "timeout",

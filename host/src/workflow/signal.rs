@@ -119,7 +119,16 @@ impl Workflows {
                 "the payload is larger than {MAX_PAYLOAD} bytes of JSON"
             )));
         }
-        self.store.send_signal(run_id, signal, &payload).await?;
+        let open_count = u32::try_from(open.len()).unwrap_or(u32::MAX);
+        if !self
+            .store
+            .send_signal(run_id, signal, &payload, open_count)
+            .await?
+        {
+            return Err(not_waiting(format!(
+                "a `{signal}` signal is already kept for each step that waits for one"
+            )));
+        }
         self.signal_local(run_id);
         tracing::info!(run = %run_id, signal, step = step_id, "signal sent");
         Ok(Signalled {

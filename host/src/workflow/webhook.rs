@@ -10,7 +10,10 @@
 //! written out. A delivery that names itself (`X-GitHub-Delivery`,
 //! `webhook-id`, or `delivery_header`) starts its run with the idempotency key
 //! `webhook:<id>`, so a redelivery gets the first run again, as long as the
-//! store keeps that run.
+//! store keeps that run. (The id is not signed in GitHub's scheme, nor in a
+//! plain HMAC: a captured delivery replayed under a new id starts a new run.
+//! Standard Webhooks signs the id and the time, and refuses a replay after
+//! five minutes.)
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -226,19 +229,16 @@ impl Webhook {
                 let id = header("webhook-id")?;
                 let timestamp = header("webhook-timestamp")?;
                 let signatures = header("webhook-signature")?;
-                let seconds: u64 = timestamp
+                let seconds: i64 = timestamp
                     .parse()
                     .map_err(|_| "`webhook-timestamp` is not a number of seconds".to_owned())?;
-                let sent = UNIX_EPOCH + Duration::from_secs(seconds);
-                let now = SystemTime::now();
-                let off = now
-                    .duration_since(sent)
-                    .or_else(|_| sent.duration_since(now))
-                    .unwrap_or_default();
-                if off > TOLERANCE {
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs() as i64);
+                let off = seconds.abs_diff(now);
+                if off > TOLERANCE.as_secs() {
                     return Err(format!(
-                        "`webhook-timestamp` is {}s from now; at most {}s is accepted",
-                        off.as_secs(),
+                        "`webhook-timestamp` is {off}s from now; at most {}s is accepted",
                         TOLERANCE.as_secs()
                     ));
                 }
@@ -309,6 +309,8 @@ pub enum HookError {
     TooLarge { size: usize, max: u64 },
     #[error("{0}")]
     Input(String),
+    #[error("the delivery id in `{0}` is longer than {MAX_DELIVERY_ID} bytes")]
+    DeliveryId(String),
     #[error(transparent)]
     Workflow(#[from] WorkflowError),
 }
@@ -351,12 +353,16 @@ impl Workflows {
                 .map_err(|f| HookError::Input(format!("the webhook's `input`: {}", f.message)))?,
             None => data["body"].clone(),
         };
-        let delivery = hook
-            .delivery_header
-            .as_ref()
-            .and_then(|h| d.headers.get(h))
-            .filter(|id| !id.is_empty() && id.len() <= MAX_DELIVERY_ID)
-            .cloned();
+        let delivery = match hook.delivery_header.as_ref() {
+            Some(h) => match d.headers.get(h) {
+                Some(id) if id.len() > MAX_DELIVERY_ID => {
+                    return Err(HookError::DeliveryId(h.clone()));
+                }
+                Some(id) if !id.is_empty() => Some(id.clone()),
+                _ => None,
+            },
+            None => None,
+        };
         let trigger = json!({"kind": "webhook", "delivery": delivery});
         let key = delivery.as_ref().map(|id| format!("webhook:{id}"));
         let started = self

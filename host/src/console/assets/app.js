@@ -321,21 +321,30 @@
     if (workflow) params.workflow = workflow;
     if (status) params.status = status;
     if (pages[page]) params.cursor = pages[page];
+    scheduleWaitingRefresh();
     try {
-      const [result, waiting, status] = await Promise.all([
-        rpc("workflow.list", params),
-        rpc("workflow.waiting", { limit: 50 }),
-        rpc("host.status"),
-      ]);
+      const result = await rpc("workflow.list", params);
       nextCursor = result.next_cursor || null;
       renderRuns(result.runs || []);
-      renderWaiting(waiting.steps || []);
-      renderSchedules(status.schedules || []);
       $("runs-error").textContent = "";
     } catch (e) {
       fail(e, $("runs-error"));
     }
   }
+
+  // The waiting runs and the schedules: beside the list, refreshed less
+  // often; neither one failing hides the other or the runs.
+  async function loadWaiting() {
+    if ($("runs-view").hidden) return;
+    const [waiting, status] = await Promise.allSettled([
+      rpc("workflow.waiting", { limit: 50 }),
+      rpc("host.status"),
+    ]);
+    if (waiting.status === "fulfilled") renderWaiting(waiting.value.steps || []);
+    if (status.status === "fulfilled") renderSchedules(status.value.schedules || []);
+  }
+
+  const scheduleWaitingRefresh = coalesce(loadWaiting, 1000);
 
   function runLink(runId) {
     return el("a", { href: "#/runs/" + encodeURIComponent(runId), class: "run-link", text: runId });
@@ -685,10 +694,16 @@
 
   // A waiting step: approve or reject it (a signal of the name it waits for,
   // with `{approved, comment}` as its payload, which becomes its output).
+  const signalDrafts = new Map();
+
   function signalBox(step) {
     const input = step.input || {};
     const signal = String(input.signal || "");
+    // What was typed survives the step's re-rendering (live updates).
+    const draftKey = lastRun.run_id + "/" + step.id;
     const comment = el("textarea", { id: "signal-comment", rows: "2", placeholder: "Comment (optional)" });
+    comment.value = signalDrafts.get(draftKey) || "";
+    comment.addEventListener("input", () => signalDrafts.set(draftKey, comment.value));
     const error = el("span", { id: "signal-error", class: "error" });
     const send = async (approved, button) => {
       button.disabled = true;

@@ -118,7 +118,10 @@ impl Workflows {
             }
             Ok(Fired::Done)
         };
-        if schedule.catch_up == CatchUp::None && due.tick_ms <= watching_since {
+        if schedule.catch_up == CatchUp::None
+            && due.tick_ms <= watching_since
+            && !self.watched_by_another(due.tick_ms).await?
+        {
             return Ok(skip("missed while no worker was up (`catch_up = \"none\"`)").await?);
         }
         if schedule.overlap != Overlap::Allow
@@ -135,6 +138,23 @@ impl Workflows {
             });
         }
         self.fire(schedule, due).await
+    }
+
+    /// Whether another live worker of a shared store was up at `tick_ms`:
+    /// then a tick from before this worker started was not missed (that
+    /// worker is firing it, or waits to), and `catch_up = "none"` keeps it.
+    async fn watched_by_another(&self, tick_ms: i64) -> Result<bool, WorkflowError> {
+        if !self.store.shared() {
+            return Ok(false);
+        }
+        let workers = self.store.workers(self.worker.lease * 3).await?;
+        Ok(workers.iter().any(|w| {
+            *w.id != *self.worker.id
+                && humantime::parse_rfc3339_weak(&w.started_at)
+                    .ok()
+                    .and_then(|at| at.duration_since(std::time::UNIX_EPOCH).ok())
+                    .is_some_and(|at| (at.as_millis() as i64) < tick_ms)
+        }))
     }
 
     async fn fire(self: &Arc<Self>, schedule: &Schedule, due: Due) -> Result<Fired, WorkflowError> {
