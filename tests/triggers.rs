@@ -941,3 +941,159 @@ async fn behind_a_token_only_unsigned_webhooks_need_it() {
     let (status, _) = post(&serve, "/rpc", &page, body).await;
     assert_eq!(status, 403, "/rpc still refuses a foreign page");
 }
+
+/// An MCP client that answers elicitations: it approves every question,
+/// with a comment, and counts them.
+#[derive(Clone, Default)]
+struct Approver {
+    asked: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    tasks: bool,
+}
+
+impl rmcp::ClientHandler for Approver {
+    fn get_info(&self) -> rmcp::model::ClientConfig {
+        let builder = rmcp::model::ClientCapabilities::builder();
+        let capabilities = if self.tasks {
+            builder.enable_tasks().build()
+        } else {
+            builder.enable_elicitation().build()
+        };
+        let mut config = rmcp::model::ClientConfig::new(
+            capabilities,
+            rmcp::model::Implementation::new("approver", "1"),
+        );
+        config.protocol_version = rmcp::model::ProtocolVersion::V_2025_11_25;
+        config
+    }
+
+    async fn create_elicitation(
+        &self,
+        request: rmcp::model::ElicitRequestParams,
+        _context: rmcp::service::RequestContext<rmcp::RoleClient>,
+    ) -> Result<rmcp::model::ElicitResult, rmcp::ErrorData> {
+        if let rmcp::model::ElicitRequestParams::FormElicitationParams { message, .. } = request {
+            self.asked.lock().unwrap().push(message);
+        }
+        Ok(
+            rmcp::model::ElicitResult::new(rmcp::model::ElicitationAction::Accept)
+                .with_content(json!({"approved": true, "comment": "asked and approved"})),
+        )
+    }
+}
+
+/// A client that takes tasks gets the run as a task at once (its id is the
+/// run id): `tasks/get` shows it working, then `input_required` with an
+/// elicitation for the waiting step; `tasks/update` answers it and the task
+/// completes with the tool's result. `tasks/cancel` cancels another run.
+/// A client without tasks that takes elicitations is asked, on the call it
+/// keeps open, and its answer resumes the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_clients_get_runs_as_tasks_and_answer_approvals() {
+    use rmcp::model::{
+        CancelTaskParams, GetTaskParams, InputRequest, TaskPayload, TaskStatus, UpdateTaskParams,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = approval_config(dir.path(), "1h");
+    let state = dir.path().join("state.db");
+    let serve = serve(&config, state.to_str().unwrap(), &[]);
+
+    let tasks = Approver {
+        tasks: true,
+        ..Approver::default()
+    };
+    let client = tasks
+        .serve(StreamableHttpClientTransport::from_uri(serve.mcp_url()))
+        .await
+        .unwrap();
+    let args = json!({"release": "9"});
+    let deploy =
+        CallToolRequestParams::new("deploy").with_arguments(args.as_object().unwrap().clone());
+    let created = match client.call_tool_once(deploy.clone()).await.unwrap() {
+        rmcp::model::CallToolResponse::Task(created) => created.task,
+        other => panic!("not a task: {other:?}"),
+    };
+    let task_id = created.task_id.clone();
+    let run = call(&serve, "workflow.get", json!({"run_id": task_id})).await;
+    assert_eq!(run["workflow"], "deploy", "the task is the run");
+    let get = async |id: &str| client.get_task(GetTaskParams::new(id)).await.unwrap().task;
+    let mut detailed = get(&task_id).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while detailed.status() != TaskStatus::InputRequired {
+        assert!(
+            Instant::now() < deadline,
+            "never asked for input: {detailed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        detailed = get(&task_id).await;
+    }
+    let TaskPayload::InputRequired { input_requests } = &detailed.payload else {
+        unreachable!("status input_required")
+    };
+    assert!(
+        matches!(
+            input_requests.get("approve"),
+            Some(InputRequest::Elicitation(_))
+        ),
+        "{input_requests:?}"
+    );
+    let answer = json!({"action": "accept", "content": {"approved": true, "comment": "via task"}});
+    client
+        .update_task(UpdateTaskParams::new(
+            task_id.clone(),
+            [("approve".to_owned(), answer)].into_iter().collect(),
+        ))
+        .await
+        .unwrap();
+    while !detailed.status().is_terminal() {
+        assert!(Instant::now() < deadline, "never completed: {detailed:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        detailed = get(&task_id).await;
+    }
+    let TaskPayload::Completed { result } = &detailed.payload else {
+        panic!("not completed: {detailed:?}");
+    };
+    assert_eq!(
+        result["structuredContent"]["approval"],
+        json!({"approved": true, "comment": "via task"}),
+        "{result:?}"
+    );
+
+    let other = match client.call_tool_once(deploy.clone()).await.unwrap() {
+        rmcp::model::CallToolResponse::Task(created) => created.task.task_id,
+        other => panic!("not a task: {other:?}"),
+    };
+    client
+        .cancel_task(CancelTaskParams::new(other.clone()))
+        .await
+        .unwrap();
+    let mut cancelled = get(&other).await;
+    while cancelled.status() != TaskStatus::Cancelled {
+        assert!(Instant::now() < deadline, "never cancelled: {cancelled:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        cancelled = get(&other).await;
+    }
+    let run = call(&serve, "workflow.get", json!({"run_id": other})).await;
+    assert_eq!(run["status"], "cancelled");
+    client.cancel().await.unwrap();
+
+    // Without tasks, with elicitation: asked while the call is open.
+    let approver = Approver::default();
+    let asked = approver.asked.clone();
+    let client = approver
+        .serve(StreamableHttpClientTransport::from_uri(serve.mcp_url()))
+        .await
+        .unwrap();
+    let result = client.call_tool(deploy).await.unwrap();
+    assert_ne!(result.is_error, Some(true), "{result:?}");
+    assert_eq!(
+        result.structured_content.as_ref().unwrap()["approval"],
+        json!({"approved": true, "comment": "asked and approved"})
+    );
+    let asked = asked.lock().unwrap().clone();
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert!(
+        asked[0].contains("step `approve` waits for `approve`"),
+        "{asked:?}"
+    );
+    client.cancel().await.unwrap();
+}

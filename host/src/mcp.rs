@@ -17,6 +17,12 @@
 //! - A config reload that changes the exposed workflows sends
 //!   `notifications/tools/list_changed` to every session.
 //!
+//! - A client that declares the tasks extension (`io.modelcontextprotocol/tasks`)
+//!   gets a task from `tools/call` at once; see [`tasks`].
+//! - While a run waits for a signal, a client that declared elicitation is
+//!   asked (`elicitation/create`: approve or reject, with a comment), and its
+//!   answer is the signal.
+//!
 //! Served over streamable HTTP at `/mcp` by `wf-host serve` (same listener and
 //! token as `/rpc`), and over stdio by `wf-host mcp`.
 
@@ -30,7 +36,11 @@ use rmcp::model::{
     ProgressNotificationParam, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
     ResourceContents, ResourceTemplate, ServerCapabilities, ServerConfig, Tool,
 };
-use rmcp::model::{ServerNotification, SubscriptionFilter, ToolListChangedNotification};
+use rmcp::model::{
+    CancelTaskParams, ClientResult, ElicitRequest, GetTaskParams, GetTaskResult,
+    ServerNotification, ServerRequest, SubscriptionFilter, ToolListChangedNotification,
+    UpdateTaskParams,
+};
 use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
@@ -39,6 +49,8 @@ use serde_json::{Value, json};
 
 use crate::store::StepStatus;
 use crate::workflow::{RunRecord, Status, WorkflowError, Workflows};
+
+mod tasks;
 
 /// The URI template of run records.
 pub const RUN_URI_PREFIX: &str = "wf-host://runs/";
@@ -194,6 +206,11 @@ impl WorkflowServer {
         let token = context.meta.get_progress_token();
         let mut reported = BTreeSet::new();
         let mut told_waiting = BTreeSet::new();
+        // Questions put to the client, ended with the call.
+        let elicits = context
+            .client_capabilities()
+            .is_some_and(|c| c.elicitation.is_some());
+        let mut asks = tokio::task::JoinSet::new();
         let record = loop {
             let record = tokio::select! {
                 () = context.ct.cancelled() => {
@@ -227,24 +244,36 @@ impl WorkflowServer {
                     }
                     reported = finished;
                 }
-                // A step that waits for a signal: say how to send it.
-                for step in record.steps.iter().flatten() {
-                    if step.status == StepStatus::Waiting && told_waiting.insert(step.id.clone()) {
-                        let signal = step
-                            .input
-                            .as_ref()
-                            .and_then(|i| i["signal"].as_str())
-                            .unwrap_or_default();
-                        let mut note =
-                            ProgressNotificationParam::new(token.clone(), reported.len() as f64)
-                                .with_total(exposed.steps as f64);
-                        note.message = Some(format!(
-                            "step `{}` waits for signal `{signal}`: call the `{SIGNAL_TOOL}` tool with run_id `{run_id}`",
-                            step.id
-                        ));
-                        if let Err(e) = context.peer.notify_progress(note).await {
-                            tracing::debug!(run = %run_id, "cannot send progress: {e}");
-                        }
+            }
+            // A step that waits for a signal: say how to send it, and ask
+            // the client when it takes questions.
+            for step in record.steps.iter().flatten() {
+                if step.status != StepStatus::Waiting || !told_waiting.insert(step.id.clone()) {
+                    continue;
+                }
+                if elicits {
+                    asks.spawn(ask_client(
+                        context.peer.clone(),
+                        self.workflows.clone(),
+                        run_id.clone(),
+                        step.clone(),
+                    ));
+                }
+                if let Some(token) = &token {
+                    let signal = step
+                        .input
+                        .as_ref()
+                        .and_then(|i| i["signal"].as_str())
+                        .unwrap_or_default();
+                    let mut note =
+                        ProgressNotificationParam::new(token.clone(), reported.len() as f64)
+                            .with_total(exposed.steps as f64);
+                    note.message = Some(format!(
+                        "step `{}` waits for signal `{signal}`: call the `{SIGNAL_TOOL}` tool with run_id `{run_id}`",
+                        step.id
+                    ));
+                    if let Err(e) = context.peer.notify_progress(note).await {
+                        tracing::debug!(run = %run_id, "cannot send progress: {e}");
                     }
                 }
             }
@@ -291,6 +320,41 @@ impl WorkflowServer {
 async fn peer_closed(peer: &rmcp::Peer<RoleServer>) {
     while !peer.is_transport_closed() {
         tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Asks the client (`elicitation/create`) to answer wait step `step` of
+/// `run_id`, and sends its answer as the step's signal. Ends with the
+/// answer, or when the client or the session goes away.
+async fn ask_client(
+    peer: rmcp::Peer<RoleServer>,
+    workflows: Arc<Workflows>,
+    run_id: String,
+    step: crate::workflow::StepRecord,
+) {
+    let params = tasks::approval_request(&run_id, &step);
+    let request = ServerRequest::ElicitRequest(ElicitRequest::new(params));
+    let answer = match peer.send_request(request).await {
+        Ok(ClientResult::ElicitResult(answer)) => answer,
+        Ok(other) => {
+            tracing::warn!(run = %run_id, "the client answered an elicitation with {other:?}");
+            return;
+        }
+        Err(e) => {
+            tracing::debug!(run = %run_id, "the client did not answer the elicitation: {e}");
+            return;
+        }
+    };
+    let Some(payload) = tasks::answer_payload(&answer) else {
+        return;
+    };
+    let signal = step
+        .input
+        .as_ref()
+        .and_then(|i| i["signal"].as_str())
+        .unwrap_or_default();
+    if let Err(e) = workflows.signal(&run_id, signal, payload).await {
+        tracing::warn!(run = %run_id, step = %step.id, "the client's answer is not taken: {e}");
     }
 }
 
@@ -356,6 +420,7 @@ impl ServerHandler for WorkflowServer {
             .enable_tools()
             .enable_tool_list_changed()
             .enable_resources()
+            .enable_tasks()
             .build();
         let mut info = ServerConfig::new(capabilities).with_instructions(
             "wf-host: each tool runs a workflow to the end and returns its output. \
@@ -430,9 +495,43 @@ impl ServerHandler for WorkflowServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
+        // A client that takes tasks gets one for a workflow, at once.
+        let takes_tasks = context
+            .client_capabilities()
+            .is_some_and(|c| c.supports_tasks());
+        let is_workflow = !(request.name == SIGNAL_TOOL && self.offers_signal())
+            && self.workflows.exposed_workflow(&request.name).is_some();
+        if takes_tasks && is_workflow {
+            return self.start_task(request, &context).await;
+        }
         self.run_tool(request, context)
             .await
             .map(CallToolResponse::from)
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, McpError> {
+        self.get_task_of(&request.task_id).await
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.update_task_of(&request.task_id, &request.input_responses)
+            .await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.cancel_task_of(&request.task_id).await
     }
 
     async fn list_resources(
