@@ -948,6 +948,8 @@ async fn behind_a_token_only_unsigned_webhooks_need_it() {
 struct Approver {
     asked: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     tasks: bool,
+    /// Speaks 2026-07-28 (no `initialize`; questions come back as results).
+    modern: bool,
 }
 
 impl rmcp::ClientHandler for Approver {
@@ -962,7 +964,11 @@ impl rmcp::ClientHandler for Approver {
             capabilities,
             rmcp::model::Implementation::new("approver", "1"),
         );
-        config.protocol_version = rmcp::model::ProtocolVersion::V_2025_11_25;
+        config.protocol_version = if self.modern {
+            rmcp::model::ProtocolVersion::V_2026_07_28
+        } else {
+            rmcp::model::ProtocolVersion::V_2025_11_25
+        };
         config
     }
 
@@ -1083,7 +1089,7 @@ async fn mcp_clients_get_runs_as_tasks_and_answer_approvals() {
         .serve(StreamableHttpClientTransport::from_uri(serve.mcp_url()))
         .await
         .unwrap();
-    let result = client.call_tool(deploy).await.unwrap();
+    let result = client.call_tool(deploy.clone()).await.unwrap();
     assert_ne!(result.is_error, Some(true), "{result:?}");
     assert_eq!(
         result.structured_content.as_ref().unwrap()["approval"],
@@ -1094,6 +1100,39 @@ async fn mcp_clients_get_runs_as_tasks_and_answer_approvals() {
     assert!(
         asked[0].contains("step `approve` waits for `approve`"),
         "{asked:?}"
+    );
+    client.cancel().await.unwrap();
+
+    // A 2026-07-28 client: the question comes back as the call's
+    // `input_required` result, and the call made again with the answer (and
+    // the state it was given) resumes the same run.
+    use rmcp::service::{ClientLifecycleMode, ClientServiceExt};
+    let modern = Approver {
+        modern: true,
+        ..Approver::default()
+    };
+    let asked = modern.asked.clone();
+    let client = modern
+        .serve_with_lifecycle(
+            StreamableHttpClientTransport::from_uri(serve.mcp_url()),
+            ClientLifecycleMode::Discover {
+                preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+            },
+        )
+        .await
+        .unwrap();
+    let before = runs(&serve, "deploy").await.len();
+    let result = client.call_tool(deploy).await.unwrap();
+    assert_ne!(result.is_error, Some(true), "{result:?}");
+    assert_eq!(
+        result.structured_content.as_ref().unwrap()["approval"],
+        json!({"approved": true, "comment": "asked and approved"})
+    );
+    assert_eq!(asked.lock().unwrap().len(), 1);
+    assert_eq!(
+        runs(&serve, "deploy").await.len(),
+        before + 1,
+        "one run for the call and its rounds"
     );
     client.cancel().await.unwrap();
 }

@@ -37,9 +37,9 @@ use rmcp::model::{
     ResourceContents, ResourceTemplate, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::model::{
-    CancelTaskParams, ClientResult, ElicitRequest, GetTaskParams, GetTaskResult,
-    ServerNotification, ServerRequest, SubscriptionFilter, ToolListChangedNotification,
-    UpdateTaskParams,
+    CancelTaskParams, ClientResult, ElicitRequest, GetTaskParams, GetTaskResult, InputRequest,
+    InputRequiredResult, ServerNotification, ServerRequest, SubscriptionFilter,
+    ToolListChangedNotification, UpdateTaskParams,
 };
 use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -176,10 +176,10 @@ impl WorkflowServer {
         &self,
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
-    ) -> Result<CallToolResult, McpError> {
+    ) -> Result<CallToolResponse, McpError> {
         let name = request.name.as_ref();
         if name == SIGNAL_TOOL && self.offers_signal() {
-            return self.signal(request).await;
+            return self.signal(request).await.map(CallToolResponse::from);
         }
         let Some(exposed) = self.workflows.exposed_workflow(name) else {
             return Err(McpError::invalid_params(
@@ -187,22 +187,37 @@ impl WorkflowServer {
                 Some(json!({"tool": name})),
             ));
         };
-        let input = Value::Object(request.arguments.unwrap_or_default());
-        // A client's trace context in `_meta` is continued by the run.
-        let parent = crate::trace::TraceParent::from_meta(&context.meta);
-        let run = match self
-            .workflows
-            .start_traced(name, input, None, &parent)
-            .await
-        {
-            Ok(run) => run,
-            // Bad arguments are a tool execution error the model can read.
-            Err(e @ WorkflowError::InvalidInput { .. }) => {
-                return Ok(error_result(None, format!("invalid-input: {e}")));
+        let run_id = match &request.request_state {
+            // A 2026-07-28 client back with the answers it was asked for
+            // (`input_required`): the same run, on.
+            Some(state) => {
+                self.answer_round(name, state, request.input_responses.as_ref())
+                    .await?;
+                state.clone()
             }
-            Err(e) => return Err(McpError::internal_error(e.to_string(), None)),
+            None => {
+                let input = Value::Object(request.arguments.unwrap_or_default());
+                // A client's trace context in `_meta` is continued by the run.
+                let parent = crate::trace::TraceParent::from_meta(&context.meta);
+                match self
+                    .workflows
+                    .start_traced(name, input, None, &parent)
+                    .await
+                {
+                    Ok(run) => run.run_id,
+                    // Bad arguments are a tool execution error the model can read.
+                    Err(e @ WorkflowError::InvalidInput { .. }) => {
+                        return Ok(error_result(None, format!("invalid-input: {e}")).into());
+                    }
+                    Err(e) => return Err(McpError::internal_error(e.to_string(), None)),
+                }
+            }
         };
-        let run_id = run.run_id;
+        // 2026-07-28 has no requests from server to client: a question goes
+        // back as the call's `input_required` result instead.
+        let asks_in_result = context
+            .protocol_version()
+            .is_some_and(|v| !v.has_initialize());
         let token = context.meta.get_progress_token();
         let mut reported = BTreeSet::new();
         let mut told_waiting = BTreeSet::new();
@@ -247,11 +262,27 @@ impl WorkflowServer {
             }
             // A step that waits for a signal: say how to send it, and ask
             // the client when it takes questions.
+            let waiting: Vec<&crate::workflow::StepRecord> = record
+                .steps
+                .iter()
+                .flatten()
+                .filter(|s| s.status == StepStatus::Waiting)
+                .collect();
+            if elicits && asks_in_result && !waiting.is_empty() {
+                let requests = waiting
+                    .iter()
+                    .map(|s| {
+                        let request = ElicitRequest::new(tasks::approval_request(&run_id, s));
+                        (s.id.clone(), InputRequest::Elicitation(request))
+                    })
+                    .collect();
+                return Ok(InputRequiredResult::new(Some(requests), Some(run_id)).into());
+            }
             for step in record.steps.iter().flatten() {
                 if step.status != StepStatus::Waiting || !told_waiting.insert(step.id.clone()) {
                     continue;
                 }
-                if elicits {
+                if elicits && !asks_in_result {
                     asks.spawn(ask_client(
                         context.peer.clone(),
                         self.workflows.clone(),
@@ -286,10 +317,37 @@ impl WorkflowServer {
                     format!(
                         "unavailable: the host is shutting down; run `{run_id}` resumes when it restarts"
                     ),
-                ));
+                )
+                .into());
             }
         };
-        Ok(tool_result(&exposed, record))
+        Ok(tool_result(&exposed, record).into())
+    }
+
+    /// A round of `input_required` answered: `state` names the run, whose
+    /// waiting steps get the answers (keyed by step id) as their signals.
+    async fn answer_round(
+        &self,
+        tool: &str,
+        state: &str,
+        answers: Option<&rmcp::model::InputResponses>,
+    ) -> Result<(), McpError> {
+        let run = self
+            .workflows
+            .get(state, false)
+            .await
+            .ok()
+            .filter(|run| run.workflow == tool)
+            .ok_or_else(|| {
+                McpError::invalid_params(
+                    format!("`requestState` names no run of tool `{tool}`"),
+                    None,
+                )
+            })?;
+        let Some(answers) = answers else {
+            return Ok(());
+        };
+        self.update_task_of(&run.run_id, answers).await
     }
 
     async fn read_run(&self, uri: &str) -> Result<ReadResourceResult, McpError> {
@@ -504,9 +562,7 @@ impl ServerHandler for WorkflowServer {
         if takes_tasks && is_workflow {
             return self.start_task(request, &context).await;
         }
-        self.run_tool(request, context)
-            .await
-            .map(CallToolResponse::from)
+        self.run_tool(request, context).await
     }
 
     async fn get_task(
