@@ -1136,3 +1136,80 @@ async fn mcp_clients_get_runs_as_tasks_and_answer_approvals() {
     );
     client.cancel().await.unwrap();
 }
+
+/// The official Python SDK's client, with an elicitation callback, calls a
+/// workflow that waits for approval: it is asked (in the protocol revision
+/// it speaks), approves, and gets the run's output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_python_client_approves_a_waiting_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = approval_config(dir.path(), "1h");
+    let state = dir.path().join("state.db");
+    let serve = serve(&config, state.to_str().unwrap(), &[]);
+    let script = repo_root().join("tests/mcp/python_approver.py");
+    // The venv tests/interop/setup.sh makes with the pinned `mcp` package.
+    let python = repo_root().join("tests/interop/python/.venv/bin/python");
+    let out = tokio::process::Command::new(&python)
+        .arg(&script)
+        .arg(serve.mcp_url())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), out)
+        .await
+        .expect("the python client finished")
+        .unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}; run tests/interop/setup.sh (tests/run.sh does)",
+                python.display()
+            )
+        });
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "python client failed:\n{stderr}");
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    assert_eq!(report["is_error"], false, "{report}");
+    assert_eq!(
+        report["structured"]["approval"],
+        json!({"approved": true, "comment": "from python"}),
+        "{report}"
+    );
+    let asked = report["asked"].as_array().unwrap();
+    assert_eq!(asked.len(), 1, "{report}");
+    assert!(asked[0].as_str().unwrap().contains("waits for `approve`"));
+    let run_id = report["run_id"].as_str().unwrap();
+    let run = call(&serve, "workflow.get", json!({"run_id": run_id})).await;
+    assert_eq!(run["steps"][2]["status"], "succeeded", "approved: it ships");
+}
+
+/// The official TypeScript SDK's client, declaring elicitation, calls a
+/// workflow that waits for approval: it gets `elicitation/create` on the
+/// open call, approves, and gets the run's output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_typescript_client_approves_a_waiting_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = approval_config(dir.path(), "1h");
+    let state = dir.path().join("state.db");
+    let serve = serve(&config, state.to_str().unwrap(), &[]);
+    // The SDK that tests/interop/setup.sh installs, pinned by its lock file.
+    let script = repo_root().join("tests/interop/node/approver.mjs");
+    let out = tokio::process::Command::new("node")
+        .arg(&script)
+        .arg(serve.mcp_url())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), out)
+        .await
+        .expect("the node client finished")
+        .unwrap_or_else(|e| panic!("node: {e}; run tests/interop/setup.sh (tests/run.sh does)"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "node client failed:\n{stderr}");
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    assert_eq!(report["is_error"], false, "{report}");
+    assert_eq!(
+        report["structured"]["approval"],
+        json!({"approved": true, "comment": "from node"}),
+        "{report}"
+    );
+    assert_eq!(report["asked"].as_array().unwrap().len(), 1, "{report}");
+}
