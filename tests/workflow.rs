@@ -1915,3 +1915,117 @@ async fn a_sleeping_run_survives_a_sigkill_and_wakes_on_time() {
     let asked = ms_between(nap["started_at"].as_str().unwrap(), &until);
     assert!((3900..=4000).contains(&asked), "sleeps {asked} ms");
 }
+
+/// Fifty runs at once call a slow upstream tool through a connection with
+/// `max_in_flight = 2`: the server never sees more than 2 calls at once
+/// (it counts), the others wait their turn (shown as `queued`) and none
+/// fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_runs_share_a_connection_that_takes_two_calls_at_once() {
+    let host = Host::new(
+        r#"[connections.limited]
+command = "wf-host"
+args = ["fixture-server"]
+max_in_flight = 2
+
+[workflows.slow]
+component = "{call}"
+allow = ["limited.sleep"]
+"#,
+    )
+    .await;
+    let started = Instant::now();
+    let mut runs = Vec::new();
+    for _ in 0..50 {
+        let input = json!({"capability": "limited.sleep", "arguments": {"ms": 100}});
+        runs.push(
+            host.workflows
+                .start("slow", input, None)
+                .await
+                .unwrap()
+                .run_id,
+        );
+    }
+    let mut most_queued = 0;
+    for id in &runs {
+        loop {
+            let stats = host.pool.connection_stats("limited").unwrap();
+            most_queued = most_queued.max(stats.queued);
+            let run = host.workflows.get(id, false).await.unwrap();
+            if run.status.is_finished() {
+                assert_eq!(run.status, RunStatus::Succeeded, "{run:?}");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let took = started.elapsed();
+    let log = host
+        .pool
+        .call_tool("limited", "call_log", serde_json::Map::new(), None)
+        .await
+        .unwrap();
+    assert_eq!(log["structuredContent"]["max_in_flight"], 2, "{log}");
+    assert!(
+        most_queued >= 10,
+        "the runs waited their turn: {most_queued} queued at most"
+    );
+    // 50 calls of 100 ms, 2 at a time.
+    assert!(took >= Duration::from_millis(2400), "{took:?}");
+    assert_eq!(host.pool.connection_stats("limited").unwrap().queued, 0);
+    host.close().await;
+}
+
+/// Forty runs at once call a tool through a connection with `rate =
+/// "20/s"` and `burst = 1`: the server sees them spaced at 20 a second,
+/// within 10 %.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_rate_spaces_the_calls_of_many_runs() {
+    let host = Host::new(
+        r#"[connections.paced]
+command = "wf-host"
+args = ["fixture-server"]
+rate = "20/s"
+burst = 1
+
+[workflows.ping]
+component = "{call}"
+allow = ["paced.echo"]
+"#,
+    )
+    .await;
+    let mut runs = Vec::new();
+    for i in 0..40 {
+        let input = json!({"capability": "paced.echo", "arguments": {"text": format!("{i}")}});
+        runs.push(
+            host.workflows
+                .start("ping", input, None)
+                .await
+                .unwrap()
+                .run_id,
+        );
+    }
+    for id in &runs {
+        let run = host.finish(id).await;
+        assert_eq!(run.status, RunStatus::Succeeded, "{run:?}");
+    }
+    let log = host
+        .pool
+        .call_tool("paced", "call_log", serde_json::Map::new(), None)
+        .await
+        .unwrap();
+    let arrivals: Vec<u64> = log["structuredContent"]["arrivals_ms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    assert_eq!(arrivals.len(), 40);
+    let span = (arrivals.iter().max().unwrap() - arrivals.iter().min().unwrap()) as f64 / 1000.0;
+    let rate = 39.0 / span;
+    assert!(
+        (18.0..=22.0).contains(&rate),
+        "{rate:.1} calls/s over {span:.2} s"
+    );
+    host.close().await;
+}

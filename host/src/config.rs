@@ -322,6 +322,45 @@ pub struct ConnectionConfig {
     /// 5m): it catches changes a server announces where we cannot hear them.
     #[serde(default, with = "humantime_serde")]
     pub catalog_refresh: Option<Duration>,
+    /// Requests at once on this connection; more wait their turn, in order.
+    pub max_in_flight: Option<usize>,
+    /// Requests per period, as a token bucket: `"20/s"`, `"600/min"`,
+    /// `"1000/h"`. More wait their turn, in order.
+    pub rate: Option<String>,
+    /// How many requests `rate` lets through at once (default: its count).
+    pub burst: Option<u32>,
+}
+
+/// A `rate` of a connection: `count` requests per `per`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    pub count: u32,
+    pub per: Duration,
+}
+
+impl Rate {
+    /// `"20/s"`, `"600/min"`, `"1000/h"` (also `sec`, `second`, `m`,
+    /// `minute`, `hour`).
+    ///
+    /// # Errors
+    /// What is wrong with the text.
+    pub fn parse(text: &str) -> Result<Rate, String> {
+        let bad = || format!("`rate = \"{text}\"` is not like \"20/s\", \"600/min\" or \"1000/h\"");
+        let (count, unit) = text.split_once('/').ok_or_else(bad)?;
+        let count: u32 = count.trim().parse().map_err(|_| bad())?;
+        if count == 0 {
+            return Err(format!(
+                "`rate = \"{text}\"` lets nothing through; at least 1"
+            ));
+        }
+        let per = match unit.trim() {
+            "s" | "sec" | "second" => Duration::from_secs(1),
+            "m" | "min" | "minute" => Duration::from_secs(60),
+            "h" | "hour" => Duration::from_secs(3600),
+            _ => return Err(bad()),
+        };
+        Ok(Rate { count, per })
+    }
 }
 
 impl ConnectionConfig {
@@ -469,6 +508,27 @@ impl Config {
                 _ => {}
             }
             check_remote(id, conn, &config.base_dir).map_err(invalid)?;
+            if conn.max_in_flight == Some(0) {
+                return Err(invalid(format!(
+                    "connection `{id}`: `max_in_flight` must be at least 1"
+                )));
+            }
+            if let Some(rate) = &conn.rate {
+                Rate::parse(rate).map_err(|e| invalid(format!("connection `{id}`: {e}")))?;
+            }
+            match (conn.burst, &conn.rate) {
+                (Some(0), _) => {
+                    return Err(invalid(format!(
+                        "connection `{id}`: `burst` must be at least 1"
+                    )));
+                }
+                (Some(_), None) => {
+                    return Err(invalid(format!(
+                        "connection `{id}`: `burst` is for `rate`; set `rate` too"
+                    )));
+                }
+                _ => {}
+            }
             for (key, duration) in [
                 ("call_timeout", conn.call_timeout),
                 ("idle_timeout", conn.idle_timeout),

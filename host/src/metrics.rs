@@ -14,6 +14,7 @@
 //! | `wf_capability_call_duration_seconds` | `connection` | histogram of tool call times |
 //! | `wf_pool_sessions_opened_total` | `connection` | MCP sessions opened (`initialize` handshakes) |
 //! | `wf_pool_connection_up` | `connection` | 1 while the connection has a live session |
+//! | `wf_pool_queued` | `connection` | requests waiting for a turn under `max_in_flight` or `rate` |
 //!
 //! The counters live for the process; the gauges are read at scrape time.
 
@@ -40,6 +41,7 @@ pub struct Metrics {
     call_duration: Histograms,
     sessions_opened: Family<Labels, Counter>,
     connection_up: Family<Labels, Gauge>,
+    queued: Family<Labels, Gauge>,
     schedule_fires: Family<Labels, Counter>,
     schedule_skips: Family<Labels, Counter>,
     webhook_requests: Family<Labels, Counter>,
@@ -103,6 +105,12 @@ impl Metrics {
             "1 while the connection has a live MCP session, else 0",
             connection_up.clone(),
         );
+        let queued = Family::<Labels, Gauge>::default();
+        registry.register(
+            "wf_pool_queued",
+            "Requests waiting for a turn under the connection's max_in_flight or rate",
+            queued.clone(),
+        );
         let schedule_fires = Family::<Labels, Counter>::default();
         registry.register(
             "wf_schedule_fires",
@@ -122,6 +130,7 @@ impl Metrics {
             webhook_requests.clone(),
         );
         Metrics {
+            queued,
             schedule_fires,
             schedule_skips,
             webhook_requests,
@@ -200,13 +209,21 @@ impl Metrics {
             .inc();
     }
 
-    /// The text to serve, with the gauges set from `connections` (id, up),
-    /// `running` and `waiting` first.
-    pub fn render(&self, connections: &[(String, bool)], running: usize, waiting: usize) -> String {
-        for (id, up) in connections {
+    /// The text to serve, with the gauges set from `connections` (id, up,
+    /// queued), `running` and `waiting` first.
+    pub fn render(
+        &self,
+        connections: &[(String, bool, u64)],
+        running: usize,
+        waiting: usize,
+    ) -> String {
+        for (id, up, queued) in connections {
             self.connection_up
                 .get_or_create(&vec![("connection", id.clone())])
                 .set(i64::from(*up));
+            self.queued
+                .get_or_create(&vec![("connection", id.clone())])
+                .set(i64::try_from(*queued).unwrap_or(i64::MAX));
         }
         self.runs_running
             .set(i64::try_from(running).unwrap_or(i64::MAX));

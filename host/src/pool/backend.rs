@@ -48,6 +48,8 @@ pub fn to_capability_error(e: PoolError) -> CapabilityError {
         e @ PoolError::InvalidArguments { .. } => CapabilityError::InvalidArguments(e.to_string()),
         e @ PoolError::NotPinned { .. } => CapabilityError::Denied(e.to_string()),
         e @ PoolError::InvalidOutput { .. } => CapabilityError::ToolError(e.to_string()),
+        e @ PoolError::Limited { .. } => CapabilityError::Timeout(e.to_string()),
+        e @ PoolError::QueueFull { .. } => CapabilityError::Unavailable(e.to_string()),
         PoolError::Timeout {
             connection, after, ..
         } => CapabilityError::Timeout(format!(

@@ -13,6 +13,7 @@
 mod backend;
 mod catalog;
 mod http;
+mod limits;
 mod oauth;
 pub mod pin;
 mod session;
@@ -114,6 +115,19 @@ pub enum PoolError {
         tool: String,
         problem: String,
     },
+    /// No turn under the connection's limits before the request's timeout.
+    #[error(
+        "connection `{connection}`: no turn within {}ms under {limits} ({queued} more waiting)",
+        after.as_millis()
+    )]
+    Limited {
+        connection: String,
+        limits: String,
+        after: Duration,
+        queued: u64,
+    },
+    #[error("connection `{connection}`: {queued} requests wait for a turn already; try later")]
+    QueueFull { connection: String, queued: u64 },
 }
 
 /// How the pool is built.
@@ -142,6 +156,7 @@ pub(crate) struct Settings {
     pub ping_interval: Option<Duration>,
     pub catalog_cap: usize,
     pub catalog_refresh: Duration,
+    pub limits: limits::LimitSettings,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize)]
@@ -204,6 +219,14 @@ impl Settings {
             ping_interval: nonzero(c.ping_interval).or(is_http.then_some(Duration::from_secs(15))),
             catalog_cap: pool.catalog_cap.unwrap_or(DEFAULT_CATALOG_CAP),
             catalog_refresh: nonzero(c.catalog_refresh).unwrap_or(DEFAULT_CATALOG_REFRESH),
+            // The config loader refuses a `rate` that does not parse.
+            limits: limits::LimitSettings::new(
+                c.max_in_flight,
+                c.rate
+                    .as_deref()
+                    .and_then(|r| crate::config::Rate::parse(r).ok()),
+                c.burst,
+            ),
         }
     }
 
@@ -278,6 +301,8 @@ pub struct ConnectionStats {
     /// catalog is re-listed every `catalog_refresh`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub notifications: Option<&'static str>,
+    /// Requests waiting for a turn under `max_in_flight` or `rate`.
+    pub queued: u64,
     /// With a `wf.lock`: the live tools whose definition is not the pinned
     /// one, and why (`changed` or `unpinned`). Calls to them are refused.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -453,6 +478,8 @@ struct Slot {
     /// This connection's pinned digests, when a lock exists.
     pinned: Option<Arc<BTreeMap<String, String>>>,
     progress: Arc<ProgressRoutes>,
+    /// `max_in_flight` and `rate`, across sessions.
+    limits: limits::Limits,
     // A tokio mutex, held across connect: concurrent first callers queue here
     // and then all reuse the one session it produced.
     state: tokio::sync::Mutex<SlotState>,
@@ -479,6 +506,7 @@ impl Slot {
         Arc::new(Slot {
             fingerprint: settings.fingerprint(),
             pinned: pins.map(|p| Arc::new(p.connection(&settings.id))),
+            limits: limits::Limits::new(settings.limits),
             settings,
             counters,
             progress: Arc::default(),
@@ -569,6 +597,7 @@ impl Slot {
             calls: c.calls.load(Ordering::Relaxed),
             failures: c.failures.load(Ordering::Relaxed),
             replays: c.replays.load(Ordering::Relaxed),
+            queued: self.limits.queued(),
             last_error: c
                 .last_error
                 .lock()
@@ -760,6 +789,12 @@ impl Pool {
     ) -> Result<Value, PoolError> {
         let connection = &*slot.settings.id;
         let timeout = timeout.unwrap_or(slot.settings.call_timeout);
+        // A turn under the connection's limits first; the wait counts
+        // against the request's timeout.
+        let turn = slot.limits.turn(connection, timeout).await?;
+        let timeout = timeout
+            .saturating_sub(turn.waited)
+            .max(Duration::from_millis(1));
         let mut replayed = false;
         loop {
             let session = slot.session().await?;

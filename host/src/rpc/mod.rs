@@ -302,12 +302,12 @@ fn refuse(status: StatusCode, message: String) -> Response {
 
 /// `GET /metrics`: Prometheus text.
 async fn metrics(State(app): State<App>) -> Response {
-    let connections: Vec<(String, bool)> = app
+    let connections: Vec<(String, bool, u64)> = app
         .state
         .pool
         .stats()
         .into_iter()
-        .map(|c| (c.id, c.state == "ready"))
+        .map(|c| (c.id, c.state == "ready", c.queued))
         .collect();
     let workflows = &app.state.workflows;
     let text =
