@@ -36,6 +36,8 @@ over_both_transports!(
     resources_and_prompts_go_through_the_pooled_session,
     a_crash_mid_call_fails_every_pending_caller_and_the_next_call_reconnects,
     a_changed_connection_gets_a_new_session,
+    a_tool_call_the_server_makes_a_task_is_followed_to_its_result,
+    a_task_whose_caller_stops_waiting_is_cancelled_upstream,
 );
 
 fn args(v: Value) -> Map<String, Value> {
@@ -693,4 +695,61 @@ async fn an_unknown_connection_is_named() {
         .unwrap_err();
     assert_eq!(err.to_string(), "connection `nope` is not configured");
     let _ = Arc::new(pool);
+}
+
+/// The fixture answers `task_sleep` with a task (the pool declares the tasks
+/// extension): the call follows it with `tasks/get` to its result, past the
+/// connection's `call_timeout` (each answer restarts it), and the tool ran
+/// once.
+async fn a_tool_call_the_server_makes_a_task_is_followed_to_its_result(kind: Kind) {
+    let (pool, _server) = match kind {
+        Kind::Stdio => (
+            pool_with(connection_from_toml(
+                "command = \"wf-host\"\nargs = [\"fixture-server\"]\ncall_timeout = \"1s\"",
+            )),
+            None,
+        ),
+        Kind::Http => {
+            let server = HttpFixture::start("127.0.0.1:0");
+            let pool = pool_with(connection_from_toml(&format!(
+                "url = \"{}\"\ncall_timeout = \"1s\"",
+                server.url()
+            )));
+            (pool, Some(server))
+        }
+    };
+    let result = call(&pool, "task_sleep", json!({"ms": 1800})).await.unwrap();
+    assert_eq!(result["content"][0]["text"], "slept 1800ms as a task", "{result}");
+    assert_ne!(result["isError"], true);
+    let log = call(&pool, "call_log", json!({})).await.unwrap();
+    assert_eq!(calls_of(&log, "task_sleep"), 1, "{log}");
+    let polls = log["structuredContent"]["task_polls"].as_u64().unwrap();
+    assert!(polls >= 5, "followed with tasks/get every 100 ms: {polls} polls");
+    pool.shutdown().await;
+}
+
+/// A call whose caller stops waiting (a cancelled run) cancels the task it
+/// follows: `tasks/cancel` reaches the server, which records it.
+async fn a_task_whose_caller_stops_waiting_is_cancelled_upstream(kind: Kind) {
+    let (pool, _server) = fixture_pool(kind);
+    let waited = tokio::time::timeout(
+        Duration::from_millis(400),
+        call(&pool, "task_sleep", json!({"ms": 60_000})),
+    )
+    .await;
+    assert!(waited.is_err(), "the task cannot end in 400 ms");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = call(&pool, "call_log", json!({})).await.unwrap();
+        let cancelled = &log["structuredContent"]["cancelled"];
+        if cancelled
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["tool"] == "task_sleep"))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the task was never cancelled: {log}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    pool.shutdown().await;
 }

@@ -458,15 +458,92 @@ async fn call_tool_routed(
     let handle = peer
         .send_request_with_option(request, rmcp::service::PeerRequestOptions::no_options())
         .await?;
-    let _route = routes.register(handle.progress_token.clone(), tick, sink);
+    let _route = routes.register(handle.progress_token.clone(), tick.clone(), sink);
     let mut cancel = CancelOnDrop {
-        peer: Some((peer, handle.id.clone())),
+        peer: Some((peer.clone(), handle.id.clone())),
     };
     let answer = handle.await_response().await;
     cancel.peer = None;
     match answer? {
         ServerResult::CallToolResult(result) => to_json(result),
+        ServerResult::CreateTaskResult(created) => follow_task(peer, created.task, tick).await,
         _ => Err(rmcp::ServiceError::UnexpectedResponse),
+    }
+}
+
+/// Shortest and longest wait between two `tasks/get` of a task.
+const TASK_POLL_MIN: Duration = Duration::from_millis(50);
+const TASK_POLL_MAX: Duration = Duration::from_secs(5);
+
+/// A tool call the server made a task (the tasks extension): polls
+/// `tasks/get` at the server's `pollInterval` until the task ends, each
+/// answer restarting the call's timeout (`tick`), as progress does. A task
+/// that ends `failed` or `cancelled` is a tool error; one that asks for input
+/// is cancelled (the pool answers no elicitation yet), as is the task of a
+/// call whose caller stopped waiting.
+async fn follow_task(
+    peer: rmcp::Peer<rmcp::RoleClient>,
+    task: rmcp::model::Task,
+    tick: watch::Sender<u64>,
+) -> Result<Value, rmcp::ServiceError> {
+    use rmcp::model::{GetTaskParams, TaskPayload};
+    let task_id = task.task_id.clone();
+    let mut guard = CancelTaskOnDrop {
+        peer: Some((peer.clone(), task_id.clone())),
+    };
+    let mut every = task.poll_interval_ms.map(Duration::from_millis);
+    let tool_error = |text: String| {
+        serde_json::json!({"content": [{"type": "text", "text": text}], "isError": true})
+    };
+    loop {
+        tokio::time::sleep(
+            every
+                .unwrap_or(Duration::from_secs(1))
+                .clamp(TASK_POLL_MIN, TASK_POLL_MAX),
+        )
+        .await;
+        let got = peer.get_task(GetTaskParams::new(task_id.clone())).await?;
+        tick.send_modify(|n| *n += 1);
+        every = got.task.task.poll_interval_ms.map(Duration::from_millis).or(every);
+        let ended = match got.task.payload {
+            TaskPayload::Working => continue,
+            TaskPayload::Completed { result } => Value::Object(result),
+            TaskPayload::Failed { error } => tool_error(format!(
+                "the server's task `{task_id}` failed: {}",
+                Value::Object(error)
+            )),
+            TaskPayload::Cancelled => {
+                tool_error(format!("the server cancelled its task `{task_id}`"))
+            }
+            TaskPayload::InputRequired { .. } => {
+                // Left to the guard to cancel.
+                return Ok(tool_error(format!(
+                    "the server's task `{task_id}` asks for input, which wf-host does not answer; it was cancelled"
+                )));
+            }
+            _ => continue,
+        };
+        guard.peer = None;
+        return Ok(ended);
+    }
+}
+
+/// Cancels a task (`tasks/cancel`) whose call ended before it did.
+struct CancelTaskOnDrop {
+    peer: Option<(rmcp::Peer<rmcp::RoleClient>, String)>,
+}
+
+impl Drop for CancelTaskOnDrop {
+    fn drop(&mut self) {
+        let Some((peer, task_id)) = self.peer.take() else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let params = rmcp::model::CancelTaskParams::new(task_id);
+                let _ = peer.cancel_task(params).await;
+            });
+        }
     }
 }
 

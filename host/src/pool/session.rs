@@ -161,8 +161,10 @@ pub(super) struct PoolClient {
 
 impl ClientHandler for PoolClient {
     fn get_info(&self) -> ClientConfig {
+        // Tasks: a server may answer a long tool call with a task, which
+        // the call then follows (`tasks/get`) instead of holding a request.
         ClientConfig::new(
-            ClientCapabilities::default(),
+            ClientCapabilities::builder().enable_tasks().build(),
             Implementation::new("wf-host", env!("CARGO_PKG_VERSION")),
         )
         .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
