@@ -718,13 +718,21 @@ async fn a_tool_call_the_server_makes_a_task_is_followed_to_its_result(kind: Kin
             (pool, Some(server))
         }
     };
-    let result = call(&pool, "task_sleep", json!({"ms": 1800})).await.unwrap();
-    assert_eq!(result["content"][0]["text"], "slept 1800ms as a task", "{result}");
+    let result = call(&pool, "task_sleep", json!({"ms": 1800}))
+        .await
+        .unwrap();
+    assert_eq!(
+        result["content"][0]["text"], "slept 1800ms as a task",
+        "{result}"
+    );
     assert_ne!(result["isError"], true);
     let log = call(&pool, "call_log", json!({})).await.unwrap();
     assert_eq!(calls_of(&log, "task_sleep"), 1, "{log}");
     let polls = log["structuredContent"]["task_polls"].as_u64().unwrap();
-    assert!(polls >= 5, "followed with tasks/get every 100 ms: {polls} polls");
+    assert!(
+        polls >= 5,
+        "followed with tasks/get every 100 ms: {polls} polls"
+    );
     pool.shutdown().await;
 }
 
@@ -748,7 +756,10 @@ async fn a_task_whose_caller_stops_waiting_is_cancelled_upstream(kind: Kind) {
         {
             break;
         }
-        assert!(Instant::now() < deadline, "the task was never cancelled: {log}");
+        assert!(
+            Instant::now() < deadline,
+            "the task was never cancelled: {log}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     pool.shutdown().await;

@@ -1080,6 +1080,26 @@ async fn mcp_clients_get_runs_as_tasks_and_answer_approvals() {
     }
     let run = call(&serve, "workflow.get", json!({"run_id": other})).await;
     assert_eq!(run["status"], "cancelled");
+    // Only runs started as tasks are tasks: one started over RPC is not
+    // this face's to read or cancel.
+    let by_rpc = call(
+        &serve,
+        "workflow.start",
+        json!({"workflow": "deploy", "input": {"release": "x"}}),
+    )
+    .await;
+    let by_rpc = by_rpc["run_id"].as_str().unwrap().to_owned();
+    let refused = client
+        .cancel_task(CancelTaskParams::new(by_rpc.clone()))
+        .await;
+    assert!(refused.is_err(), "{refused:?}");
+    let got = call(&serve, "workflow.get", json!({"run_id": by_rpc})).await;
+    assert_eq!(got["status"], "running");
+    // A round's state is sealed: one made up names no run.
+    let mut forged = deploy.clone();
+    forged.request_state = Some(format!("{by_rpc}.00"));
+    let refused = client.call_tool_once(forged).await;
+    assert!(refused.is_err(), "{refused:?}");
     client.cancel().await.unwrap();
 
     // Without tasks, with elicitation: asked while the call is open.

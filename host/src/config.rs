@@ -353,6 +353,11 @@ impl Rate {
                 "`rate = \"{text}\"` lets nothing through; at least 1"
             ));
         }
+        if count > 1_000_000 {
+            return Err(format!(
+                "`rate = \"{text}\"` is more than a million per period; leave `rate` out for no limit"
+            ));
+        }
         let per = match unit.trim() {
             "s" | "sec" | "second" => Duration::from_secs(1),
             "m" | "min" | "minute" => Duration::from_secs(60),

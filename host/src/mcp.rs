@@ -191,9 +191,25 @@ impl WorkflowServer {
             // A 2026-07-28 client back with the answers it was asked for
             // (`input_required`): the same run, on.
             Some(state) => {
-                self.answer_round(name, state, request.input_responses.as_ref())
+                let run_id = open_state(name, state).ok_or_else(|| {
+                    McpError::invalid_params(
+                        "`requestState` is not one this server gave for this tool",
+                        None,
+                    )
+                })?;
+                let answered = self
+                    .answer_round(name, &run_id, request.input_responses.as_ref())
                     .await?;
-                state.clone()
+                if !answered {
+                    return Ok(error_result(
+                        Some(&run_id),
+                        format!(
+                            "cancelled: the question was cancelled; run `{run_id}` still waits: answer it with the `{SIGNAL_TOOL}` tool"
+                        ),
+                    )
+                    .into());
+                }
+                run_id
             }
             None => {
                 let input = Value::Object(request.arguments.unwrap_or_default());
@@ -221,11 +237,12 @@ impl WorkflowServer {
         let token = context.meta.get_progress_token();
         let mut reported = BTreeSet::new();
         let mut told_waiting = BTreeSet::new();
-        // Questions put to the client, ended with the call.
+        // Questions put to the client, polled with the call (so they go out
+        // on its stream) and ended with it.
         let elicits = context
             .client_capabilities()
-            .is_some_and(|c| c.elicitation.is_some());
-        let mut asks = tokio::task::JoinSet::new();
+            .is_some_and(|c| takes_form_elicitation(c.elicitation.as_ref()));
+        let mut asks = futures::stream::FuturesUnordered::new();
         let record = loop {
             let record = tokio::select! {
                 () = context.ct.cancelled() => {
@@ -237,6 +254,7 @@ impl WorkflowServer {
                     return Err(McpError::internal_error("cancelled", None));
                 }
                 record = self.workflows.wait(&run_id, POLL) => record,
+                Some(()) = futures::StreamExt::next(&mut asks), if !asks.is_empty() => continue,
             };
             let record = record.map_err(|e| McpError::internal_error(e.to_string(), None))?;
             if let Some(token) = &token {
@@ -268,6 +286,22 @@ impl WorkflowServer {
                 .flatten()
                 .filter(|s| s.status == StepStatus::Waiting)
                 .collect();
+            // A step whose answer is on its way is asked nothing more.
+            let answered = if waiting.is_empty() {
+                Vec::new()
+            } else {
+                self.workflows
+                    .kept_signals(&run_id)
+                    .await
+                    .unwrap_or_default()
+            };
+            let waiting: Vec<&crate::workflow::StepRecord> = waiting
+                .into_iter()
+                .filter(|s| {
+                    let signal = s.input.as_ref().and_then(|i| i["signal"].as_str());
+                    !signal.is_some_and(|n| answered.iter().any(|a| a == n))
+                })
+                .collect();
             if elicits && asks_in_result && !waiting.is_empty() {
                 let requests = waiting
                     .iter()
@@ -276,14 +310,15 @@ impl WorkflowServer {
                         (s.id.clone(), InputRequest::Elicitation(request))
                     })
                     .collect();
-                return Ok(InputRequiredResult::new(Some(requests), Some(run_id)).into());
+                let state = seal_state(name, &run_id);
+                return Ok(InputRequiredResult::new(Some(requests), Some(state)).into());
             }
-            for step in record.steps.iter().flatten() {
-                if step.status != StepStatus::Waiting || !told_waiting.insert(step.id.clone()) {
+            for step in waiting {
+                if !told_waiting.insert(step.id.clone()) {
                     continue;
                 }
                 if elicits && !asks_in_result {
-                    asks.spawn(ask_client(
+                    asks.push(ask_client(
                         context.peer.clone(),
                         self.workflows.clone(),
                         run_id.clone(),
@@ -324,30 +359,30 @@ impl WorkflowServer {
         Ok(tool_result(&exposed, record).into())
     }
 
-    /// A round of `input_required` answered: `state` names the run, whose
-    /// waiting steps get the answers (keyed by step id) as their signals.
+    /// A round of `input_required` answered: the run's waiting steps get
+    /// the answers (keyed by step id) as their signals. Says whether any
+    /// answer was more than a `cancel`.
     async fn answer_round(
         &self,
         tool: &str,
-        state: &str,
+        run_id: &str,
         answers: Option<&rmcp::model::InputResponses>,
-    ) -> Result<(), McpError> {
+    ) -> Result<bool, McpError> {
         let run = self
             .workflows
-            .get(state, false)
+            .get(run_id, false)
             .await
             .ok()
             .filter(|run| run.workflow == tool)
             .ok_or_else(|| {
-                McpError::invalid_params(
-                    format!("`requestState` names no run of tool `{tool}`"),
-                    None,
-                )
+                McpError::invalid_params(format!("`requestState` names no run of `{tool}`"), None)
             })?;
-        let Some(answers) = answers else {
-            return Ok(());
+        let Some(answers) = answers.filter(|a| !a.is_empty()) else {
+            return Ok(true);
         };
-        self.update_task_of(&run.run_id, answers).await
+        let all_cancelled = answers.values().all(|a| a["action"] == "cancel");
+        self.answer_steps(&run, answers).await?;
+        Ok(!all_cancelled)
     }
 
     async fn read_run(&self, uri: &str) -> Result<ReadResourceResult, McpError> {
@@ -379,6 +414,39 @@ async fn peer_closed(peer: &rmcp::Peer<RoleServer>) {
     while !peer.is_transport_closed() {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// Whether a client's elicitation capability takes form questions: `form`,
+/// or neither mode named (which means form).
+fn takes_form_elicitation(e: Option<&rmcp::model::ElicitationCapability>) -> bool {
+    e.is_some_and(|e| e.form.is_some() || e.url.is_none())
+}
+
+/// The key that seals `requestState`: random, this process's.
+fn state_key() -> &'static [u8; 32] {
+    static KEY: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
+    KEY.get_or_init(rand::random)
+}
+
+/// `requestState` for a round of `tool` on run `run_id`: the run id and an
+/// HMAC of both, so a client can only come back to the run it was asked
+/// about.
+fn seal_state(tool: &str, run_id: &str) -> String {
+    use hmac::Mac;
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(state_key()).expect("any key length");
+    mac.update(format!("{tool}\n{run_id}").as_bytes());
+    format!("{run_id}.{}", hex::encode(mac.finalize().into_bytes()))
+}
+
+/// The run a sealed `requestState` of `tool` names, if it is one.
+fn open_state(tool: &str, state: &str) -> Option<String> {
+    use hmac::Mac;
+    let (run_id, tag) = state.rsplit_once('.')?;
+    let tag = hex::decode(tag).ok()?;
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(state_key()).expect("any key length");
+    mac.update(format!("{tool}\n{run_id}").as_bytes());
+    mac.verify_slice(&tag).ok()?;
+    Some(run_id.to_owned())
 }
 
 /// Asks the client (`elicitation/create`) to answer wait step `step` of
@@ -559,7 +627,8 @@ impl ServerHandler for WorkflowServer {
             .is_some_and(|c| c.supports_tasks());
         let is_workflow = !(request.name == SIGNAL_TOOL && self.offers_signal())
             && self.workflows.exposed_workflow(&request.name).is_some();
-        if takes_tasks && is_workflow {
+        // A round of `input_required` (`requestState`) goes on its call.
+        if takes_tasks && is_workflow && request.request_state.is_none() {
             return self.start_task(request, &context).await;
         }
         self.run_tool(request, context).await

@@ -32,6 +32,8 @@ use crate::workflow::{RunRecord, Status, StepRecord, WorkflowError};
 
 /// What a client is told to wait between two `tasks/get`.
 const POLL_INTERVAL_MS: u64 = 500;
+/// The `trigger.kind` of a run started as a task.
+const TASK_TRIGGER: &str = "mcp-task";
 
 /// The elicitation that asks a person (through the client) to answer wait
 /// step `step` of run `run_id`: approve or reject, with a comment. The
@@ -86,12 +88,15 @@ impl WorkflowServer {
         let name = request.name.as_ref();
         let input = Value::Object(request.arguments.unwrap_or_default());
         let parent = crate::trace::TraceParent::from_meta(&context.meta);
+        // Marked as a task's run: only those are tasks (a run started
+        // otherwise, by a schedule or over RPC, is not this face's to cancel).
+        let trigger = json!({"kind": TASK_TRIGGER});
         let run = match self
             .workflows
-            .start_traced(name, input, None, &parent)
+            .start_triggered(name, input, None, trigger, &parent)
             .await
         {
-            Ok(run) => run,
+            Ok(started) => started.run,
             Err(e @ WorkflowError::InvalidInput { .. }) => {
                 return Ok(super::error_result(None, format!("invalid-input: {e}")).into());
             }
@@ -124,15 +129,22 @@ impl WorkflowServer {
         responses: &BTreeMap<String, Value>,
     ) -> Result<(), McpError> {
         let run = self.offered_run(task_id).await?;
+        self.answer_steps(&run, responses).await
+    }
+
+    /// Sends each answer (keyed by a waiting step's id) as that step's
+    /// signal; all are checked before any is sent.
+    pub(super) async fn answer_steps(
+        &self,
+        run: &RunRecord,
+        responses: &BTreeMap<String, Value>,
+    ) -> Result<(), McpError> {
+        let task_id = run.run_id.as_str();
+        let mut sends = Vec::new();
         for (step_id, response) in responses {
-            let Some(step) = run
-                .steps
-                .iter()
-                .flatten()
-                .find(|s| &s.id == step_id && s.status == StepStatus::Waiting)
-            else {
+            let Some(step) = run.steps.iter().flatten().find(|s| &s.id == step_id) else {
                 return Err(McpError::invalid_params(
-                    format!("no step `{step_id}` of task `{task_id}` waits for input"),
+                    format!("task `{task_id}` has no step `{step_id}`"),
                     None,
                 ));
             };
@@ -142,6 +154,11 @@ impl WorkflowServer {
                     None,
                 )
             })?;
+            // A step that waits no more was answered already (a retried
+            // round, a second poller).
+            if step.status != StepStatus::Waiting {
+                continue;
+            }
             let Some(payload) = answer_payload(&answer) else {
                 continue;
             };
@@ -149,22 +166,28 @@ impl WorkflowServer {
                 .input
                 .as_ref()
                 .and_then(|i| i["signal"].as_str())
-                .unwrap_or_default();
-            self.workflows
-                .signal(task_id, signal, payload)
-                .await
-                .map_err(|e| match e {
-                    WorkflowError::InvalidPayload(message) => {
-                        McpError::invalid_params(message, None)
-                    }
-                    other => McpError::invalid_request(other.to_string(), None),
-                })?;
+                .unwrap_or_default()
+                .to_owned();
+            sends.push((step_id, signal, payload));
+        }
+        for (step_id, signal, payload) in sends {
+            match self.workflows.signal(task_id, &signal, payload).await {
+                Ok(_) => {}
+                // Answered already: the step has what it waits for.
+                Err(WorkflowError::NotWaiting { message, .. }) => {
+                    tracing::debug!(run = %task_id, step = %step_id, "answer not taken: {message}");
+                }
+                Err(WorkflowError::InvalidPayload(message)) => {
+                    return Err(McpError::invalid_params(message, None));
+                }
+                Err(other) => return Err(McpError::internal_error(other.to_string(), None)),
+            }
         }
         Ok(())
     }
 
-    /// A run of an exposed workflow, with its steps, or the error for a task
-    /// this server does not offer.
+    /// A run started as a task, of an exposed workflow, with its steps; or
+    /// the error for a task this server does not offer.
     async fn offered_run(&self, task_id: &str) -> Result<RunRecord, McpError> {
         let unknown = || McpError::invalid_params(format!("unknown task `{task_id}`"), None);
         let run = self
@@ -172,7 +195,11 @@ impl WorkflowServer {
             .get(task_id, false)
             .await
             .map_err(|_| unknown())?;
-        if self.workflows.exposed_workflow(&run.workflow).is_none() {
+        let is_task = run
+            .trigger
+            .as_ref()
+            .is_some_and(|t| t["kind"] == TASK_TRIGGER);
+        if !is_task || self.workflows.exposed_workflow(&run.workflow).is_none() {
             return Err(unknown());
         }
         Ok(run)
@@ -186,10 +213,16 @@ impl WorkflowServer {
             .ok_or_else(|| McpError::invalid_params(format!("unknown task `{task_id}`"), None))?;
         let steps = run.steps.clone().unwrap_or_default();
         let finished = steps.iter().filter(|s| s.status.is_finished()).count();
-        let updated = run
-            .finished_at
-            .clone()
-            .unwrap_or_else(crate::store::now_text);
+        // The last time anything of the run moved.
+        let updated = run.finished_at.clone().unwrap_or_else(|| {
+            steps
+                .iter()
+                .flat_map(|s| [s.started_at.clone(), s.finished_at.clone()])
+                .flatten()
+                .chain([run.started_at.clone()])
+                .max()
+                .unwrap_or_default()
+        });
         let mut task = Task::new(
             task_id,
             TaskStatus::Working,

@@ -70,6 +70,7 @@ struct RateGate {
 pub(super) struct Turn {
     _in_flight: Option<OwnedSemaphorePermit>,
     /// How long the request waited for it.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(super) waited: Duration,
 }
 

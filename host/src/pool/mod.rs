@@ -492,9 +492,7 @@ async fn follow_task(
         peer: Some((peer.clone(), task_id.clone())),
     };
     let mut every = task.poll_interval_ms.map(Duration::from_millis);
-    let tool_error = |text: String| {
-        serde_json::json!({"content": [{"type": "text", "text": text}], "isError": true})
-    };
+    let tool_error = |text: String| serde_json::json!({"content": [{"type": "text", "text": text}], "isError": true});
     loop {
         tokio::time::sleep(
             every
@@ -504,7 +502,12 @@ async fn follow_task(
         .await;
         let got = peer.get_task(GetTaskParams::new(task_id.clone())).await?;
         tick.send_modify(|n| *n += 1);
-        every = got.task.task.poll_interval_ms.map(Duration::from_millis).or(every);
+        every = got
+            .task
+            .task
+            .poll_interval_ms
+            .map(Duration::from_millis)
+            .or(every);
         let ended = match got.task.payload {
             TaskPayload::Working => continue,
             TaskPayload::Completed { result } => Value::Object(result),
@@ -866,12 +869,11 @@ impl Pool {
     ) -> Result<Value, PoolError> {
         let connection = &*slot.settings.id;
         let timeout = timeout.unwrap_or(slot.settings.call_timeout);
-        // A turn under the connection's limits first; the wait counts
-        // against the request's timeout.
-        let turn = slot.limits.turn(connection, timeout).await?;
-        let timeout = timeout
-            .saturating_sub(turn.waited)
-            .max(Duration::from_millis(1));
+        // A turn under the connection's limits first, within the request's
+        // timeout; the request then gets its whole timeout (it is the window
+        // progress reports restart). The wait counts against the run's own
+        // time limit, which covers both.
+        let _turn = slot.limits.turn(connection, timeout).await?;
         let mut replayed = false;
         loop {
             let session = slot.session().await?;

@@ -157,17 +157,12 @@ impl Workflows {
         self: &Arc<Self>,
         workflow: &str,
         input: Value,
-        idempotency_key: String,
+        idempotency_key: Option<String>,
         trigger: Value,
+        parent: &TraceParent,
     ) -> Result<Started, WorkflowError> {
-        self.start_with(
-            workflow,
-            input,
-            Some(idempotency_key),
-            Some(trigger),
-            &TraceParent::none(),
-        )
-        .await
+        self.start_with(workflow, input, idempotency_key, Some(trigger), parent)
+            .await
     }
 
     pub(super) async fn start_with(

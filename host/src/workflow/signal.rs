@@ -143,6 +143,22 @@ impl Workflows {
         })
     }
 
+    /// The names of the signals kept for run `run_id` that no step took
+    /// yet (one per signal kept).
+    ///
+    /// # Errors
+    /// [`WorkflowError::Store`].
+    pub async fn kept_signals(&self, run_id: &str) -> Result<Vec<String>, WorkflowError> {
+        Ok(self
+            .store
+            .signals(run_id)
+            .await?
+            .into_iter()
+            .filter(|s| s.step_id.is_none())
+            .map(|s| s.signal)
+            .collect())
+    }
+
     /// Up to `limit` wait steps waiting for their signal, the longest
     /// waiting first (`workflow.waiting`, the console).
     ///

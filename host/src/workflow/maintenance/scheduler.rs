@@ -184,7 +184,16 @@ impl Workflows {
             "missed": due.missed,
         });
         let key = format!("schedule:{name}:{}", due.tick_ms);
-        let started = match self.start_triggered(workflow, input, key, trigger).await {
+        let started = match self
+            .start_triggered(
+                workflow,
+                input,
+                Some(key),
+                trigger,
+                &crate::trace::TraceParent::none(),
+            )
+            .await
+        {
             Ok(started) => started,
             Err(WorkflowError::InvalidInput { message, .. }) => {
                 tracing::error!(workflow = %workflow, schedule = %name,
