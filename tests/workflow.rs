@@ -1978,7 +1978,7 @@ allow = ["limited.sleep"]
 
 /// Forty runs at once call a tool through a connection with `rate =
 /// "20/s"` and `burst = 1`: the server sees them spaced at 20 a second,
-/// within 10 %.
+/// never more than 10 % faster.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_rate_spaces_the_calls_of_many_runs() {
     let host = Host::new(
@@ -2023,9 +2023,9 @@ allow = ["paced.echo"]
     assert_eq!(arrivals.len(), 40);
     let span = (arrivals.iter().max().unwrap() - arrivals.iter().min().unwrap()) as f64 / 1000.0;
     let rate = 39.0 / span;
-    assert!(
-        (18.0..=22.0).contains(&rate),
-        "{rate:.1} calls/s over {span:.2} s"
-    );
+    // The limit holds within 10 % (never faster); slower only by what a
+    // busy machine adds to each wait.
+    assert!(rate <= 22.0, "{rate:.1} calls/s over {span:.2} s");
+    assert!(rate >= 15.0, "{rate:.1} calls/s over {span:.2} s");
     host.close().await;
 }
