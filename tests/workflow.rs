@@ -18,6 +18,7 @@ use wf_host::runtime::RuntimeConfig;
 use wf_host::store::{RunStatus, StepStatus};
 use wf_host::workflow::{Options, RunRecord, WorkflowError, Workflows};
 
+use common::fixture::HttpFixture;
 use common::*;
 
 /// Config text with `{echo}`, `{call}`, `{flaky}` and `{witness}` filled in, and
@@ -2028,4 +2029,130 @@ allow = ["paced.echo"]
     assert!(rate <= 22.0, "{rate:.1} calls/s over {span:.2} s");
     assert!(rate >= 15.0, "{rate:.1} calls/s over {span:.2} s");
     host.close().await;
+}
+
+/// A run whose step calls a tool the server makes a task (4 s) survives a
+/// SIGKILL of `serve` 1.5 s in: after the restart the step follows the same
+/// upstream task with `tasks/get` instead of calling the tool again, so the
+/// server saw exactly one call and no cancel. A cancelled run cancels its
+/// task upstream (`tasks/cancel`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_run_follows_its_upstream_task_again_and_never_calls_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    // The upstream outlives `serve`: its own process, over HTTP.
+    let remote = HttpFixture::start("127.0.0.1:0");
+    write_config(
+        dir.path(),
+        &format!(
+            r#"[runtime]
+state = "state.db"
+
+[connections.remote]
+url = "{url}"
+
+[workflows.long]
+component = "{{call}}"
+allow = ["remote.task_sleep"]
+"#,
+            url = remote.url()
+        ),
+    );
+    let call_log = async |serve: &Serve| -> Value {
+        let got = serve
+            .call("capability.call", json!({"name": "remote.call_log"}))
+            .await;
+        got["structuredContent"].clone()
+    };
+    let task_sleeps = |log: &Value| {
+        log["calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["tool"] == "task_sleep")
+            .count()
+    };
+
+    let serve = Serve::start(dir.path());
+    let input = json!({"capability": "remote.task_sleep", "arguments": {"ms": 4000}});
+    let started = serve
+        .call(
+            "workflow.start",
+            json!({"workflow": "long", "input": input}),
+        )
+        .await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let log = call_log(&serve).await;
+        if task_sleeps(&log) == 1 && log["task_polls"].as_u64() > Some(0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the task never started: {log}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    serve.kill();
+
+    let serve = Serve::start(dir.path());
+    let done = serve
+        .call(
+            "workflow.wait",
+            json!({"run_id": run_id, "timeout_ms": 30000}),
+        )
+        .await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert_eq!(
+        done["output"]["content"][0]["text"], "slept 4000ms as a task",
+        "{done}"
+    );
+    let log = call_log(&serve).await;
+    assert_eq!(task_sleeps(&log), 1, "the tool was called again: {log}");
+    assert_eq!(log["cancelled"], json!([]), "{log}");
+    assert_eq!(log["sessions"], 2, "one session per serve: {log}");
+
+    // Cancelling a run cancels its upstream task.
+    let input = json!({"capability": "remote.task_sleep", "arguments": {"ms": 60000}});
+    let started = serve
+        .call(
+            "workflow.start",
+            json!({"workflow": "long", "input": input}),
+        )
+        .await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut polls = None;
+    loop {
+        // Followed: polled since the call arrived (a cancel before the
+        // server's answer arrives cancels the request, not a task).
+        let log = call_log(&serve).await;
+        let now = log["task_polls"].as_u64().unwrap();
+        if task_sleeps(&log) == 2 {
+            if polls.is_some_and(|p| now > p) {
+                break;
+            }
+            polls.get_or_insert(now);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the second task never started: {log}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cancelled = serve
+        .call("workflow.cancel", json!({"run_id": run_id}))
+        .await;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = call_log(&serve).await;
+        if log["cancelled"] == json!([{"session": 2, "tool": "task_sleep"}]) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tasks/cancel never arrived: {log}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    serve.kill();
 }

@@ -156,6 +156,20 @@ pub struct CallExtras {
     /// Gets each `notifications/progress` of the call. It runs on the
     /// session's task, so it must return at once.
     pub progress: Option<ProgressSink>,
+    /// The call's idempotency key and where the upstream task it makes is
+    /// kept: a call made again with the same key (its step run again after
+    /// a restart) follows that task instead of calling the tool again.
+    pub tasks: Option<(String, Arc<dyn TaskLedger>)>,
+}
+
+/// Where the upstream tasks of a run's calls are kept (the tasks
+/// extension), by idempotency key.
+#[async_trait]
+pub trait TaskLedger: Send + Sync {
+    /// The task a call with `key` made before, if any.
+    async fn task_of(&self, key: &str) -> Option<String>;
+    /// Keeps the task a call with `key` made on `connection`.
+    async fn task_started(&self, key: &str, connection: &str, task_id: &str);
 }
 
 /// Where a call's progress reports go.
@@ -201,6 +215,10 @@ pub trait CallJournal: Send + Sync {
     /// The latest progress a running call reported. Must return at once.
     fn progress(&self, progress: Progress) {
         let _ = progress;
+    }
+    /// Where the upstream tasks of these calls are kept, if anywhere.
+    fn tasks(&self) -> Option<Arc<dyn TaskLedger>> {
+        None
     }
 }
 
@@ -449,6 +467,9 @@ impl CapabilityCtx {
                 let arguments = parse_arguments(arguments)?;
                 let mut extras = CallExtras::default();
                 if let (Some(key), Some(journal)) = (key, &self.journal) {
+                    if let Some(ledger) = journal.tasks() {
+                        extras.tasks = Some((key.clone(), ledger));
+                    }
                     extras
                         .meta
                         .insert(IDEMPOTENCY_META_KEY.into(), Value::String(key));
@@ -456,7 +477,10 @@ impl CapabilityCtx {
                     extras.progress = Some(Arc::new(move |p| journal.progress(p)));
                 }
                 trace::inject(call_span, &mut extras.meta);
-                let outcome = if extras.meta.is_empty() && extras.progress.is_none() {
+                let outcome = if extras.meta.is_empty()
+                    && extras.progress.is_none()
+                    && extras.tasks.is_none()
+                {
                     self.backend.call_tool(connection, tool, arguments).await
                 } else {
                     self.backend

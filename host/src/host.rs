@@ -85,6 +85,9 @@ impl Host {
     /// every session and reaps every child process. Workflows already shut
     /// down (say, alongside a server that was draining) stop again at once.
     pub async fn shutdown(self, grace: Duration) {
+        // Runs stopped past `grace` resume at the next start, following the
+        // upstream tasks their calls made: those stay.
+        self.pool.keep_tasks_on_stop();
         self.workflows.shutdown(grace).await;
         // The runtime has no task to stop: its epoch ticker ends when the
         // last reference to it goes, ours or the workflows'.

@@ -23,3 +23,15 @@ CREATE INDEX signals_run ON signals (run_id, signal, id);
 -- The wait steps waiting now (`workflow.waiting`, `host.status`), found
 -- without reading every step ever stored.
 CREATE INDEX steps_waiting ON steps (started_at, run_id) WHERE status = 'waiting';
+
+-- Upstream tasks (the MCP tasks extension) that steps' calls made, by the
+-- call's idempotency key: a step run again after a restart follows its task
+-- instead of calling the tool again.
+CREATE TABLE upstream_tasks (
+    call_key   TEXT PRIMARY KEY NOT NULL,
+    run_id     TEXT COLLATE "C" NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    connection TEXT NOT NULL,
+    task_id    TEXT NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE INDEX upstream_tasks_run ON upstream_tasks (run_id);

@@ -453,7 +453,23 @@ async fn call_tool_routed(
     routes: Arc<ProgressRoutes>,
     tick: watch::Sender<u64>,
     sink: Option<ProgressSink>,
+    tasks: TaskFollowing,
 ) -> Result<Value, rmcp::ServiceError> {
+    let connection = tasks.connection.clone();
+    // The same call made before (its step run again after a restart) made
+    // a task: follow it rather than call the tool again. A server that no
+    // longer knows it gets the call anew.
+    if let Some((key, ledger)) = &tasks.ledger
+        && let Some(task_id) = ledger.task_of(key).await
+    {
+        match follow_task(peer.clone(), task_id.clone(), None, tick.clone(), &tasks).await {
+            Err(rmcp::ServiceError::McpError(e)) => {
+                tracing::info!(connection = %connection, task = %task_id,
+                    "the server no longer knows the task; calling again: {}", e.message);
+            }
+            other => return other,
+        }
+    }
     let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
     let handle = peer
         .send_request_with_option(request, rmcp::service::PeerRequestOptions::no_options())
@@ -466,7 +482,14 @@ async fn call_tool_routed(
     cancel.peer = None;
     match answer? {
         ServerResult::CallToolResult(result) => to_json(result),
-        ServerResult::CreateTaskResult(created) => follow_task(peer, created.task, tick).await,
+        ServerResult::CreateTaskResult(created) => {
+            let task = created.task;
+            if let Some((key, ledger)) = &tasks.ledger {
+                ledger.task_started(key, &connection, &task.task_id).await;
+            }
+            let every = task.poll_interval_ms.map(Duration::from_millis);
+            follow_task(peer, task.task_id, every, tick, &tasks).await
+        }
         _ => Err(rmcp::ServiceError::UnexpectedResponse),
     }
 }
@@ -483,15 +506,16 @@ const TASK_POLL_MAX: Duration = Duration::from_secs(5);
 /// call whose caller stopped waiting.
 async fn follow_task(
     peer: rmcp::Peer<rmcp::RoleClient>,
-    task: rmcp::model::Task,
+    task_id: String,
+    mut every: Option<Duration>,
     tick: watch::Sender<u64>,
+    tasks: &TaskFollowing,
 ) -> Result<Value, rmcp::ServiceError> {
     use rmcp::model::{GetTaskParams, TaskPayload};
-    let task_id = task.task_id.clone();
     let mut guard = CancelTaskOnDrop {
         peer: Some((peer.clone(), task_id.clone())),
+        keep: tasks.keep.clone(),
     };
-    let mut every = task.poll_interval_ms.map(Duration::from_millis);
     let tool_error = |text: String| serde_json::json!({"content": [{"type": "text", "text": text}], "isError": true});
     loop {
         tokio::time::sleep(
@@ -531,9 +555,21 @@ async fn follow_task(
     }
 }
 
-/// Cancels a task (`tasks/cancel`) whose call ended before it did.
+/// What a tool call needs to follow the task a server makes of it.
+#[derive(Clone)]
+struct TaskFollowing {
+    /// The call's idempotency key and where its task is kept.
+    ledger: Option<(String, Arc<dyn crate::capability::TaskLedger>)>,
+    connection: Arc<str>,
+    /// [`Pool::keep_tasks_on_stop`] was called.
+    keep: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Cancels a task (`tasks/cancel`) whose call ended before it did, unless
+/// the host is stopping (the next start follows it again).
 struct CancelTaskOnDrop {
     peer: Option<(rmcp::Peer<rmcp::RoleClient>, String)>,
+    keep: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Drop for CancelTaskOnDrop {
@@ -541,6 +577,9 @@ impl Drop for CancelTaskOnDrop {
         let Some((peer, task_id)) = self.peer.take() else {
             return;
         };
+        if self.keep.load(Ordering::Acquire) {
+            return;
+        }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 let params = rmcp::model::CancelTaskParams::new(task_id);
@@ -740,6 +779,9 @@ struct PoolInner {
     /// reap them too.
     retired: Mutex<Vec<Session>>,
     shut_down: std::sync::atomic::AtomicBool,
+    /// The host is stopping: a call dropped now leaves its upstream task
+    /// running, for the next start to follow.
+    keep_tasks: Arc<std::sync::atomic::AtomicBool>,
     /// Compiled schemas by (connection, tool, `input`/`output`), with the
     /// schema they were compiled from: a refreshed catalog brings a new `Arc`
     /// and a recompile.
@@ -766,6 +808,7 @@ impl Pool {
                 slots: Mutex::new(slots),
                 retired: Mutex::default(),
                 shut_down: Default::default(),
+                keep_tasks: Arc::default(),
                 validators: Mutex::default(),
             }),
         }
@@ -927,6 +970,13 @@ impl Pool {
         }
     }
 
+    /// From now on, a call dropped before its upstream task ended (its run
+    /// stopped by a host shutdown) leaves the task running, for the next
+    /// start to follow again; call this before stopping the runs.
+    pub fn keep_tasks_on_stop(&self) {
+        self.inner.keep_tasks.store(true, Ordering::Release);
+    }
+
     /// Calls `tool` with `arguments`; the `CallToolResult` as JSON.
     ///
     /// # Errors
@@ -1034,9 +1084,14 @@ impl Pool {
         let (tick, progress) = watch::channel(0);
         let routes = slot.progress.clone();
         let sink = extras.progress;
+        let tasks = TaskFollowing {
+            ledger: extras.tasks,
+            connection: slot.settings.id.clone(),
+            keep: self.inner.keep_tasks.clone(),
+        };
         let run: OpFn = Arc::new(move |peer| {
             let (routes, tick, sink) = (routes.clone(), tick.clone(), sink.clone());
-            call_tool_routed(peer, (*params).clone(), routes, tick, sink).boxed()
+            call_tool_routed(peer, (*params).clone(), routes, tick, sink, tasks.clone()).boxed()
         });
         let result = self
             .execute_on(&slot, "call_tool", timeout, run, Some(progress), check)

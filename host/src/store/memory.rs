@@ -44,6 +44,8 @@ struct State {
     schedules: BTreeMap<(String, String), ScheduleRow>,
     /// Signals by run, oldest first.
     signals: HashMap<String, Vec<SignalRow>>,
+    /// Upstream tasks by call key: `(run_id, task_id)`.
+    tasks: HashMap<String, (String, String)>,
 }
 
 struct RunEntry {
@@ -276,6 +278,7 @@ impl State {
             return;
         };
         self.signals.remove(run_id);
+        self.tasks.retain(|_, (run, _)| run != run_id);
         reindex(&mut self.finished, run.finished_key(), None);
         self.by_created
             .remove(&(run.row.created_ms, run.row.run_id.clone()));
@@ -652,6 +655,23 @@ impl Store for MemoryStore {
         waiting.sort_by(|a, b| (&a.since, &a.run_id).cmp(&(&b.since, &b.run_id)));
         waiting.truncate(limit as usize);
         Ok(waiting)
+    }
+
+    async fn record_task(
+        &self,
+        run_id: &str,
+        key: &str,
+        _connection: &str,
+        task_id: &str,
+    ) -> Result<(), StoreError> {
+        self.lock()
+            .tasks
+            .insert(key.to_owned(), (run_id.to_owned(), task_id.to_owned()));
+        Ok(())
+    }
+
+    async fn task_of(&self, key: &str) -> Result<Option<String>, StoreError> {
+        Ok(self.lock().tasks.get(key).map(|(_, task)| task.clone()))
     }
 
     async fn schedules(&self) -> Result<Vec<ScheduleRow>, StoreError> {

@@ -571,6 +571,17 @@ pub trait Store: Send + Sync {
     ) -> Result<bool, StoreError>;
     /// Every schedule's progress.
     async fn schedules(&self) -> Result<Vec<ScheduleRow>, StoreError>;
+    /// Keeps the upstream task a call of run `run_id` (idempotency key
+    /// `key`) made on `connection`.
+    async fn record_task(
+        &self,
+        run_id: &str,
+        key: &str,
+        connection: &str,
+        task_id: &str,
+    ) -> Result<(), StoreError>;
+    /// The upstream task the call with idempotency key `key` made, if kept.
+    async fn task_of(&self, key: &str) -> Result<Option<String>, StoreError>;
     /// Keeps signal `signal` for run `run_id` until a wait step of the run
     /// takes it, unless `open` signals of that name are kept (untaken)
     /// already: one for each step that can still take one. Checked and

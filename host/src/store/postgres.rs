@@ -862,6 +862,38 @@ impl Store for PgStore {
             .collect()
     }
 
+    async fn record_task(
+        &self,
+        run_id: &str,
+        key: &str,
+        connection: &str,
+        task_id: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO upstream_tasks (call_key, run_id, connection, task_id, created_at)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (call_key) DO UPDATE SET task_id = excluded.task_id,
+                 connection = excluded.connection, created_at = excluded.created_at",
+        )
+        .bind(key)
+        .bind(run_id)
+        .bind(connection)
+        .bind(task_id)
+        .bind(now_text())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn task_of(&self, key: &str) -> Result<Option<String>, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT task_id FROM upstream_tasks WHERE call_key = $1")
+                .bind(key)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+
     async fn schedules(&self) -> Result<Vec<ScheduleRow>, StoreError> {
         sqlx::query("SELECT * FROM schedules ORDER BY workflow, name")
             .fetch_all(&self.pool)

@@ -853,6 +853,38 @@ impl Store for SqliteStore {
             .collect()
     }
 
+    async fn record_task(
+        &self,
+        run_id: &str,
+        key: &str,
+        connection: &str,
+        task_id: &str,
+    ) -> Result<(), StoreError> {
+        self.writer
+            .write(
+                Write::new(
+                    "INSERT OR REPLACE INTO upstream_tasks (call_key, run_id, connection, task_id, created_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                )
+                .arg(key)
+                .arg(run_id)
+                .arg(connection)
+                .arg(task_id)
+                .arg(now_text()),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn task_of(&self, key: &str) -> Result<Option<String>, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT task_id FROM upstream_tasks WHERE call_key = ?")
+                .bind(key)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+
     async fn schedules(&self) -> Result<Vec<ScheduleRow>, StoreError> {
         sqlx::query("SELECT * FROM schedules ORDER BY workflow, name")
             .fetch_all(&self.pool)

@@ -45,6 +45,35 @@ struct StepJournal {
     fence: Fence,
 }
 
+/// The upstream tasks of a run's calls, kept in the store.
+struct RunTasks {
+    store: Arc<dyn Store>,
+    run_id: String,
+}
+
+#[async_trait::async_trait]
+impl crate::capability::TaskLedger for RunTasks {
+    async fn task_of(&self, key: &str) -> Option<String> {
+        match self.store.task_of(key).await {
+            Ok(task) => task,
+            Err(e) => {
+                tracing::warn!(run = %self.run_id, "cannot look up the call's upstream task: {e}");
+                None
+            }
+        }
+    }
+
+    async fn task_started(&self, key: &str, connection: &str, task_id: &str) {
+        if let Err(e) = self
+            .store
+            .record_task(&self.run_id, key, connection, task_id)
+            .await
+        {
+            tracing::warn!(run = %self.run_id, "cannot keep the call's upstream task: {e}");
+        }
+    }
+}
+
 /// The latest progress a running step's calls reported, by step id.
 pub(crate) type StepProgress = Arc<std::sync::Mutex<HashMap<String, Progress>>>;
 
@@ -64,6 +93,13 @@ impl CallJournal for StepJournal {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(self.step_id.clone(), progress);
+    }
+
+    fn tasks(&self) -> Option<Arc<dyn crate::capability::TaskLedger>> {
+        Some(Arc::new(RunTasks {
+            store: self.store.clone(),
+            run_id: self.run_id.clone(),
+        }))
     }
 
     async fn record(&self, entry: JournalEntry) {
