@@ -302,7 +302,7 @@ async fn unknown_tools_and_connections_are_not_found() {
     assert_eq!(seen["err"]["code"], "not-found");
     assert!(
         seen["err"]["message"].as_str().unwrap().starts_with(
-            "connection `fixture` has no tool `nope`; granted tools on it: add, call_log"
+            "connection `fixture` has no tool `nope`; granted tools on it: add, ask, call_log"
         ),
         "{seen}"
     );

@@ -595,7 +595,7 @@ async fn every_error_code_is_spec_exact() {
         ),
         (
             r#"{"jsonrpc":"2.0","id":1,"method":"capability.call","params":{"name":"fixture.nope"}}"#,
-            json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32006, "message": "connection `fixture` has no tool `nope`; granted tools on it: add, call_log, counter, crash, echo, env, fail, forget_session, progress, register_extra, set_description, shaped, sleep, task_sleep", "data": {"kind": "not-found"}}}),
+            json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32006, "message": "connection `fixture` has no tool `nope`; granted tools on it: add, ask, call_log, counter, crash, echo, env, fail, forget_session, progress, register_extra, set_description, shaped, sleep, task_sleep", "data": {"kind": "not-found"}}}),
         ),
         (
             r#"{"jsonrpc":"2.0","id":1,"method":"capability.call","params":{"name":"fixture.echo","arguments":{"text":1}}}"#,
@@ -651,6 +651,7 @@ async fn rpc_discover_lists_exactly_the_methods_that_answer() {
         "prompt.get",
         "resource.read",
         "rpc.discover",
+        "workflow.answer",
         "workflow.cancel",
         "workflow.get",
         "workflow.list",

@@ -2156,3 +2156,154 @@ allow = ["remote.task_sleep"]
     }
     serve.kill();
 }
+
+/// Waits until step `step` of run `run_id` shows an open question; returns it.
+async fn question_of(host: &Host, run_id: &str, step: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let run = host.workflows.get(run_id, false).await.unwrap();
+        let shown = serde_json::to_value(&run).unwrap();
+        let steps = shown["steps"].as_array().cloned().unwrap_or_default();
+        if let Some(q) = steps
+            .iter()
+            .find(|s| s["id"] == step)
+            .and_then(|s| s["questions"].get(0))
+        {
+            return q.clone();
+        }
+        assert!(Instant::now() < deadline, "no question shown: {shown}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+const ASKING: &str = r#"[workflows.asks]
+component = "{call}"
+allow = ["fixture.ask"]
+"#;
+
+/// An upstream tool that asks a question mid-call (elicitation; at
+/// 2026-07-28 an `input_required` round): the step shows the question with
+/// its requested schema in `workflow.get` and a `step.question` event, an
+/// answer that breaks the schema is refused and the question stays open,
+/// and `workflow.answer` accept resumes the call with the content, past
+/// the connection's `call_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_from_upstream_waits_for_workflow_answer() {
+    let host = Host::new(&format!(
+        "[connections.asker]\ncommand = \"wf-host\"\nargs = [\"fixture-server\"]\ncall_timeout = \"1s\"\n\n{}",
+        ASKING.replace("fixture.ask", "asker.ask")
+    ))
+    .await;
+    let input = json!({"capability": "asker.ask", "arguments": {"message": "Which colour?"}});
+    let run_id = host
+        .workflows
+        .start("asks", input, None)
+        .await
+        .unwrap()
+        .run_id;
+    let asked = question_of(&host, &run_id, "main").await;
+    assert_eq!(asked["item"], 0, "{asked}");
+    let question = &asked["question"];
+    assert_eq!(question["connection"], "asker");
+    assert_eq!(question["tool"], "ask");
+    assert_eq!(question["mode"], "form");
+    assert_eq!(question["message"], "Which colour?");
+    assert_eq!(
+        question["requested_schema"]["required"],
+        json!(["answer"]),
+        "{question}"
+    );
+    let events = host.workflows.events(Some(&run_id), 0, 100).await.unwrap();
+    assert!(
+        events.iter().any(|e| e.kind == "step.question"),
+        "{events:?}"
+    );
+
+    // Content that breaks the requested schema: refused, still open.
+    let bad = wf_host::capability::Answer {
+        action: "accept".into(),
+        content: Some(json!({"answer": 7})),
+    };
+    let refused = host
+        .workflows
+        .answer(&run_id, "main", 0, bad)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&refused, WorkflowError::InvalidPayload(m) if m.contains("/answer")),
+        "{refused}"
+    );
+    let wrong_step = host
+        .workflows
+        .answer(&run_id, "nope", 0, wf_host::capability::Answer::decline())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&wrong_step, WorkflowError::NotWaiting { message, .. } if message.contains("open: `main` (item 0)")),
+        "{wrong_step}"
+    );
+    // A person takes longer than the call's timeout: the call waits.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    question_of(&host, &run_id, "main").await;
+
+    let good = wf_host::capability::Answer {
+        action: "accept".into(),
+        content: Some(json!({"answer": "teal"})),
+    };
+    host.workflows
+        .answer(&run_id, "main", 0, good.clone())
+        .await
+        .unwrap();
+    let done = host.finish(&run_id).await;
+    assert_eq!(done.status, RunStatus::Succeeded, "{done:?}");
+    assert_eq!(
+        done.output.as_ref().unwrap()["content"][0]["text"],
+        "answer: teal"
+    );
+    assert!(step(&done, "main").questions.is_empty());
+    // Answered once: a second answer has no question to go to.
+    let again = host
+        .workflows
+        .answer(&run_id, "main", 0, good)
+        .await
+        .unwrap_err();
+    assert!(matches!(again, WorkflowError::NotWaiting { .. }), "{again}");
+    host.close().await;
+}
+
+/// A question nobody answers is declined after the connection's
+/// `elicitation_timeout`; with `elicitation = "decline"` it is declined at
+/// once and never shown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_question_is_declined_and_decline_mode_never_asks() {
+    for (setting, waits) in [
+        ("elicitation_timeout = \"1s\"", true),
+        ("elicitation = \"decline\"", false),
+    ] {
+        let host = Host::new(&format!(
+            "[connections.asker]\ncommand = \"wf-host\"\nargs = [\"fixture-server\"]\n{setting}\n\n{}",
+            ASKING.replace("fixture.ask", "asker.ask")
+        ))
+        .await;
+        let input = json!({"capability": "asker.ask", "arguments": {}});
+        let started = Instant::now();
+        let done = host.run("asks", input).await;
+        assert_eq!(done.status, RunStatus::Succeeded, "{done:?}");
+        assert_eq!(
+            done.output.as_ref().unwrap()["content"][0]["text"],
+            "declined",
+            "{setting}"
+        );
+        let events = host
+            .workflows
+            .events(Some(&done.run_id), 0, 100)
+            .await
+            .unwrap();
+        let asked = events.iter().any(|e| e.kind == "step.question");
+        assert_eq!(asked, waits, "{setting}: {events:?}");
+        if waits {
+            assert!(started.elapsed() >= Duration::from_secs(1));
+        }
+        host.close().await;
+    }
+}

@@ -160,6 +160,50 @@ pub struct CallExtras {
     /// kept: a call made again with the same key (its step run again after
     /// a restart) follows that task instead of calling the tool again.
     pub tasks: Option<(String, Arc<dyn TaskLedger>)>,
+    /// Who answers a question the server asks during the call
+    /// (elicitation). Without one, every question is declined.
+    pub elicit: Option<Arc<dyn Elicitor>>,
+}
+
+/// A question an upstream server asks during a tool call (elicitation).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Question {
+    pub connection: String,
+    pub tool: String,
+    /// `form`: answer with `content` matching `requested_schema`; `url`: a
+    /// person completes it at `url` (never opened by the host).
+    pub mode: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_schema: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+}
+
+/// The answer to a [`Question`]: `accept` (with `content` for a form),
+/// `decline` or `cancel`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Answer {
+    pub action: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<Value>,
+}
+
+impl Answer {
+    pub fn decline() -> Answer {
+        Answer {
+            action: "decline".into(),
+            content: None,
+        }
+    }
+}
+
+/// Answers the questions servers ask during a run's calls.
+#[async_trait]
+pub trait Elicitor: Send + Sync {
+    /// Asks `question` and waits (at most `within`) for its answer; no
+    /// answer in time declines.
+    async fn ask(&self, question: Question, within: std::time::Duration) -> Answer;
 }
 
 /// Where the upstream tasks of a run's calls are kept (the tasks
@@ -218,6 +262,10 @@ pub trait CallJournal: Send + Sync {
     }
     /// Where the upstream tasks of these calls are kept, if anywhere.
     fn tasks(&self) -> Option<Arc<dyn TaskLedger>> {
+        None
+    }
+    /// Who answers the questions servers ask during these calls.
+    fn elicitor(&self) -> Option<Arc<dyn Elicitor>> {
         None
     }
 }
@@ -470,6 +518,7 @@ impl CapabilityCtx {
                     if let Some(ledger) = journal.tasks() {
                         extras.tasks = Some((key.clone(), ledger));
                     }
+                    extras.elicit = journal.elicitor();
                     extras
                         .meta
                         .insert(IDEMPOTENCY_META_KEY.into(), Value::String(key));
@@ -480,6 +529,7 @@ impl CapabilityCtx {
                 let outcome = if extras.meta.is_empty()
                     && extras.progress.is_none()
                     && extras.tasks.is_none()
+                    && extras.elicit.is_none()
                 {
                     self.backend.call_tool(connection, tool, arguments).await
                 } else {

@@ -329,6 +329,14 @@ pub struct ConnectionConfig {
     pub rate: Option<String>,
     /// How many requests `rate` lets through at once (default: its count).
     pub burst: Option<u32>,
+    /// What a question the server asks during a call (elicitation) gets:
+    /// `"ask"` (default: the run's step shows it and waits for an answer)
+    /// or `"decline"`.
+    pub elicitation: Option<String>,
+    /// How long a question waits for its answer (default 10m); then it is
+    /// declined.
+    #[serde(default, with = "humantime_serde")]
+    pub elicitation_timeout: Option<Duration>,
 }
 
 /// A `rate` of a connection: `count` requests per `per`.
@@ -513,6 +521,13 @@ impl Config {
                 _ => {}
             }
             check_remote(id, conn, &config.base_dir).map_err(invalid)?;
+            if let Some(mode) = conn.elicitation.as_deref()
+                && !matches!(mode, "ask" | "decline")
+            {
+                return Err(invalid(format!(
+                    "connection `{id}`: `elicitation` is \"ask\" or \"decline\", not {mode:?}"
+                )));
+            }
             if conn.max_in_flight == Some(0) {
                 return Err(invalid(format!(
                     "connection `{id}`: `max_in_flight` must be at least 1"
@@ -539,6 +554,7 @@ impl Config {
                 ("idle_timeout", conn.idle_timeout),
                 ("ping_interval", conn.ping_interval),
                 ("catalog_refresh", conn.catalog_refresh),
+                ("elicitation_timeout", conn.elicitation_timeout),
             ] {
                 if duration.is_some_and(|d| d.is_zero()) {
                     return Err(invalid(format!(

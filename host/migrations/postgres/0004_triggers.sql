@@ -35,3 +35,15 @@ CREATE TABLE upstream_tasks (
     created_at TEXT NOT NULL
 );
 CREATE INDEX upstream_tasks_run ON upstream_tasks (run_id);
+
+-- Questions upstream servers ask during steps' calls (elicitation), while
+-- they wait for an answer (`workflow.answer`; the answer is a signal named
+-- `answer:<step>/<item>`).
+CREATE TABLE questions (
+    run_id   TEXT COLLATE "C" NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    step_id  TEXT COLLATE "C" NOT NULL,
+    item     INTEGER NOT NULL,
+    question TEXT NOT NULL,
+    asked_at TEXT NOT NULL,
+    PRIMARY KEY (run_id, step_id, item)
+);

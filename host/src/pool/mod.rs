@@ -44,12 +44,15 @@ pub use session::{OpFn, OpMeta};
 pub use crate::tls::{TlsFiles, install_tls_provider, load_tls_files};
 use session::{Operation, Session};
 
-use crate::capability::{CallExtras, Progress, ProgressSink};
+use crate::capability::{Answer, CallExtras, Elicitor, Progress, ProgressSink, Question};
 use crate::config::ConnectionConfig;
 use pin::{PinCheck, Pins};
 
 /// Default per-operation timeout.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a question an upstream server asks waits for its answer, unless
+/// the connection says (`elicitation_timeout`); no answer declines it.
+pub const DEFAULT_ELICITATION_TIMEOUT: Duration = Duration::from_secs(600);
 /// Default cap on catalog entries per kind.
 pub const DEFAULT_CATALOG_CAP: usize = 1000;
 /// Default interval of the catalog re-list that runs without `list_changed`.
@@ -157,6 +160,9 @@ pub(crate) struct Settings {
     pub catalog_cap: usize,
     pub catalog_refresh: Duration,
     pub limits: limits::LimitSettings,
+    /// How long a question the server asks may wait for its answer;
+    /// `None`: `elicitation = "decline"`.
+    pub elicitation_timeout: Option<Duration>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize)]
@@ -227,6 +233,8 @@ impl Settings {
                     .and_then(|r| crate::config::Rate::parse(r).ok()),
                 c.burst,
             ),
+            elicitation_timeout: (c.elicitation.as_deref() != Some("decline"))
+                .then(|| nonzero(c.elicitation_timeout).unwrap_or(DEFAULT_ELICITATION_TIMEOUT)),
         }
     }
 
@@ -341,6 +349,42 @@ fn drift(catalog: &Catalog, pinned: &BTreeMap<String, String>) -> Vec<Drift> {
 #[derive(Default)]
 pub(crate) struct ProgressRoutes {
     routes: Mutex<Routes>,
+    /// The tool calls in flight that a question (`elicitation/create`)
+    /// could come from, by a number of their own.
+    askers: Mutex<Vec<(u64, Asker)>>,
+}
+
+/// A call in flight that may be asked a question.
+#[derive(Clone)]
+pub(crate) struct Asker {
+    tool: String,
+    call: TaskFollowing,
+    tick: watch::Sender<u64>,
+}
+
+impl Asker {
+    pub(crate) async fn ask(
+        &self,
+        request: rmcp::model::ElicitRequestParams,
+    ) -> rmcp::model::ElicitResult {
+        self.call.ask(&self.tool, request, &self.tick).await
+    }
+}
+
+/// Unregisters an [`Asker`] when its call ends.
+struct AskerGuard {
+    routes: Arc<ProgressRoutes>,
+    id: u64,
+}
+
+impl Drop for AskerGuard {
+    fn drop(&mut self) {
+        self.routes
+            .askers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(id, _)| *id != self.id);
+    }
 }
 
 #[derive(Default)]
@@ -402,6 +446,31 @@ impl ProgressRoutes {
         RouteGuard {
             routes: self.clone(),
             token,
+        }
+    }
+
+    /// Lets a question reach `asker` until the guard drops.
+    fn register_asker(self: &Arc<Self>, asker: Asker) -> AskerGuard {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        self.askers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((id, asker));
+        AskerGuard {
+            routes: self.clone(),
+            id,
+        }
+    }
+
+    /// The call a question asked now comes from: a server at 2025-11-25
+    /// sends `elicitation/create` with nothing that names the call, so it
+    /// is known only when one call that may be asked is in flight.
+    pub(crate) fn sole_asker(&self) -> Result<Asker, usize> {
+        let askers = self.askers.lock().unwrap_or_else(|p| p.into_inner());
+        match askers.as_slice() {
+            [(_, asker)] => Ok(asker.clone()),
+            many => Err(many.len()),
         }
     }
 
@@ -470,28 +539,75 @@ async fn call_tool_routed(
             other => return other,
         }
     }
-    let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
-    let handle = peer
-        .send_request_with_option(request, rmcp::service::PeerRequestOptions::no_options())
-        .await?;
-    let _route = routes.register(handle.progress_token.clone(), tick.clone(), sink);
-    let mut cancel = CancelOnDrop {
-        peer: Some((peer.clone(), handle.id.clone())),
-    };
-    let answer = handle.await_response().await;
-    cancel.peer = None;
-    match answer? {
-        ServerResult::CallToolResult(result) => to_json(result),
-        ServerResult::CreateTaskResult(created) => {
-            let task = created.task;
-            if let Some((key, ledger)) = &tasks.ledger {
-                ledger.task_started(key, &connection, &task.task_id).await;
+    let _asker = routes.register_asker(Asker {
+        tool: params.name.to_string(),
+        call: tasks.clone(),
+        tick: tick.clone(),
+    });
+    // A server at 2026-07-28 asks its questions as the call's answer
+    // (`input_required`): each round is the call made again with the
+    // answers and the server's state.
+    let mut params = params;
+    for _round in 0..MAX_INPUT_ROUNDS {
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params.clone()));
+        let handle = peer
+            .send_request_with_option(request, rmcp::service::PeerRequestOptions::no_options())
+            .await?;
+        let _route = routes.register(handle.progress_token.clone(), tick.clone(), sink.clone());
+        let mut cancel = CancelOnDrop {
+            peer: Some((peer.clone(), handle.id.clone())),
+        };
+        let answer = handle.await_response().await;
+        cancel.peer = None;
+        match answer? {
+            ServerResult::CallToolResult(result) => return to_json(result),
+            ServerResult::CreateTaskResult(created) => {
+                let task = created.task;
+                if let Some((key, ledger)) = &tasks.ledger {
+                    ledger.task_started(key, &connection, &task.task_id).await;
+                }
+                let every = task.poll_interval_ms.map(Duration::from_millis);
+                return follow_task(peer, task.task_id, every, tick, &tasks).await;
             }
-            let every = task.poll_interval_ms.map(Duration::from_millis);
-            follow_task(peer, task.task_id, every, tick, &tasks).await
+            ServerResult::InputRequiredResult(asked) => {
+                let mut responses = rmcp::model::InputResponses::new();
+                for (key, request) in asked.input_requests.unwrap_or_default() {
+                    let rmcp::model::InputRequest::Elicitation(request) = request else {
+                        return Ok(tool_error(format!(
+                            "`{}` asked for {}, which wf-host does not offer",
+                            params.name,
+                            input_request_method(&request)
+                        )));
+                    };
+                    let answer = tasks.ask(&params.name, request.params, &tick).await;
+                    responses.insert(key, serde_json::to_value(answer).unwrap_or_default());
+                }
+                params.input_responses = (!responses.is_empty()).then_some(responses);
+                params.request_state = asked.request_state;
+            }
+            _ => return Err(rmcp::ServiceError::UnexpectedResponse),
         }
-        _ => Err(rmcp::ServiceError::UnexpectedResponse),
     }
+    Ok(tool_error(format!(
+        "`{}` still asked for input after {MAX_INPUT_ROUNDS} rounds",
+        params.name
+    )))
+}
+
+/// The most `input_required` rounds one tool call may take.
+const MAX_INPUT_ROUNDS: usize = 16;
+
+fn input_request_method(request: &rmcp::model::InputRequest) -> &'static str {
+    match request {
+        rmcp::model::InputRequest::CreateMessage(_) => "`sampling/createMessage`",
+        rmcp::model::InputRequest::ListRoots(_) => "`roots/list`",
+        _ => "`elicitation/create`",
+    }
+}
+
+/// A `CallToolResult` that reports `text` as a tool error.
+fn tool_error(text: String) -> Value {
+    serde_json::json!({"content": [{"type": "text", "text": text}], "isError": true})
 }
 
 /// Shortest and longest wait between two `tasks/get` of a task.
@@ -516,7 +632,6 @@ async fn follow_task(
         peer: Some((peer.clone(), task_id.clone())),
         keep: tasks.keep.clone(),
     };
-    let tool_error = |text: String| serde_json::json!({"content": [{"type": "text", "text": text}], "isError": true});
     loop {
         tokio::time::sleep(
             every
@@ -555,7 +670,8 @@ async fn follow_task(
     }
 }
 
-/// What a tool call needs to follow the task a server makes of it.
+/// What a tool call needs to follow the task a server makes of it, and to
+/// answer the questions it asks.
 #[derive(Clone)]
 struct TaskFollowing {
     /// The call's idempotency key and where its task is kept.
@@ -563,6 +679,103 @@ struct TaskFollowing {
     connection: Arc<str>,
     /// [`Pool::keep_tasks_on_stop`] was called.
     keep: Arc<std::sync::atomic::AtomicBool>,
+    /// Who answers the call's questions, and how long one may wait for its
+    /// answer; `None`: every question is declined.
+    elicit: Option<(Arc<dyn Elicitor>, Duration)>,
+    /// The call's timeout, restarted while a question waits for its answer.
+    timeout: Duration,
+}
+
+impl TaskFollowing {
+    /// Asks the call's elicitor `request`, keeping the call alive (its
+    /// timeout restarted) while a person answers.
+    async fn ask(
+        &self,
+        tool: &str,
+        request: rmcp::model::ElicitRequestParams,
+        tick: &watch::Sender<u64>,
+    ) -> rmcp::model::ElicitResult {
+        let Some((elicitor, within)) = &self.elicit else {
+            tracing::info!(connection = %self.connection, tool,
+                "the server asked a question; declined (`elicitation = \"decline\"` or no run to ask)");
+            return to_elicit_result(Answer::decline());
+        };
+        let question = question_of(&self.connection, tool, request);
+        let answer = keeping_alive(tick, self.timeout / 4, elicitor.ask(question, *within)).await;
+        to_elicit_result(answer)
+    }
+}
+
+/// Runs `fut`, restarting the call's timeout every `every` meanwhile.
+async fn keeping_alive<T>(
+    tick: &watch::Sender<u64>,
+    every: Duration,
+    fut: impl Future<Output = T>,
+) -> T {
+    let every = every.max(Duration::from_millis(1));
+    let ticking = async {
+        loop {
+            tokio::time::sleep(every).await;
+            tick.send_modify(|n| *n += 1);
+        }
+    };
+    tokio::select! {
+        out = fut => out,
+        () = ticking => unreachable!("ticks forever"),
+    }
+}
+
+/// The host's view of a server's elicitation request.
+fn question_of(
+    connection: &str,
+    tool: &str,
+    request: rmcp::model::ElicitRequestParams,
+) -> Question {
+    use rmcp::model::ElicitRequestParams as P;
+    let (mode, message, requested_schema, url) = match request {
+        P::FormElicitationParams {
+            message,
+            requested_schema,
+            ..
+        } => (
+            "form",
+            message,
+            serde_json::to_value(requested_schema).ok(),
+            None,
+        ),
+        P::UrlElicitationParams { message, url, .. } => ("url", message, None, Some(url)),
+        other => (
+            "unknown",
+            format!("a question of a kind wf-host does not know: {other:?}"),
+            None,
+            None,
+        ),
+    };
+    Question {
+        connection: connection.to_owned(),
+        tool: tool.to_owned(),
+        mode: mode.to_owned(),
+        message: crate::capability::truncate_utf8(message, MAX_QUESTION_MESSAGE),
+        requested_schema,
+        url,
+    }
+}
+
+/// The longest question message kept, in bytes.
+const MAX_QUESTION_MESSAGE: usize = 4096;
+
+fn to_elicit_result(answer: Answer) -> rmcp::model::ElicitResult {
+    use rmcp::model::ElicitationAction;
+    let action = match answer.action.as_str() {
+        "accept" => ElicitationAction::Accept,
+        "cancel" => ElicitationAction::Cancel,
+        _ => ElicitationAction::Decline,
+    };
+    let mut result = rmcp::model::ElicitResult::new(action);
+    if answer.action == "accept" {
+        result.content = answer.content;
+    }
+    result
 }
 
 /// Cancels a task (`tasks/cancel`) whose call ended before it did, unless
@@ -1088,6 +1301,8 @@ impl Pool {
             ledger: extras.tasks,
             connection: slot.settings.id.clone(),
             keep: self.inner.keep_tasks.clone(),
+            elicit: extras.elicit.zip(slot.settings.elicitation_timeout),
+            timeout: timeout.unwrap_or(slot.settings.call_timeout),
         };
         let run: OpFn = Arc::new(move |peer| {
             let (routes, tick, sink) = (routes.clone(), tick.clone(), sink.clone());

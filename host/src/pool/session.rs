@@ -157,6 +157,7 @@ impl Session {
 pub(super) struct PoolClient {
     pub(super) dirty: Arc<Dirty>,
     pub(super) progress: Arc<ProgressRoutes>,
+    pub(super) connection: Arc<str>,
 }
 
 impl ClientHandler for PoolClient {
@@ -164,10 +165,35 @@ impl ClientHandler for PoolClient {
         // Tasks: a server may answer a long tool call with a task, which
         // the call then follows (`tasks/get`) instead of holding a request.
         ClientConfig::new(
-            ClientCapabilities::builder().enable_tasks().build(),
+            // Elicitation: a question a server asks during a call goes to
+            // the run that made it (a person answers it there), or is
+            // declined.
+            ClientCapabilities::builder()
+                .enable_tasks()
+                .enable_elicitation()
+                .build(),
             Implementation::new("wf-host", env!("CARGO_PKG_VERSION")),
         )
         .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
+    }
+
+    async fn create_elicitation(
+        &self,
+        request: rmcp::model::ElicitRequestParams,
+        _: rmcp::service::RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::ElicitResult, rmcp::ErrorData> {
+        // Handled on a task of its own (rmcp spawns one per request), so
+        // waiting for a person blocks no receive loop.
+        match self.progress.sole_asker() {
+            Ok(asker) => Ok(asker.ask(request).await),
+            Err(calls) => {
+                tracing::warn!(connection = %self.connection, calls,
+                    "the server asked a question that cannot be told apart from its calls in flight; declined");
+                Ok(rmcp::model::ElicitResult::new(
+                    rmcp::model::ElicitationAction::Decline,
+                ))
+            }
+        }
     }
 
     async fn on_tool_list_changed(&self, _: NotificationContext<RoleClient>) {

@@ -143,6 +143,7 @@ async fn open(
     let handler = PoolClient {
         dirty: dirty.clone(),
         progress,
+        connection: settings.id.clone(),
     };
     let mut aux = JoinSet::new();
     let (running, pid, streams) = match &settings.transport {

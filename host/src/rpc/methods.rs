@@ -121,6 +121,21 @@ pub async fn call(
                     .map_err(workflow_error)?
             ))
         }
+        "workflow.answer" => {
+            let p: AnswerParams =
+                parse(params, &["run_id", "step_id", "item", "action", "content"])?;
+            let answer = crate::capability::Answer {
+                action: p.action,
+                content: p.content,
+            };
+            Ok(json!(
+                state
+                    .workflows
+                    .answer(&p.run_id, &p.step_id, p.item.unwrap_or(0), answer)
+                    .await
+                    .map_err(workflow_error)?
+            ))
+        }
         "workflow.waiting" => {
             let p: LimitParams = parse(params, &["limit"])?;
             let steps = state
@@ -274,6 +289,16 @@ struct SignalParams {
     signal: String,
     #[serde(default)]
     payload: Value,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AnswerParams {
+    run_id: String,
+    step_id: String,
+    item: Option<u32>,
+    action: String,
+    content: Option<Value>,
 }
 
 #[derive(Deserialize)]

@@ -145,6 +145,18 @@ pub fn document() -> Value {
                     "delivery": { "enum": ["waiting", "kept"], "description": "`waiting`: the step waits now; `kept`: kept until it does." }
                 }
             })),
+            method("workflow.answer", "Answers the question an upstream server asked a running step's call (elicitation; the step's `questions` in `workflow.get`): `accept` with `content` matching the question's `requested_schema`, `decline` or `cancel`. -32602 when the content breaks the schema (the question stays open); -32008 when the step has no open question.", vec![
+                param("run_id", true, string.clone(), ""),
+                param("step_id", true, string.clone(), ""),
+                param("item", false, json!({"type": "integer", "minimum": 0}), "The `for_each` item asked (default 0)."),
+                param("action", true, json!({"enum": ["accept", "decline", "cancel"]}), ""),
+                param("content", false, json!({"type": "object"}), "With `accept` of a form question."),
+            ], json!({
+                "type": "object", "properties": {
+                    "run_id": { "type": "string" }, "signal": { "type": "string" },
+                    "step": { "type": "string" }, "delivery": { "const": "waiting" }
+                }
+            })),
             method("workflow.waiting", "The wait steps waiting for a signal, the longest waiting first: `{steps: [{run_id, workflow, step, input: {signal, timeout_at, request}, since}]}`.", vec![
                 param("limit", false, json!({"type": "integer", "minimum": 1, "maximum": 1000}), "Default 100."),
             ], json!({"type": "object"})),

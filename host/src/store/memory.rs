@@ -15,8 +15,8 @@ use serde_json::Value;
 use super::rows::{cursor_of, parse_cursor};
 use super::{
     AttemptWorker, CallRow, Counts, Created, EventRow, Fence, FirstTransitions, Lease, ListQuery,
-    NewRun, NewRunWrite, RunRow, RunStatus, STEP_LOG, ScheduleRow, SignalRow, StepRow, StepStatus,
-    Store, StoreError, Transition, WaitingStep, now_ms, now_text,
+    NewRun, NewRunWrite, QuestionRow, RunRow, RunStatus, STEP_LOG, ScheduleRow, SignalRow, StepRow,
+    StepStatus, Store, StoreError, Transition, WaitingStep, now_ms, now_text,
 };
 
 /// The in-memory store.
@@ -46,6 +46,8 @@ struct State {
     signals: HashMap<String, Vec<SignalRow>>,
     /// Upstream tasks by call key: `(run_id, task_id)`.
     tasks: HashMap<String, (String, String)>,
+    /// Open questions by run.
+    questions: HashMap<String, Vec<QuestionRow>>,
 }
 
 struct RunEntry {
@@ -279,6 +281,7 @@ impl State {
         };
         self.signals.remove(run_id);
         self.tasks.retain(|_, (run, _)| run != run_id);
+        self.questions.remove(run_id);
         reindex(&mut self.finished, run.finished_key(), None);
         self.by_created
             .remove(&(run.row.created_ms, run.row.run_id.clone()));
@@ -672,6 +675,36 @@ impl Store for MemoryStore {
 
     async fn task_of(&self, key: &str) -> Result<Option<String>, StoreError> {
         Ok(self.lock().tasks.get(key).map(|(_, task)| task.clone()))
+    }
+
+    async fn put_question(
+        &self,
+        run_id: &str,
+        step_id: &str,
+        item: u32,
+        question: Option<&Value>,
+    ) -> Result<(), StoreError> {
+        let mut state = self.lock();
+        let open = state.questions.entry(run_id.to_owned()).or_default();
+        open.retain(|q| !(q.step_id == step_id && q.item == item));
+        if let Some(question) = question {
+            open.push(QuestionRow {
+                step_id: step_id.to_owned(),
+                item,
+                question: question.clone(),
+                asked_at: now_text(),
+            });
+        }
+        Ok(())
+    }
+
+    async fn questions(&self, run_id: &str) -> Result<Vec<QuestionRow>, StoreError> {
+        Ok(self
+            .lock()
+            .questions
+            .get(run_id)
+            .cloned()
+            .unwrap_or_default())
     }
 
     async fn schedules(&self) -> Result<Vec<ScheduleRow>, StoreError> {

@@ -582,6 +582,18 @@ pub trait Store: Send + Sync {
     ) -> Result<(), StoreError>;
     /// The upstream task the call with idempotency key `key` made, if kept.
     async fn task_of(&self, key: &str) -> Result<Option<String>, StoreError>;
+    /// Keeps the question an upstream server asked step `step_id` (item
+    /// `item`) of run `run_id`, while it waits for an answer; `None`
+    /// forgets it (answered, or no longer waited for).
+    async fn put_question(
+        &self,
+        run_id: &str,
+        step_id: &str,
+        item: u32,
+        question: Option<&Value>,
+    ) -> Result<(), StoreError>;
+    /// The questions run `run_id`'s steps wait to have answered.
+    async fn questions(&self, run_id: &str) -> Result<Vec<QuestionRow>, StoreError>;
     /// Keeps signal `signal` for run `run_id` until a wait step of the run
     /// takes it, unless `open` signals of that name are kept (untaken)
     /// already: one for each step that can still take one. Checked and
@@ -624,6 +636,15 @@ pub struct ScheduleRow {
     pub last_tick_ms: i64,
     /// The run the last fired tick started.
     pub last_run_id: Option<String>,
+}
+
+/// A question a step waits to have answered ([`Store::questions`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QuestionRow {
+    pub step_id: String,
+    pub item: u32,
+    pub question: Value,
+    pub asked_at: String,
 }
 
 /// A wait step waiting for its signal.

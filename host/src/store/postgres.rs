@@ -30,9 +30,9 @@ use super::rows::{
 };
 use super::{
     CallRow, CancelRequest, Counts, Created, EventRow, Failure, Fence, FirstTransitions, Lease,
-    ListQuery, NewRun, NewRunWrite, Note, Renewed, RunRow, RunStatus, STEP_LOG, ScheduleRow,
-    SignalRow, StepRow, StepStatus, Store, StoreError, Transition, WaitingStep, WorkerRow, now_ms,
-    now_text,
+    ListQuery, NewRun, NewRunWrite, Note, QuestionRow, Renewed, RunRow, RunStatus, STEP_LOG,
+    ScheduleRow, SignalRow, StepRow, StepStatus, Store, StoreError, Transition, WaitingStep,
+    WorkerRow, now_ms, now_text,
 };
 
 // sqlx's PostgreSQL migrator takes a session advisory lock (`pg_advisory_lock`
@@ -892,6 +892,55 @@ impl Store for PgStore {
                 .fetch_optional(&self.pool)
                 .await?,
         )
+    }
+
+    async fn put_question(
+        &self,
+        run_id: &str,
+        step_id: &str,
+        item: u32,
+        question: Option<&Value>,
+    ) -> Result<(), StoreError> {
+        let query = match question {
+            Some(question) => sqlx::query(
+                "INSERT INTO questions (run_id, step_id, item, question, asked_at)
+                 VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (run_id, step_id, item) DO UPDATE
+                 SET question = excluded.question, asked_at = excluded.asked_at",
+            )
+            .bind(run_id)
+            .bind(step_id)
+            .bind(i64::from(item))
+            .bind(question.to_string())
+            .bind(now_text()),
+            None => sqlx::query(
+                "DELETE FROM questions WHERE run_id = $1 AND step_id = $2 AND item = $3",
+            )
+            .bind(run_id)
+            .bind(step_id)
+            .bind(i64::from(item)),
+        };
+        query.execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn questions(&self, run_id: &str) -> Result<Vec<QuestionRow>, StoreError> {
+        let rows: Vec<(String, i64, String, String)> = sqlx::query_as(
+            "SELECT step_id, item, question, asked_at FROM questions
+             WHERE run_id = $1 ORDER BY asked_at, step_id, item",
+        )
+        .bind(run_id)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(step_id, item, question, asked_at)| QuestionRow {
+                step_id,
+                item: u32::try_from(item).unwrap_or_default(),
+                question: serde_json::from_str(&question).unwrap_or(Value::Null),
+                asked_at,
+            })
+            .collect())
     }
 
     async fn schedules(&self) -> Result<Vec<ScheduleRow>, StoreError> {

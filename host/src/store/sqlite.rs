@@ -21,8 +21,8 @@ use super::rows::{
 };
 use super::{
     CallRow, Counts, Created, EventRow, Fence, FirstTransitions, Lease, ListQuery, NewRun,
-    NewRunWrite, RunRow, RunStatus, STEP_LOG, ScheduleRow, SignalRow, StepRow, StepStatus, Store,
-    StoreError, Transition, WaitingStep, now_ms, now_text,
+    NewRunWrite, QuestionRow, RunRow, RunStatus, STEP_LOG, ScheduleRow, SignalRow, StepRow,
+    StepStatus, Store, StoreError, Transition, WaitingStep, now_ms, now_text,
 };
 
 /// `PRAGMA application_id` of a wf-host state file: "wfhs".
@@ -883,6 +883,53 @@ impl Store for SqliteStore {
                 .fetch_optional(&self.pool)
                 .await?,
         )
+    }
+
+    async fn put_question(
+        &self,
+        run_id: &str,
+        step_id: &str,
+        item: u32,
+        question: Option<&Value>,
+    ) -> Result<(), StoreError> {
+        let write = match question {
+            Some(question) => Write::new(
+                "INSERT OR REPLACE INTO questions (run_id, step_id, item, question, asked_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )
+            .arg(run_id)
+            .arg(step_id)
+            .arg(i64::from(item))
+            .arg(question.to_string())
+            .arg(now_text()),
+            None => {
+                Write::new("DELETE FROM questions WHERE run_id = ?1 AND step_id = ?2 AND item = ?3")
+                    .arg(run_id)
+                    .arg(step_id)
+                    .arg(i64::from(item))
+            }
+        };
+        self.writer.write(write).await?;
+        Ok(())
+    }
+
+    async fn questions(&self, run_id: &str) -> Result<Vec<QuestionRow>, StoreError> {
+        let rows: Vec<(String, i64, String, String)> = sqlx::query_as(
+            "SELECT step_id, item, question, asked_at FROM questions
+             WHERE run_id = ? ORDER BY asked_at, step_id, item",
+        )
+        .bind(run_id)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(step_id, item, question, asked_at)| QuestionRow {
+                step_id,
+                item: u32::try_from(item).unwrap_or_default(),
+                question: serde_json::from_str(&question).unwrap_or(Value::Null),
+                asked_at,
+            })
+            .collect())
     }
 
     async fn schedules(&self) -> Result<Vec<ScheduleRow>, StoreError> {

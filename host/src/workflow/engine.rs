@@ -43,6 +43,118 @@ struct StepJournal {
     progress: StepProgress,
     events: Events,
     fence: Fence,
+    /// Bumped when a signal (an answer too) is sent to the run.
+    signals: tokio::sync::watch::Receiver<u64>,
+}
+
+/// The signal that answers the question step `step_id` (item `item`) was
+/// asked: `workflow.answer` sends it.
+pub(crate) fn answer_signal(step_id: &str, item: u32) -> String {
+    format!("answer:{step_id}/{item}")
+}
+
+/// Puts the questions a step's calls are asked to whoever answers the run:
+/// the question is kept in the store (`workflow.get`, the console) and sent
+/// as a `step.question` event, and the answer comes as a signal
+/// ([`answer_signal`]).
+struct StepElicitor {
+    store: Arc<dyn Store>,
+    run_id: String,
+    step_id: String,
+    item: u32,
+    events: Events,
+    signals: tokio::sync::watch::Receiver<u64>,
+}
+
+impl StepElicitor {
+    async fn take_answer(&self, signal: &str) -> Option<crate::capability::Answer> {
+        match self
+            .store
+            .take_signal(&self.run_id, signal, &self.step_id)
+            .await
+        {
+            Ok(Some(payload)) => Some(
+                serde_json::from_value(payload)
+                    .unwrap_or_else(|_| crate::capability::Answer::decline()),
+            ),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(run = %self.run_id, step = %self.step_id,
+                    "cannot look for the answer to a question: {e}");
+                None
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::capability::Elicitor for StepElicitor {
+    async fn ask(
+        &self,
+        question: crate::capability::Question,
+        within: Duration,
+    ) -> crate::capability::Answer {
+        use crate::capability::Answer;
+        let signal = answer_signal(&self.step_id, self.item);
+        // An answer left from an earlier question (sent as it timed out)
+        // is not this one's.
+        let _ = self.take_answer(&signal).await;
+        let asked = serde_json::to_value(&question).unwrap_or_default();
+        if let Err(e) = self
+            .store
+            .put_question(&self.run_id, &self.step_id, self.item, Some(&asked))
+            .await
+        {
+            tracing::warn!(run = %self.run_id, step = %self.step_id,
+                "cannot keep the question; declined: {e}");
+            return Answer::decline();
+        }
+        tracing::info!(run = %self.run_id, step = %self.step_id, connection = %question.connection,
+            tool = %question.tool, "the server asks a question; waiting for `workflow.answer`");
+        self.events
+            .emit(
+                &self.run_id,
+                "step.question",
+                json!({"step": self.step_id, "item": self.item, "question": asked}),
+            )
+            .await;
+        let deadline = Instant::now() + within;
+        let mut sent = self.signals.clone();
+        let answer = loop {
+            sent.borrow_and_update();
+            if let Some(answer) = self.take_answer(&signal).await {
+                break answer;
+            }
+            tokio::select! {
+                Ok(()) = sent.changed() => {}
+                _ = tokio::time::sleep(SIGNAL_POLL_SHARED) => {}
+                _ = tokio::time::sleep_until(deadline) => {
+                    // An answer sent just before the deadline still counts.
+                    if let Some(answer) = self.take_answer(&signal).await {
+                        break answer;
+                    }
+                    tracing::info!(run = %self.run_id, step = %self.step_id,
+                        "no answer within {}; declined", humantime::format_duration(within));
+                    break Answer::decline();
+                }
+            }
+        };
+        if let Err(e) = self
+            .store
+            .put_question(&self.run_id, &self.step_id, self.item, None)
+            .await
+        {
+            tracing::warn!(run = %self.run_id, step = %self.step_id, "cannot forget the question: {e}");
+        }
+        self.events
+            .emit(
+                &self.run_id,
+                "step.answered",
+                json!({"step": self.step_id, "item": self.item, "action": answer.action}),
+            )
+            .await;
+        answer
+    }
 }
 
 /// The upstream tasks of a run's calls, kept in the store.
@@ -93,6 +205,17 @@ impl CallJournal for StepJournal {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(self.step_id.clone(), progress);
+    }
+
+    fn elicitor(&self) -> Option<Arc<dyn crate::capability::Elicitor>> {
+        Some(Arc::new(StepElicitor {
+            store: self.store.clone(),
+            run_id: self.run_id.clone(),
+            step_id: self.step_id.clone(),
+            item: self.item,
+            events: self.events.clone(),
+            signals: self.signals.clone(),
+        }))
     }
 
     fn tasks(&self) -> Option<Arc<dyn crate::capability::TaskLedger>> {
@@ -1266,6 +1389,7 @@ async fn run_item(
                 progress: ctx.progress.clone(),
                 events: ctx.events.clone(),
                 fence: ctx.fence.clone(),
+                signals: ctx.signals.clone(),
             };
             let opts = RunOptions {
                 run_id,

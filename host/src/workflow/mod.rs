@@ -136,6 +136,10 @@ pub struct StepRecord {
     /// While the step runs: the latest progress its capability calls reported.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub progress: Option<crate::capability::Progress>,
+    /// While the step runs: the questions upstream servers asked its calls
+    /// that wait for an answer (`workflow.answer`), by item.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub questions: Vec<crate::store::QuestionRow>,
 }
 
 /// The log records one node attempt wrote (a `step.log` event).
@@ -566,6 +570,11 @@ impl Workflows {
         let mut needs: HashMap<String, Vec<String>> = Spec::deserialize(&*run.definition)
             .map(|spec| spec.steps.into_iter().map(|s| (s.id, s.needs)).collect())
             .unwrap_or_default();
+        let mut questions = if run.status == RunStatus::Running {
+            self.store.questions(run_id).await?
+        } else {
+            Vec::new()
+        };
         let mut steps = Vec::new();
         for row in self.store.steps(run_id).await? {
             let calls = if calls {
@@ -588,6 +597,13 @@ impl Workflows {
                 progress: (row.status == StepStatus::Running)
                     .then(|| progress.get(&row.step_id).cloned())
                     .flatten(),
+                questions: if row.status == StepStatus::Running {
+                    questions
+                        .extract_if(.., |q| q.step_id == row.step_id)
+                        .collect()
+                } else {
+                    Vec::new()
+                },
                 id: row.step_id,
             });
         }

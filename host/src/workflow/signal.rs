@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::definition::{Definition, Spec};
 use super::{WorkflowError, Workflows};
@@ -140,6 +140,126 @@ impl Workflows {
             } else {
                 "kept"
             },
+        })
+    }
+
+    /// Answers the question an upstream server asked step `step_id` (item
+    /// `item`) of run `run_id` during a call (elicitation): `accept` with
+    /// `content` matching the question's `requested_schema` (a form), or
+    /// `decline` or `cancel`. The step's call then goes on.
+    ///
+    /// # Errors
+    /// [`WorkflowError::UnknownRun`]; [`WorkflowError::NotWaiting`] when the
+    /// step has no open question (or it is answered already);
+    /// [`WorkflowError::InvalidPayload`] when the answer is malformed or its
+    /// content breaks the requested schema (the question stays open).
+    pub async fn answer(
+        self: &Arc<Self>,
+        run_id: &str,
+        step_id: &str,
+        item: u32,
+        answer: crate::capability::Answer,
+    ) -> Result<Signalled, WorkflowError> {
+        let not_waiting = |message: String| WorkflowError::NotWaiting {
+            run_id: run_id.to_owned(),
+            message,
+        };
+        let run = self
+            .store
+            .run(run_id)
+            .await?
+            .ok_or_else(|| WorkflowError::UnknownRun(run_id.to_owned()))?;
+        if run.status != RunStatus::Running {
+            return Err(not_waiting(format!(
+                "it is {}; only a running run's questions can be answered",
+                run.status.as_str()
+            )));
+        }
+        let open = self.store.questions(run_id).await?;
+        let Some(asked) = open.iter().find(|q| q.step_id == step_id && q.item == item) else {
+            let known: Vec<String> = open
+                .iter()
+                .map(|q| format!("`{}` (item {})", q.step_id, q.item))
+                .collect();
+            return Err(not_waiting(format!(
+                "step `{step_id}` (item {item}) has no open question{}",
+                if known.is_empty() {
+                    String::new()
+                } else {
+                    format!("; open: {}", known.join(", "))
+                }
+            )));
+        };
+        let invalid = |m: String| WorkflowError::InvalidPayload(m);
+        let payload = match answer.action.as_str() {
+            "accept" => {
+                let form = asked.question["mode"] == "form";
+                let content = match (&answer.content, form) {
+                    (Some(content @ Value::Object(_)), true) => Some(content.clone()),
+                    (None, false) => None,
+                    (Some(_), false) => {
+                        return Err(invalid(
+                            "a URL question is accepted without `content`".to_owned(),
+                        ));
+                    }
+                    _ => {
+                        return Err(invalid(
+                            "`accept` of a form question needs `content`, an object".to_owned(),
+                        ));
+                    }
+                };
+                if let (Some(content), Some(schema)) =
+                    (&content, asked.question.get("requested_schema"))
+                {
+                    let validator = jsonschema::validator_for(schema).map_err(|e| {
+                        invalid(format!(
+                            "the question's requested schema does not compile: {e}"
+                        ))
+                    })?;
+                    if let Some(e) = validator.iter_errors(content).next() {
+                        let at = e.instance_path().to_string();
+                        let at = if at.is_empty() {
+                            "the content".to_owned()
+                        } else {
+                            format!("content field `{at}`")
+                        };
+                        return Err(invalid(format!(
+                            "{at} does not match the requested schema: {e}"
+                        )));
+                    }
+                }
+                json!({"action": "accept", "content": content})
+            }
+            "decline" | "cancel" => {
+                if answer.content.is_some() {
+                    return Err(invalid(format!("`{}` takes no `content`", answer.action)));
+                }
+                json!({"action": answer.action})
+            }
+            other => {
+                return Err(invalid(format!(
+                    "`action` is accept, decline or cancel, not {other:?}"
+                )));
+            }
+        };
+        if payload.to_string().len() > MAX_PAYLOAD {
+            return Err(invalid(format!(
+                "the answer is larger than {MAX_PAYLOAD} bytes of JSON"
+            )));
+        }
+        let signal = super::engine::answer_signal(step_id, item);
+        if !self.store.send_signal(run_id, &signal, &payload, 1).await? {
+            return Err(not_waiting(format!(
+                "the question of step `{step_id}` (item {item}) is answered already"
+            )));
+        }
+        self.signal_local(run_id);
+        tracing::info!(run = %run_id, step = step_id, item, action = %answer.action, "question answered");
+        Ok(Signalled {
+            run_id: run_id.to_owned(),
+            signal,
+            step: step_id.to_owned(),
+            delivery: "waiting",
         })
     }
 
