@@ -2307,3 +2307,58 @@ async fn an_unanswered_question_is_declined_and_decline_mode_never_asks() {
         host.close().await;
     }
 }
+
+/// Questions from servers on the official SDKs: the Python `mcp` server
+/// asks at 2026-07-28 (an `input_required` round, `Elicit` resolver), the
+/// TypeScript server with `elicitation/create` mid-call (2025-11-25). Each
+/// is shown on the step, one is accepted through `workflow.answer` and the
+/// next declined, and the tool sees both answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn questions_from_the_official_sdk_servers_are_answered_through_rpc() {
+    use common::interop::Sdk;
+    for sdk in [Sdk::Python, Sdk::Node] {
+        let (program, args) = sdk.command();
+        let args: Vec<toml::Value> = args.into_iter().map(toml::Value::from).collect();
+        let host = Host::new(&format!(
+            "[connections.sdk]\ncommand = {}\nargs = {}\n\n{}",
+            toml::Value::from(program.display().to_string()),
+            toml::Value::from(args),
+            ASKING.replace("fixture.ask", "sdk.ask")
+        ))
+        .await;
+        for (action, content, said) in [
+            ("accept", Some(json!({"answer": "teal"})), "answer: teal"),
+            ("decline", None, "declined"),
+        ] {
+            let input = json!({"capability": "sdk.ask", "arguments": {"message": "Which colour?"}});
+            let run_id = host
+                .workflows
+                .start("asks", input, None)
+                .await
+                .unwrap()
+                .run_id;
+            let asked = question_of(&host, &run_id, "main").await;
+            assert_eq!(asked["question"]["message"], "Which colour?", "{sdk:?}");
+            assert_eq!(
+                asked["question"]["requested_schema"]["properties"]["answer"]["type"], "string",
+                "{sdk:?}: {asked}"
+            );
+            let answer = wf_host::capability::Answer {
+                action: action.into(),
+                content,
+            };
+            host.workflows
+                .answer(&run_id, "main", 0, answer)
+                .await
+                .unwrap();
+            let done = host.finish(&run_id).await;
+            assert_eq!(done.status, RunStatus::Succeeded, "{sdk:?}: {done:?}");
+            assert_eq!(
+                done.output.as_ref().unwrap()["content"][0]["text"],
+                said,
+                "{sdk:?}"
+            );
+        }
+        host.close().await;
+    }
+}

@@ -3,7 +3,8 @@
 // in host/src/fixture/:
 //
 // - tools `echo {text}`, `add {a, b}`, `sleep {ms}` (records a cancellation),
-//   `crash` (exits without answering), `register_extra` (adds the tool `extra`
+//   `crash` (exits without answering), `ask {message}` (elicits `{answer}`
+//   with elicitation/create), `register_extra` (adds the tool `extra`
 //   to this session, which sends notifications/tools/list_changed) and
 //   `call_log`;
 // - the resource `interop://greeting` and the prompt `greet {name}`.
@@ -47,6 +48,26 @@ function newServer() {
     "echo",
     { description: "Returns `text` unchanged.", inputSchema: { text: z.string() } },
     async (args) => (record("echo", args), text(args.text)),
+  );
+  server.registerTool(
+    "ask",
+    {
+      description: 'Asks the client for `{answer}` (elicitation/create); returns "answer: <answer>", "declined" or "cancelled".',
+      inputSchema: { message: z.string().optional() },
+    },
+    async (args, extra) => {
+      record("ask", args);
+      const result = await server.server.elicitInput(
+        {
+          mode: "form",
+          message: args.message ?? "What is the answer?",
+          requestedSchema: { type: "object", properties: { answer: { type: "string" } }, required: ["answer"] },
+        },
+        { relatedRequestId: extra.requestId },
+      );
+      if (result.action === "accept") return text(`answer: ${result.content.answer}`);
+      return text(result.action === "decline" ? "declined" : "cancelled");
+    },
   );
   server.registerTool(
     "add",

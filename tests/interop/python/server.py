@@ -3,7 +3,7 @@
 It offers what the pool's scenarios need, like the fixture in host/src/fixture/:
 
 - tools `echo {text}`, `add {a, b}`, `sleep {ms}` (records a cancellation),
-  `crash` (exits without answering), `register_extra` (adds the tool `extra`
+  `crash` (exits without answering), `ask {message}` (elicits `{answer}`), `register_extra` (adds the tool `extra`
   and announces it the mcp 2.x way, `ctx.notify_tools_changed()`, which reaches
   only `subscriptions/listen` subscribers) and `call_log`;
 - the resource `interop://greeting` and the prompt `greet {name}`.
@@ -23,10 +23,13 @@ import argparse
 import os
 import socket
 import sys
+from typing import Annotated
 
 import anyio
+from pydantic import BaseModel
 
-from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.elicitation import ElicitationResult
+from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve
 
 CRASH_EXIT_CODE = 3
 
@@ -87,6 +90,29 @@ async def register_extra(ctx: Context) -> str:
         server.add_tool(extra)
     await ctx.notify_tools_changed()
     return "registered"
+
+
+class Answer(BaseModel):
+    answer: str
+
+
+def ask_answer(message: str = "What is the answer?") -> Elicit[Answer]:
+    """Resolves `ask`'s answer by asking the client: mid-call before 2026-07-28,
+    as an `input_required` round from it on."""
+    return Elicit(message, Answer)
+
+
+@server.tool()
+async def ask(
+    ctx: Context,
+    answer: Annotated[ElicitationResult[Answer], Resolve(ask_answer)],
+    message: str = "What is the answer?",
+) -> str:
+    """Asks the client for `{answer}` (a form elicitation); returns "answer: <answer>", "declined" or "cancelled"."""
+    record("ask", {"message": message}, ctx)
+    if answer.action == "accept":
+        return f"answer: {answer.data.answer}"
+    return "declined" if answer.action == "decline" else "cancelled"
 
 
 @server.tool()
