@@ -839,3 +839,73 @@ async fn a_waiting_run_is_approved_with_a_click() {
     );
     c.close().await.unwrap();
 }
+
+/// A workflow whose step calls the official Python SDK server's `ask`
+/// tool, which elicits `{answer}`.
+fn asking(dir: &Path) -> PathBuf {
+    let (program, args) = common::interop::Sdk::Python.command();
+    let path = dir.join("wf.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"[connections.py]
+command = {program:?}
+args = {args:?}
+
+[workflows.asks]
+component = {call:?}
+allow = ["py.ask"]
+"#,
+            program = program.display().to_string(),
+            call = plugin("call"),
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// A question the Python SDK server asks a step's call is shown on the
+/// step as a form built from its requested schema; what a person types and
+/// submits is the answer the tool gets, and the run goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_from_upstream_is_answered_in_a_form() {
+    let serve = Serve::start(asking, &["--token", TOKEN]);
+    let started = serve
+        .rpc(
+            "workflow.start",
+            json!({"workflow": "asks", "input": {"capability": "py.ask", "arguments": {"message": "Which colour?"}}}),
+            Some(TOKEN),
+        )
+        .await;
+    let run_id = started["result"]["run_id"].as_str().unwrap().to_owned();
+    let driver = ChromeDriver::start().await;
+    let c = driver.browser().await;
+    c.goto(&format!("{}/", serve.base)).await.unwrap();
+    wait_for(&c, "#login:not([hidden])").await;
+    wait_for(&c, "#token").await.send_keys(TOKEN).await.unwrap();
+    click(&c, "#login-button").await;
+    wait_for(&c, "#runs-view:not([hidden])").await;
+    let row = format!(r#"#runs-body tr[data-run-id="{run_id}"]"#);
+    wait_for(&c, &row).await;
+    click(&c, &format!("{row} a.run-link")).await;
+    wait_for(&c, "#run-view:not([hidden])").await;
+    // The step with the question is shown by itself.
+    wait_for(&c, ".question-box").await;
+    assert_eq!(text_of(&c, ".question-message").await, "Which colour?");
+    wait_for(&c, r#".question-box input[name="answer"]"#)
+        .await
+        .send_keys("teal")
+        .await
+        .unwrap();
+    look_fine(&c, "question").await;
+    click(&c, ".question-box .answer-accept").await;
+    wait_for(&c, r#"#run-status[data-status="succeeded"]"#).await;
+    let got = serve
+        .rpc("workflow.get", json!({"run_id": run_id}), Some(TOKEN))
+        .await;
+    assert_eq!(
+        got["result"]["output"]["content"][0]["text"], "answer: teal",
+        "{got}"
+    );
+    c.close().await.unwrap();
+}

@@ -1251,3 +1251,88 @@ async fn the_official_typescript_client_approves_a_waiting_run() {
     );
     assert_eq!(report["asked"].as_array().unwrap().len(), 1, "{report}");
 }
+
+/// An exposed workflow whose step calls the fixture's `ask` (a question
+/// the upstream server asks mid-call).
+const ASKING: &str = r#"
+[connections.fixture]
+command = "wf-host"
+args = ["fixture-server"]
+
+[workflows.asks]
+expose = true
+component = "{call}"
+allow = ["fixture.ask"]
+"#;
+
+/// The official Python client (2026-07-28 `input_required` rounds) and
+/// TypeScript client (`elicitation/create` on the open call) call a
+/// workflow whose step's upstream call asks a question: the question is
+/// relayed to them, their answer goes back upstream, and the tool's result
+/// carries it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_from_upstream_is_relayed_to_the_official_mcp_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = ASKING.replace("{call}", &plugin("call").display().to_string());
+    let config = write_config(dir.path(), &text);
+    let state = dir.path().join("state.db");
+    let serve = serve(&config, state.to_str().unwrap(), &[]);
+    let arguments =
+        json!({"capability": "fixture.ask", "arguments": {"message": "Which colour?"}}).to_string();
+    let python = repo_root().join("tests/interop/python/.venv/bin/python");
+    let clients = [
+        (
+            python,
+            repo_root().join("tests/mcp/python_approver.py"),
+            "from python",
+        ),
+        (
+            "node".into(),
+            repo_root().join("tests/interop/node/approver.mjs"),
+            "from node",
+        ),
+    ];
+    for (program, script, said) in clients {
+        let out = tokio::process::Command::new(&program)
+            .arg(&script)
+            .arg(serve.mcp_url())
+            .arg("asks")
+            .arg(&arguments)
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(Duration::from_secs(60), out)
+            .await
+            .expect("the client finished")
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{}: {e}; run tests/interop/setup.sh (tests/run.sh does)",
+                    program.display()
+                )
+            });
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "{} failed:\n{stderr}",
+            script.display()
+        );
+        let report: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+        assert_eq!(report["is_error"], false, "{report}");
+        let asked = report["asked"].as_array().unwrap();
+        assert_eq!(asked.len(), 1, "asked once: {report}");
+        assert!(
+            asked[0]
+                .as_str()
+                .unwrap()
+                .ends_with("`fixture.ask` asks: Which colour?"),
+            "{report}"
+        );
+        // The workflow's output is the call's result: the tool got the answer.
+        assert!(
+            report["text"]
+                .to_string()
+                .contains(&format!("answer: {said}")),
+            "{report}"
+        );
+    }
+}

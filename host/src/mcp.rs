@@ -242,7 +242,8 @@ impl WorkflowServer {
         let elicits = context
             .client_capabilities()
             .is_some_and(|c| takes_form_elicitation(c.elicitation.as_ref()));
-        let mut asks = futures::stream::FuturesUnordered::new();
+        let mut asks: futures::stream::FuturesUnordered<futures::future::BoxFuture<'static, ()>> =
+            futures::stream::FuturesUnordered::new();
         let record = loop {
             let record = tokio::select! {
                 () = context.ct.cancelled() => {
@@ -286,8 +287,20 @@ impl WorkflowServer {
                 .flatten()
                 .filter(|s| s.status == StepStatus::Waiting)
                 .collect();
+            // Questions upstream servers ask the run's calls (forms only).
+            let questions: Vec<(String, rmcp::model::ElicitRequestParams)> = record
+                .steps
+                .iter()
+                .flatten()
+                .flat_map(|s| s.questions.iter().map(move |q| (s, q)))
+                .filter_map(|(s, q)| {
+                    let params = question_request(&run_id, &s.id, &q.question)?;
+                    let key = crate::workflow::answer_signal(&s.id, q.item);
+                    Some((format!("{key}@{}", q.asked_at), params))
+                })
+                .collect();
             // A step whose answer is on its way is asked nothing more.
-            let answered = if waiting.is_empty() {
+            let answered = if waiting.is_empty() && questions.is_empty() {
                 Vec::new()
             } else {
                 self.workflows
@@ -302,28 +315,55 @@ impl WorkflowServer {
                     !signal.is_some_and(|n| answered.iter().any(|a| a == n))
                 })
                 .collect();
-            if elicits && asks_in_result && !waiting.is_empty() {
+            let questions: Vec<(String, rmcp::model::ElicitRequestParams)> = questions
+                .into_iter()
+                .filter(|(key, _)| {
+                    let signal = key.split_once('@').map_or(key.as_str(), |(k, _)| k);
+                    !answered.iter().any(|a| a == signal)
+                })
+                .collect();
+            if elicits && asks_in_result && !(waiting.is_empty() && questions.is_empty()) {
                 let requests = waiting
                     .iter()
                     .map(|s| {
                         let request = ElicitRequest::new(tasks::approval_request(&run_id, s));
                         (s.id.clone(), InputRequest::Elicitation(request))
                     })
+                    .chain(questions.into_iter().map(|(key, params)| {
+                        let key = key
+                            .split_once('@')
+                            .map_or(key.as_str(), |(k, _)| k)
+                            .to_owned();
+                        (key, InputRequest::Elicitation(ElicitRequest::new(params)))
+                    }))
                     .collect();
                 let state = seal_state(name, &run_id);
                 return Ok(InputRequiredResult::new(Some(requests), Some(state)).into());
+            }
+            if elicits && !asks_in_result {
+                for (key, params) in questions {
+                    if told_waiting.insert(key.clone()) {
+                        asks.push(Box::pin(ask_question(
+                            context.peer.clone(),
+                            self.workflows.clone(),
+                            run_id.clone(),
+                            key,
+                            params,
+                        )));
+                    }
+                }
             }
             for step in waiting {
                 if !told_waiting.insert(step.id.clone()) {
                     continue;
                 }
                 if elicits && !asks_in_result {
-                    asks.push(ask_client(
+                    asks.push(Box::pin(ask_client(
                         context.peer.clone(),
                         self.workflows.clone(),
                         run_id.clone(),
                         step.clone(),
-                    ));
+                    )));
                 }
                 if let Some(token) = &token {
                     let signal = step
@@ -481,6 +521,85 @@ async fn ask_client(
         .unwrap_or_default();
     if let Err(e) = workflows.signal(&run_id, signal, payload).await {
         tracing::warn!(run = %run_id, step = %step.id, "the client's answer is not taken: {e}");
+    }
+}
+
+/// The elicitation that relays a form question an upstream server asked
+/// step `step_id` of `run_id`; `None` for a URL question or a schema MCP
+/// clients cannot render.
+fn question_request(
+    run_id: &str,
+    step_id: &str,
+    question: &Value,
+) -> Option<rmcp::model::ElicitRequestParams> {
+    if question["mode"] != "form" {
+        return None;
+    }
+    let schema = serde_json::from_value(question["requested_schema"].clone()).ok()?;
+    Some(rmcp::model::ElicitRequestParams::FormElicitationParams {
+        meta: None,
+        message: format!(
+            "Run `{run_id}`, step `{step_id}`: `{}.{}` asks: {}",
+            question["connection"].as_str().unwrap_or_default(),
+            question["tool"].as_str().unwrap_or_default(),
+            question["message"].as_str().unwrap_or_default()
+        ),
+        requested_schema: schema,
+    })
+}
+
+/// Asks the client (`elicitation/create`) the question keyed
+/// `answer:<step>/<item>@<asked_at>` and gives its answer to
+/// `workflow.answer`.
+async fn ask_question(
+    peer: rmcp::Peer<RoleServer>,
+    workflows: Arc<Workflows>,
+    run_id: String,
+    key: String,
+    params: rmcp::model::ElicitRequestParams,
+) {
+    let Some((step_id, item)) = parse_answer_key(key.split_once('@').map_or(&*key, |(k, _)| k))
+    else {
+        return;
+    };
+    let request = ServerRequest::ElicitRequest(ElicitRequest::new(params));
+    let answer = match peer.send_request(request).await {
+        Ok(ClientResult::ElicitResult(answer)) => answer,
+        Ok(other) => {
+            tracing::warn!(run = %run_id, "the client answered an elicitation with {other:?}");
+            return;
+        }
+        Err(e) => {
+            tracing::debug!(run = %run_id, "the client did not answer the elicitation: {e}");
+            return;
+        }
+    };
+    if let Err(e) = workflows
+        .answer(&run_id, &step_id, item, answer_of(&answer))
+        .await
+    {
+        tracing::warn!(run = %run_id, step = %step_id, "the client's answer is not taken: {e}");
+    }
+}
+
+/// The step and item an `answer:<step>/<item>` key names.
+pub(crate) fn parse_answer_key(key: &str) -> Option<(String, u32)> {
+    let (step, item) = key.strip_prefix("answer:")?.rsplit_once('/')?;
+    Some((step.to_owned(), item.parse().ok()?))
+}
+
+/// An MCP client's elicitation result as a [`crate::capability::Answer`].
+pub(crate) fn answer_of(answer: &rmcp::model::ElicitResult) -> crate::capability::Answer {
+    let action = match answer.action {
+        rmcp::model::ElicitationAction::Accept => "accept",
+        rmcp::model::ElicitationAction::Cancel => "cancel",
+        _ => "decline",
+    };
+    crate::capability::Answer {
+        action: action.to_owned(),
+        content: (action == "accept")
+            .then(|| answer.content.clone())
+            .flatten(),
     }
 }
 

@@ -142,6 +142,31 @@ impl WorkflowServer {
         let task_id = run.run_id.as_str();
         let mut sends = Vec::new();
         for (step_id, response) in responses {
+            // An answer to a question an upstream server asked.
+            if let Some((step, item)) = super::parse_answer_key(step_id) {
+                let answer: ElicitResult =
+                    serde_json::from_value(response.clone()).map_err(|e| {
+                        McpError::invalid_params(
+                            format!("`{step_id}`: not an elicitation result: {e}"),
+                            None,
+                        )
+                    })?;
+                match self
+                    .workflows
+                    .answer(task_id, &step, item, super::answer_of(&answer))
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(WorkflowError::NotWaiting { message, .. }) => {
+                        tracing::debug!(run = %task_id, step, "answer not taken: {message}");
+                    }
+                    Err(WorkflowError::InvalidPayload(message)) => {
+                        return Err(McpError::invalid_params(message, None));
+                    }
+                    Err(other) => return Err(McpError::internal_error(other.to_string(), None)),
+                }
+                continue;
+            }
             let Some(step) = run.steps.iter().flatten().find(|s| &s.id == step_id) else {
                 return Err(McpError::invalid_params(
                     format!("task `{task_id}` has no step `{step_id}`"),

@@ -35,6 +35,7 @@ use crate::store::{
     StepStatus, Store, StoreError,
 };
 pub use definition::{Definition, DefinitionError, Spec};
+pub(crate) use engine::answer_signal;
 pub use maintenance::DEFAULT_LEASE;
 pub use mcp::Exposed;
 use mode::Mode;

@@ -522,7 +522,7 @@
     const steps = run.steps || [];
     if (selectedStep !== null && !steps.some((s) => s.id === selectedStep)) selectedStep = null;
     // A step that waits for someone is what the page is opened for.
-    const waiting = steps.find((s) => s.status === "waiting");
+    const waiting = steps.find((s) => s.status === "waiting" || (s.questions || []).length > 0);
     if (selectedStep === null && waiting) selectedStep = waiting.id;
     drawGraph(steps);
     $("run-steps").hidden = false;
@@ -684,6 +684,7 @@
       el("dl", { class: "summary" }, ...facts.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", null, v)])),
     ];
     if (step.status === "waiting") parts.push(signalBox(step));
+    for (const asked of step.questions || []) parts.push(questionBox(step, asked));
     if (step.input !== undefined) parts.push(el("h4", { text: "Input" }), json(step.input));
     if (step.output !== undefined) parts.push(el("h4", { text: "Output" }), json(step.output));
     if (step.error) parts.push(el("h4", { text: "Error" }), errorBox(step.error));
@@ -728,6 +729,96 @@
       el("p", null, "Waits for signal ", el("code", { text: signal }), until + "."),
       comment,
       el("div", { class: "actions" }, approve, " ", reject, " ", error),
+    );
+  }
+
+  // A question an upstream server asked the step's call (elicitation): a
+  // form rendered from its requested schema (flat, primitive fields, as MCP
+  // allows), or a URL to open by hand (the console never opens it).
+  // Answered with workflow.answer; the server checks the content.
+  const answerDrafts = new Map();
+
+  function questionBox(step, asked) {
+    const q = asked.question || {};
+    const item = asked.item || 0;
+    const draftKey = `${lastRun.run_id}/${step.id}/${item}`;
+    const draft = answerDrafts.get(draftKey) || {};
+    answerDrafts.set(draftKey, draft);
+    const error = el("span", { class: "error question-error" });
+    const fields = [];
+    const schema = q.requested_schema || {};
+    const required = new Set(schema.required || []);
+    for (const [name, prop] of Object.entries(schema.properties || {})) {
+      const id = `answer-${step.id}-${item}-${name}`;
+      const label = el("label", { htmlFor: id }, prop.title || name, required.has(name) ? " *" : "");
+      let input;
+      let read;
+      if (prop.type === "boolean") {
+        input = el("input", { type: "checkbox", id, name });
+        input.checked = draft[name] ?? prop.default ?? false;
+        input.addEventListener("change", () => (draft[name] = input.checked));
+        read = () => input.checked;
+      } else if (Array.isArray(prop.enum) || Array.isArray(prop.oneOf)) {
+        const options = Array.isArray(prop.enum)
+          ? prop.enum.map((v) => [String(v), String(v)])
+          : prop.oneOf.map((o) => [String(o.const), String(o.title ?? o.const)]);
+        input = el("select", { id, name }, ...options.map(([v, t]) => el("option", { value: v, text: t })));
+        input.value = draft[name] ?? prop.default ?? options[0]?.[0] ?? "";
+        input.addEventListener("change", () => (draft[name] = input.value));
+        read = () => input.value;
+      } else {
+        const numeric = prop.type === "number" || prop.type === "integer";
+        input = el("input", { type: numeric ? "number" : "text", id, name });
+        if (prop.type === "integer") input.step = "1";
+        input.value = draft[name] ?? prop.default ?? "";
+        input.addEventListener("input", () => (draft[name] = input.value));
+        read = () => {
+          if (input.value === "" && !required.has(name)) return undefined;
+          return numeric ? Number(input.value) : input.value;
+        };
+      }
+      if (prop.description) input.title = prop.description;
+      fields.push({ name, read, row: el("div", { class: "question-field" }, label, " ", input) });
+    }
+    const send = async (action, button) => {
+      button.disabled = true;
+      error.textContent = "";
+      const params = { run_id: lastRun.run_id, step_id: step.id, item, action };
+      if (action === "accept" && q.mode === "form") {
+        const content = {};
+        for (const f of fields) {
+          const value = f.read();
+          if (value !== undefined) content[f.name] = value;
+        }
+        params.content = content;
+      }
+      try {
+        await rpc("workflow.answer", params);
+        answerDrafts.delete(draftKey);
+        loadRun();
+      } catch (e) {
+        fail(e, error);
+        button.disabled = false;
+      }
+    };
+    const accept = el("button", { type: "button", class: "answer-accept", text: q.mode === "url" ? "Done" : "Submit" });
+    const decline = el("button", { type: "button", class: "answer-decline", text: "Decline" });
+    const cancel = el("button", { type: "button", class: "answer-cancel", text: "Cancel" });
+    accept.addEventListener("click", () => send("accept", accept));
+    decline.addEventListener("click", () => send("decline", decline));
+    cancel.addEventListener("click", () => send("cancel", cancel));
+    const parts = [
+      el("p", null, el("code", { text: `${q.connection}.${q.tool}` }), " asks: ", el("span", { class: "question-message", text: q.message || "" })),
+    ];
+    if (q.mode === "url") {
+      parts.push(el("p", null, "Open this address yourself (the console does not open it): ", el("code", { class: "question-url", text: q.url || "" })));
+    }
+    return el(
+      "div",
+      { class: "signal-box question-box", "data-item": String(item) },
+      ...parts,
+      ...fields.map((f) => f.row),
+      el("div", { class: "actions" }, accept, " ", decline, " ", cancel, " ", error),
     );
   }
 
