@@ -5,7 +5,6 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -455,7 +454,8 @@ async fn state_with(extra: &str) -> (RpcState, tempfile::TempDir) {
         RpcState {
             workflows: host.workflows().clone(),
             pool: host.pool().clone(),
-            grants: Arc::new(Grants::new(config.rpc_allow()).unwrap()),
+            grants: wf_host::reload::RpcGrants::new(Grants::new(config.rpc_allow()).unwrap()),
+            config: None,
         },
         dir,
     )
@@ -647,6 +647,7 @@ async fn rpc_discover_lists_exactly_the_methods_that_answer() {
     let mut expected = [
         "capability.call",
         "capability.list",
+        "host.reload",
         "host.status",
         "prompt.get",
         "resource.read",

@@ -1088,9 +1088,15 @@ struct Serve {
 
 impl Serve {
     fn start(dir: &Path) -> Serve {
+        Serve::start_with(dir, &[])
+    }
+
+    /// [`Serve::start`] with more arguments.
+    fn start_with(dir: &Path, extra: &[&str]) -> Serve {
         let mut child = Command::new(wf_host_bin())
             .args(["serve", "--listen", "127.0.0.1:0", "--config"])
             .arg(dir.join("wf.toml"))
+            .args(extra)
             .env("WF_HOST_CACHE_DIR", dir.join("cache"))
             .env_remove("WF_HOST_TOKEN")
             .stdin(Stdio::null())
@@ -1129,6 +1135,21 @@ impl Serve {
             Some(result) => result.clone(),
             None => panic!("{method} failed: {reply}"),
         }
+    }
+
+    /// The JSON-RPC reply to `method` (a result or an error).
+    async fn reply(&self, method: &str, params: Value) -> Value {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        common::http_client()
+            .post(&self.url)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
     }
 
     fn kill(mut self) {
@@ -2361,4 +2382,176 @@ async fn questions_from_the_official_sdk_servers_are_answered_through_rpc() {
         }
         host.close().await;
     }
+}
+
+/// A workflow `w` calling `fixture.echo` with a run timeout of `60 +
+/// version` seconds, and a connection `other` with `call_timeout = {timeout}`.
+fn reloadable(version: u64, timeout: &str) -> String {
+    let run_timeout = 60 + version;
+    format!(
+        r#"[runtime]
+state = "state.db"
+
+[connections.other]
+command = "wf-host"
+args = ["fixture-server"]
+call_timeout = "{timeout}"
+
+[workflows.w]
+timeout = "{run_timeout}s"
+component = "{{call}}"
+allow = ["fixture.echo", "other.echo"]
+"#
+    )
+}
+
+/// A thousand starts while the config is reloaded ten times
+/// (`host.reload`): none is refused or lost; the connection whose settings
+/// never change keeps its one session, the one whose settings change gets
+/// a new one; `host.status` shows the config in force. An invalid config
+/// is refused (-32009) with the reason, kept in `host.status`, and the old
+/// one keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_under_load_refuse_nothing_and_keep_unchanged_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path(), &reloadable(0, "30s"));
+    let serve = Arc::new(Serve::start(dir.path()));
+    let first = serve.call("host.status", json!({})).await;
+    let sha0 = first["config"]["sha256"].as_str().unwrap().to_owned();
+    assert_eq!(first["config"]["reloads"], 0, "{first}");
+
+    let starts = {
+        let serve = serve.clone();
+        tokio::spawn(async move {
+            let mut runs = Vec::new();
+            for batch in 0..100 {
+                let mut calls = Vec::new();
+                for i in 0..10 {
+                    let serve = serve.clone();
+                    let n = batch * 10 + i;
+                    let target = if n % 2 == 0 {
+                        "fixture.echo"
+                    } else {
+                        "other.echo"
+                    };
+                    calls.push(tokio::spawn(async move {
+                        let input =
+                            json!({"capability": target, "arguments": {"text": format!("n{n}")}});
+                        serve
+                            .reply("workflow.start", json!({"workflow": "w", "input": input}))
+                            .await
+                    }));
+                }
+                for call in calls {
+                    runs.push(call.await.unwrap());
+                }
+            }
+            runs
+        })
+    };
+    for round in 1..=10 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The workflow changes every time; `other`'s settings every other time.
+        let timeout = if round % 2 == 0 { "30s" } else { "31s" };
+        write_config(dir.path(), &reloadable(round, timeout));
+        let reloaded = serve.reply("host.reload", json!({})).await;
+        assert_eq!(reloaded["result"]["changed"], json!(["w"]), "{reloaded}");
+        assert_eq!(reloaded["result"]["config"]["reloads"], round, "{reloaded}");
+    }
+    let replies = starts.await.unwrap();
+    assert_eq!(replies.len(), 1000);
+    let mut ids = Vec::new();
+    for reply in &replies {
+        let id = reply["result"]["run_id"].as_str();
+        assert!(id.is_some(), "a start was refused: {reply}");
+        ids.push(id.unwrap().to_owned());
+    }
+    for id in &ids {
+        let done = serve
+            .call("workflow.wait", json!({"run_id": id, "timeout_ms": 60000}))
+            .await;
+        assert_eq!(done["status"], "succeeded", "{done}");
+    }
+    let status = serve.call("host.status", json!({})).await;
+    let sessions = |id: &str| {
+        status["connections"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == id)
+            .unwrap()["sessions_opened"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(sessions("fixture"), 1, "unchanged: one session: {status}");
+    assert!(sessions("other") >= 2, "changed: new sessions: {status}");
+    assert_eq!(status["config"]["reloads"], 10);
+    assert_ne!(status["config"]["sha256"], json!(sha0));
+    let got = serve
+        .call("workflow.list", json!({"workflow": "w", "limit": 1000}))
+        .await;
+    assert_eq!(got["runs"].as_array().unwrap().len(), 1000, "none lost");
+
+    // An invalid config: refused with the reason, the old one serves on.
+    let before = serve.call("host.status", json!({})).await["config"].clone();
+    std::fs::write(
+        dir.path().join("wf.toml"),
+        config_text(
+            dir.path(),
+            &reloadable(99, "30s").replace("{call}", "missing.wasm"),
+        ),
+    )
+    .unwrap();
+    let refused = serve.reply("host.reload", json!({})).await;
+    assert_eq!(refused["error"]["code"], -32009, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(message.contains("missing.wasm"), "{message}");
+    let status = serve.call("host.status", json!({})).await;
+    assert_eq!(status["config"]["sha256"], before["sha256"]);
+    assert_eq!(status["config"]["reloads"], 10);
+    assert!(
+        status["config"]["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("missing.wasm")),
+        "{status}"
+    );
+    let input = json!({"capability": "fixture.echo", "arguments": {"text": "still"}});
+    let done = serve
+        .call(
+            "workflow.start",
+            json!({"workflow": "w", "input": input, "wait": true}),
+        )
+        .await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+}
+
+/// With `--watch`, writing the config reloads it: a workflow added to the
+/// file can be started without a signal or a call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_reloads_a_changed_config() {
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path(), &reloadable(0, "30s"));
+    let serve = Serve::start_with(dir.path(), &["--watch"]);
+    let added = reloadable(0, "30s") + "\n[workflows.added]\ncomponent = \"{echo}\"\n";
+    write_config(dir.path(), &added);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = serve.call("host.status", json!({})).await;
+        if status["workflows"]
+            .as_array()
+            .is_some_and(|w| w.iter().any(|n| n == "added"))
+        {
+            assert_eq!(status["config"]["reloads"], 1, "{status}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "never reloaded: {status}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let done = serve
+        .call(
+            "workflow.start",
+            json!({"workflow": "added", "input": {"x": 1}, "wait": true}),
+        )
+        .await;
+    assert_eq!(done["output"], json!({"x": 1}), "{done}");
 }

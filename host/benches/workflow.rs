@@ -7,7 +7,6 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -63,7 +62,8 @@ async fn state(dir: &Path, location: String) -> (RpcState, Host) {
     let state = RpcState {
         workflows: host.workflows().clone(),
         pool: host.pool().clone(),
-        grants: Arc::new(wf_host::grants::Grants::none()),
+        grants: wf_host::reload::RpcGrants::new(wf_host::grants::Grants::none()),
+        config: None,
     };
     (state, host)
 }

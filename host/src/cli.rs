@@ -20,11 +20,12 @@ use wf_host::grants::Grants;
 use wf_host::host::{Host, HostOptions};
 use wf_host::pool::pin::{self, Pins};
 use wf_host::pool::{Pool, PoolConfig};
+use wf_host::reload::{ReloadError, ReloadReport, Reloader, RpcGrants};
 use wf_host::rpc::{Access, RpcState};
 use wf_host::runtime::{Limits, RunOptions, Runtime, RuntimeConfig, default_cache_dir};
 use wf_host::store::RunStatus;
 use wf_host::testing::{Case, CaseOptions, run_case};
-use wf_host::workflow::{self, Workflows};
+use wf_host::workflow;
 
 mod auth;
 mod conformance;
@@ -245,6 +246,10 @@ struct ServeArgs {
     /// Repeatable. Requests from other origins than the server's own are refused.
     #[arg(long = "allow-origin", value_name = "ORIGIN", value_parser = parse_origin)]
     allow_origin: Vec<String>,
+    /// Reload the config when it, or a component it names, changes (as
+    /// SIGHUP and `host.reload` do). Needs `--config`.
+    #[arg(long)]
+    watch: bool,
 }
 
 #[derive(Args)]
@@ -820,7 +825,12 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
     let config = load_config(args.common.config.as_deref())?;
     let mut rc = runtime_config(&config, &args.common, config_limits(&config));
     rc.memory_ceiling = memory_ceiling(&config);
-    let rpc_grants = Arc::new(Grants::new(config.rpc_allow()).map_err(usage)?);
+    let rpc_grants = RpcGrants::new(Grants::new(config.rpc_allow()).map_err(usage)?);
+    if args.watch && args.common.config.is_none() {
+        return Err(usage(anyhow!(
+            "--watch needs --config: there is no config file to watch"
+        )));
+    }
     let pool = pool_config(&config)?;
     let mut options = workflow_options(&config);
     if args.common.config.is_none() {
@@ -858,11 +868,21 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
         })?;
     let local = listener.local_addr().map_err(|e| usage(anyhow!(e)))?;
     eprintln!("wf-host listening on http://{local}/rpc");
+    let reloader = args.common.config.clone().map(|path| {
+        Arc::new(Reloader::new(
+            path,
+            &config,
+            workflows.clone(),
+            pool.clone(),
+            rpc_grants.clone(),
+        ))
+    });
     let app = wf_host::rpc::router(
         RpcState {
             workflows: workflows.clone(),
             pool: pool.clone(),
             grants: rpc_grants,
+            config: reloader.clone(),
         },
         access,
     )
@@ -870,9 +890,15 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
     // The server stops accepting when `stopping` fires; open requests finish
     // meanwhile, and waits end at once because the workflows shut down too.
     let stopping = tokio_util::sync::CancellationToken::new();
-    if let Some(path) = args.common.config.clone() {
-        let reloader = reload_on_sighup(path, workflows.clone(), pool.clone(), stopping.clone());
-        tokio::spawn(reloader);
+    if let Some(reloader) = &reloader {
+        tokio::spawn(reload_on_sighup(reloader.clone(), stopping.clone()));
+        if args.watch {
+            tokio::spawn(
+                reloader
+                    .clone()
+                    .watch(WATCH_EVERY, stopping.clone(), say_reload),
+            );
+        }
     }
     let served = wf_host::rpc::serve(listener, app, stopping.clone().cancelled_owned());
     tokio::pin!(served);
@@ -959,15 +985,25 @@ async fn fixture_server(args: FixtureArgs) -> Result<(), Failure> {
     })
 }
 
-/// `serve`: on SIGHUP, re-reads the config and swaps in its workflows and
-/// connections, all or nothing: a config that does not load changes nothing
-/// and says why. Ends with `stopping`.
-async fn reload_on_sighup(
-    path: PathBuf,
-    workflows: Arc<Workflows>,
-    pool: Pool,
-    stopping: tokio_util::sync::CancellationToken,
-) {
+/// How often `--watch` looks at the config and its components.
+const WATCH_EVERY: Duration = Duration::from_millis(500);
+
+/// Says on stderr what a reload did.
+fn say_reload(reloaded: &Result<ReloadReport, ReloadError>) {
+    match reloaded {
+        Ok(r) => eprintln!(
+            "wf-host reloaded {}: workflows added {:?}, removed {:?}, changed {:?}",
+            r.config.path.display(),
+            r.workflows.added,
+            r.workflows.removed,
+            r.workflows.changed
+        ),
+        Err(e) => eprintln!("wf-host kept its configuration: {e}"),
+    }
+}
+
+/// Reloads the config on each SIGHUP until `stopping`.
+async fn reload_on_sighup(reloader: Arc<Reloader>, stopping: tokio_util::sync::CancellationToken) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
@@ -979,31 +1015,12 @@ async fn reload_on_sighup(
                 _ = hup.recv() => {}
                 () = stopping.cancelled() => return,
             }
-            let reloaded = Config::load(&path)
-                .map_err(anyhow::Error::from)
-                .and_then(|config| {
-                    let report = workflows.reload(&config)?;
-                    pool.update(config.connections.clone());
-                    Ok(report)
-                });
-            match reloaded {
-                Ok(r) => eprintln!(
-                    "wf-host reloaded {}: workflows added {:?}, removed {:?}, changed {:?}",
-                    path.display(),
-                    r.added,
-                    r.removed,
-                    r.changed
-                ),
-                Err(e) => eprintln!(
-                    "wf-host kept its configuration: reloading {} failed: {e:#}",
-                    path.display()
-                ),
-            }
+            say_reload(&reloader.reload("SIGHUP").await);
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = (path, workflows, pool);
+        let _ = reloader;
         stopping.cancelled().await;
     }
 }

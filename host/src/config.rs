@@ -636,6 +636,21 @@ impl Config {
         }
     }
 
+    /// Every component file the workflows name, resolved against the
+    /// config's folder.
+    pub fn component_files(&self) -> Vec<PathBuf> {
+        self.workflows
+            .values()
+            .flat_map(|w| {
+                w.component
+                    .iter()
+                    .chain(w.steps.iter().map(|s| &s.component))
+            })
+            .filter(|c| !c.as_os_str().is_empty())
+            .map(|c| self.resolve(c))
+            .collect()
+    }
+
     /// The grants of every workflow whose component is `component` (compared
     /// after resolving both paths).
     pub fn grants_for_component(&self, component: &Path) -> Vec<String> {

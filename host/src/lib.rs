@@ -46,6 +46,7 @@ pub mod host;
 pub mod mcp;
 pub mod metrics;
 pub mod pool;
+pub mod reload;
 pub mod rpc;
 pub mod runtime;
 pub mod scaffold;

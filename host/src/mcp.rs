@@ -588,14 +588,14 @@ pub(crate) fn parse_answer_key(key: &str) -> Option<(String, u32)> {
     Some((step.to_owned(), item.parse().ok()?))
 }
 
-/// An MCP client's elicitation result as a [`crate::capability::Answer`].
-pub(crate) fn answer_of(answer: &rmcp::model::ElicitResult) -> crate::capability::Answer {
+/// An MCP client's elicitation result as a [`crate::workflow::Answer`].
+pub(crate) fn answer_of(answer: &rmcp::model::ElicitResult) -> crate::workflow::Answer {
     let action = match answer.action {
         rmcp::model::ElicitationAction::Accept => "accept",
         rmcp::model::ElicitationAction::Cancel => "cancel",
         _ => "decline",
     };
-    crate::capability::Answer {
+    crate::workflow::Answer {
         action: action.to_owned(),
         content: (action == "accept")
             .then(|| answer.content.clone())

@@ -19,6 +19,7 @@ pub const TIMEOUT: i64 = -32005;
 pub const NOT_FOUND: i64 = -32006;
 pub const SHUTTING_DOWN: i64 = -32007;
 pub const NOT_WAITING: i64 = -32008;
+pub const CONFIG_INVALID: i64 = -32009;
 
 /// A JSON-RPC error object.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -10,8 +10,8 @@ use serde_json::{Map, Value, json};
 
 use super::jsonrpc::{self, RpcError, named_params};
 use crate::capability::{CapabilityBackend, CapabilityError};
-use crate::grants::Grants;
 use crate::pool::Pool;
+use crate::reload::{Reloader, RpcGrants};
 use crate::store::{ListQuery, StoreError};
 use crate::trace::TraceParent;
 use crate::workflow::{Status, WorkflowError, Workflows};
@@ -22,16 +22,19 @@ pub struct RpcState {
     pub workflows: Arc<Workflows>,
     pub pool: Pool,
     /// What RPC clients may call and list (`[rpc] allow`), checked before
-    /// anything reaches the pool.
-    pub grants: Arc<Grants>,
+    /// anything reaches the pool; a reload replaces them.
+    pub grants: RpcGrants,
+    /// The config file `host.reload` reloads, if the server has one.
+    pub config: Option<Arc<Reloader>>,
 }
 
 impl RpcState {
     fn check(&self, qualified: &str) -> Result<(), RpcError> {
-        if self.grants.allows(qualified) {
+        let grants = self.grants.load();
+        if grants.allows(qualified) {
             return Ok(());
         }
-        let granted = match self.grants.patterns() {
+        let granted = match grants.patterns() {
             [] => "nothing".to_owned(),
             patterns => patterns
                 .iter()
@@ -163,7 +166,8 @@ pub async fn call(
         "capability.list" => {
             let _: Empty = parse(params, &[])?;
             let mut entries = state.pool.list().await.map_err(capability_error)?;
-            entries.retain(|e| state.grants.allows(&e.name));
+            let grants = state.grants.load();
+            entries.retain(|e| grants.allows(&e.name));
             Ok(json!({ "capabilities": entries }))
         }
         "capability.call" => {
@@ -172,7 +176,7 @@ pub async fn call(
             state.check(&p.name)?;
             let result =
                 CapabilityBackend::call_tool(&state.pool, connection, tool, p.arguments).await;
-            crate::capability::with_tool_hint(&state.pool, &state.grants, connection, result)
+            crate::capability::with_tool_hint(&state.pool, &state.grants.load(), connection, result)
                 .await
                 .map_err(capability_error)
         }
@@ -219,7 +223,21 @@ pub async fn call(
                 "runs_waiting_here": state.workflows.waiting(),
                 "exposed": state.workflows.exposed().iter().map(|w| w.name.clone()).collect::<Vec<_>>(),
                 "state": store,
+                "config": state.config.as_ref().map(|c| c.status()),
             }))
+        }
+        "host.reload" => {
+            let _: Empty = parse(params, &[])?;
+            let Some(reloader) = &state.config else {
+                return Err(RpcError::new(
+                    jsonrpc::CONFIG_INVALID,
+                    "this server was started without a config file: there is nothing to reload",
+                ));
+            };
+            match reloader.reload("host.reload").await {
+                Ok(report) => Ok(json!(report)),
+                Err(e) => Err(RpcError::new(jsonrpc::CONFIG_INVALID, e.to_string())),
+            }
         }
         "rpc.discover" => Ok(super::openrpc::document()),
         other => Err(RpcError::new(

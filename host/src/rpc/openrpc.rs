@@ -197,10 +197,20 @@ pub fn document() -> Value {
                     } } },
                     "connections": { "type": "array" },
                     "workflows": { "type": "array" },
+                    "config": { "type": ["object", "null"], "description": "The config file in force: `{path, loaded_at, sha256, reloads, last_error?, last_error_at?}`; `last_error` says why the last reload failed, until one succeeds." },
                     "state": { "type": "object", "properties": {
                         "backend": { "type": "string" }, "path": { "type": "string" },
                         "runs_running": { "type": "integer" }, "runs_total": { "type": "integer" },
                         "last_event_id": { "type": "integer", "description": "The newest kept event's id: stream `/events` with `Last-Event-ID` set to it to get only what happens next." }
+                    } }
+                }
+            })),
+            method("host.reload", "Loads the config file again and, when all of it is valid, switches to it (as SIGHUP does): workflows, schedules, webhooks, exposed tools, connections (unchanged ones keep their sessions) and `[rpc] allow`. Running runs keep their definitions. -32009 when the new config is invalid: nothing changed, the old one keeps serving.", vec![], json!({
+                "type": "object", "properties": {
+                    "added": { "type": "array" }, "removed": { "type": "array" }, "changed": { "type": "array" },
+                    "config": { "type": "object", "properties": {
+                        "path": { "type": "string" }, "loaded_at": { "type": "string" },
+                        "sha256": { "type": "string" }, "reloads": { "type": "integer" }
                     } }
                 }
             })),
@@ -220,6 +230,7 @@ pub fn document() -> Value {
                 "Timeout": { "code": TIMEOUT, "message": "upstream timeout" },
                 "NotFound": { "code": NOT_FOUND, "message": "no such connection, tool, resource or prompt" },
                 "ShuttingDown": { "code": SHUTTING_DOWN, "message": "the host is shutting down" },
+                "ConfigInvalid": { "code": CONFIG_INVALID, "message": "the config to reload is invalid (or there is none); the one in force is kept" },
                 "NotWaiting": { "code": NOT_WAITING, "message": "the run does not wait for this signal (finished, no such wait step, or one is already kept for each)" },
             }
         }

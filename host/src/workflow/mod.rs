@@ -28,6 +28,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+pub use crate::capability::Answer;
 use crate::runtime::{LoadError, Node, Runtime};
 pub use crate::store::is_postgres_url;
 use crate::store::{

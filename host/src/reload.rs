@@ -1,0 +1,269 @@
+//! Reloading `wf-host serve`'s config while it serves: on SIGHUP, on
+//! `host.reload`, and (with `--watch`) when the config file or a component
+//! it names changes.
+//!
+//! A new config is loaded and checked completely (the same checks as at
+//! start, components compiled) before anything switches; one that fails
+//! changes nothing, and its error is kept for `host.status`. Reloads are one
+//! at a time.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::config::Config;
+use crate::grants::Grants;
+use crate::pool::Pool;
+use crate::workflow::{Reloaded, Workflows};
+
+/// The RPC grants (`[rpc] allow`), which a reload replaces.
+#[derive(Clone)]
+pub struct RpcGrants(Arc<RwLock<Arc<Grants>>>);
+
+impl RpcGrants {
+    pub fn new(grants: Grants) -> RpcGrants {
+        RpcGrants(Arc::new(RwLock::new(Arc::new(grants))))
+    }
+
+    /// The grants in force now.
+    pub fn load(&self) -> Arc<Grants> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn store(&self, grants: Grants) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(grants);
+    }
+}
+
+/// What `host.status` shows of the config.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConfigStatus {
+    pub path: PathBuf,
+    /// When the config in force was loaded (RFC 3339).
+    pub loaded_at: String,
+    /// The sha256 of the config text in force.
+    pub sha256: String,
+    /// Reloads that switched the config, since start.
+    pub reloads: u64,
+    /// Why the last reload that failed failed, unless one succeeded since.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error_at: Option<String>,
+}
+
+/// Reloads one config file into a running host.
+pub struct Reloader {
+    path: PathBuf,
+    workflows: Arc<Workflows>,
+    pool: Pool,
+    grants: RpcGrants,
+    status: Mutex<ConfigStatus>,
+    /// The files a change of which `--watch` reloads for: the config and the
+    /// components it names.
+    watched: Mutex<Vec<PathBuf>>,
+    /// The watched files as they were when the config in force was read.
+    first_stamps: Vec<(PathBuf, Option<(SystemTime, u64)>)>,
+    /// One reload at a time.
+    turn: tokio::sync::Mutex<()>,
+}
+
+/// Why a reload changed nothing.
+#[derive(Debug, thiserror::Error)]
+#[error("reloading {path} failed; the configuration in force is kept: {message}")]
+pub struct ReloadError {
+    pub path: PathBuf,
+    pub message: String,
+}
+
+/// What a reload that switched did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReloadReport {
+    #[serde(flatten)]
+    pub workflows: Reloaded,
+    pub config: ConfigStatus,
+}
+
+impl Reloader {
+    /// A reloader for the host that `config` (read from `path`) started.
+    pub fn new(
+        path: PathBuf,
+        config: &Config,
+        workflows: Arc<Workflows>,
+        pool: Pool,
+        grants: RpcGrants,
+    ) -> Reloader {
+        let sha256 = std::fs::read(&path)
+            .map(|text| hex::encode(Sha256::digest(&text)))
+            .unwrap_or_default();
+        let watched = watched_files(&path, config);
+        let first_stamps = stamps(&watched);
+        Reloader {
+            first_stamps,
+            status: Mutex::new(ConfigStatus {
+                path: path.clone(),
+                loaded_at: now(),
+                sha256,
+                reloads: 0,
+                last_error: None,
+                last_error_at: None,
+            }),
+            watched: Mutex::new(watched),
+            path,
+            workflows,
+            pool,
+            grants,
+            turn: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    pub fn status(&self) -> ConfigStatus {
+        self.status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Loads the config file again and, when it is valid through and
+    /// through, switches to it: workflows (new runs use the new definitions;
+    /// running runs keep theirs), schedules, webhooks, exposed tools,
+    /// connections (unchanged ones keep their sessions; changed ones are
+    /// drained and replaced; removed ones close after their calls) and the
+    /// RPC grants. `why` is logged.
+    ///
+    /// # Errors
+    /// [`ReloadError`]: nothing changed; the error is kept for `host.status`.
+    pub async fn reload(&self, why: &str) -> Result<ReloadReport, ReloadError> {
+        let _turn = self.turn.lock().await;
+        match self.switch().await {
+            Ok((workflows, sha256, watched)) => {
+                *self.watched.lock().unwrap_or_else(|e| e.into_inner()) = watched;
+                let config = {
+                    let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
+                    status.loaded_at = now();
+                    status.sha256 = sha256;
+                    status.reloads += 1;
+                    status.last_error = None;
+                    status.last_error_at = None;
+                    status.clone()
+                };
+                tracing::info!(config = %self.path.display(), why, added = ?workflows.added,
+                    removed = ?workflows.removed, changed = ?workflows.changed, "config reloaded");
+                Ok(ReloadReport { workflows, config })
+            }
+            Err(message) => {
+                tracing::warn!(config = %self.path.display(), why,
+                    "config not reloaded; the one in force is kept: {message}");
+                let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
+                status.last_error = Some(message.clone());
+                status.last_error_at = Some(now());
+                Err(ReloadError {
+                    path: self.path.clone(),
+                    message,
+                })
+            }
+        }
+    }
+
+    async fn switch(&self) -> Result<(Reloaded, String, Vec<PathBuf>), String> {
+        let text = tokio::fs::read(&self.path)
+            .await
+            .map_err(|e| format!("cannot read {}: {e}", self.path.display()))?;
+        let sha256 = hex::encode(Sha256::digest(&text));
+        let path = self.path.clone();
+        // Parsing and checking reads component files: off the async threads.
+        let config = tokio::task::spawn_blocking(move || Config::load(&path))
+            .await
+            .map_err(|e| format!("the config check stopped: {e}"))?
+            .map_err(|e| e.to_string())?;
+        let grants = Grants::new(config.rpc_allow()).map_err(|e| format!("[rpc] allow: {e}"))?;
+        let workflows = self.workflows.clone();
+        let loaded = config.clone();
+        // Compiles the components of every workflow before it switches.
+        let report = tokio::task::spawn_blocking(move || workflows.reload(&loaded))
+            .await
+            .map_err(|e| format!("the reload stopped: {e}"))?
+            .map_err(|e| format!("{e:#}"))?;
+        self.pool.update(config.connections.clone());
+        self.grants.store(grants);
+        Ok((report, sha256, watched_files(&self.path, &config)))
+    }
+
+    /// Reloads whenever a watched file (the config, or a component it names)
+    /// changes and then holds still for a moment, until `stop`. Files are
+    /// looked at every `every`.
+    pub async fn watch(
+        self: Arc<Self>,
+        every: Duration,
+        stop: tokio_util::sync::CancellationToken,
+        said: impl Fn(&Result<ReloadReport, ReloadError>) + Send,
+    ) {
+        // Changes since the config was read count too.
+        let mut seen = self.first_stamps.clone();
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(every) => {}
+                () = stop.cancelled() => return,
+            }
+            let now = self.stamps();
+            if now == seen {
+                continue;
+            }
+            // A file being written: wait until it holds still.
+            tokio::time::sleep(every).await;
+            let settled = self.stamps();
+            if settled != now {
+                continue;
+            }
+            let changed: Vec<String> = settled
+                .iter()
+                .filter(|(path, stamp)| !seen.iter().any(|(p, s)| p == path && s == stamp))
+                .map(|(path, _)| path.display().to_string())
+                .collect();
+            said(
+                &self
+                    .reload(&format!("changed: {}", changed.join(", ")))
+                    .await,
+            );
+            // What a reload (or a failed one) read is what counts as seen.
+            seen = self.stamps();
+        }
+    }
+
+    /// [`stamps`] of the watched files.
+    fn stamps(&self) -> Vec<(PathBuf, Option<(SystemTime, u64)>)> {
+        stamps(&self.watched.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// Each of `files` with its modification time and length (`None` when it
+/// cannot be read).
+fn stamps(files: &[PathBuf]) -> Vec<(PathBuf, Option<(SystemTime, u64)>)> {
+    files
+        .iter()
+        .map(|path| {
+            let stamp = std::fs::metadata(path)
+                .ok()
+                .and_then(|m| Some((m.modified().ok()?, m.len())));
+            (path.clone(), stamp)
+        })
+        .collect()
+}
+
+/// The config file and every component file it names.
+fn watched_files(path: &Path, config: &Config) -> Vec<PathBuf> {
+    let mut files = vec![path.to_owned()];
+    for component in config.component_files() {
+        if !files.contains(&component) {
+            files.push(component);
+        }
+    }
+    files
+}
+
+fn now() -> String {
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}
