@@ -29,6 +29,10 @@ const NOT_RUN: &[(&str, &str)] = &[
         "needs a PostgreSQL server of the reader's; tests/workers.rs runs workers the same way on a throwaway one",
     ),
     (
+        "wf-host replay RUN_ID --config wf.toml --component answer=plugins/c-answer.wasm",
+        "RUN_ID is a run of the reader's; tests/workflow.rs (replay_with_a_new_build_passes_or_names_the_divergence) replays a run of the answer node so",
+    ),
+    (
         "cargo install --locked --path host",
         "the install: these checks run the `wf-host` built for the tests",
     ),

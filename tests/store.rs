@@ -391,6 +391,7 @@ async fn a_pruned_run_takes_its_events_and_calls_and_ids_are_not_reused(b: Backe
         error_code: None,
         duration_us: 1,
         at: now_text(),
+        result: None,
     };
     store.record_call(&call, &f).await.unwrap();
     let first_two = store.events(None, 0, 2).await.unwrap();
@@ -991,6 +992,7 @@ async fn a_run_s_progress_is_recorded(b: Backend) {
         error_code: Some("denied".into()),
         duration_us: 42,
         at: now_text(),
+        result: Some(json!({"error": {"code": "denied", "message": "no"}})),
     };
     store.record_call(&call, &f).await.unwrap();
     // Recorded again (a replayed journal): replaced, not doubled.
@@ -1353,6 +1355,7 @@ mod shared {
                 error_code: None,
                 duration_us: 1,
                 at: now_text(),
+                result: None,
             };
             lease_lost(store.record_call(&call, f).await, "r1");
             lease_lost(

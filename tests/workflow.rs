@@ -2555,3 +2555,98 @@ async fn watch_reloads_a_changed_config() {
         .await;
     assert_eq!(done["output"], json!({"x": 1}), "{done}");
 }
+
+/// `wf-host replay`: a run of the Python `answer` node (a resource read, a
+/// tool call, a tool error it handles) replayed with its C and JavaScript
+/// builds makes the same calls and gives the same output, with no server
+/// (exit 0); replayed with `echo`, which calls nothing, it names the first
+/// call that differs (exit 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_with_a_new_build_passes_or_names_the_divergence() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = repo_root().join("plugins");
+    write_config(
+        dir.path(),
+        &format!(
+            r#"[runtime]
+state = "state.db"
+
+[[workflows.answer.steps]]
+id = "first"
+component = "{{echo}}"
+[[workflows.answer.steps]]
+id = "answer"
+needs = ["first"]
+component = "{py}"
+allow = ["fixture.*"]
+input = '{{skip_fail: false}}'
+"#,
+            py = plugins.join("py-answer.wasm").display()
+        ),
+    );
+    let serve = Serve::start(dir.path());
+    let done = serve
+        .call(
+            "workflow.start",
+            json!({"workflow": "answer", "input": {}, "wait": true}),
+        )
+        .await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    let run_id = done["run_id"].as_str().unwrap().to_owned();
+    serve.kill();
+    let replay = |component: &str, extra: &[&str]| {
+        let out = Command::new(wf_host_bin())
+            .args(["replay", &run_id, "--config"])
+            .arg(dir.path().join("wf.toml"))
+            .arg("--component")
+            .arg(format!("answer={}", plugins.join(component).display()))
+            .args(extra)
+            .env("WF_HOST_CACHE_DIR", dir.path().join("cache"))
+            .env_remove("WF_HOST_STATE")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for build in ["c-answer.wasm", "js-answer.wasm", "py-answer.wasm"] {
+        let (code, stdout, stderr) = replay(build, &[]);
+        assert_eq!(code, Some(0), "{build}: {stdout}{stderr}");
+        assert_eq!(
+            stdout.trim(),
+            "step `answer`: same calls (3) and same output",
+            "{build}"
+        );
+    }
+    let (code, stdout, stderr) = replay("echo.wasm", &[]);
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        "step `answer`: different calls: call 1: the run made fixture.fixture://config.json null, the new build made no call",
+    );
+    assert!(
+        stderr.contains("1 of 1 replayed steps diverged"),
+        "{stderr}"
+    );
+    let (code, stdout, _) = replay("echo.wasm", &["--json"]);
+    assert_eq!(code, Some(1));
+    let report: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report[0]["verdict"], "different_calls", "{report}");
+    assert_eq!(report[0]["seq"], 1);
+
+    // A step the workflow does not have: a usage error naming the steps.
+    let out = Command::new(wf_host_bin())
+        .args(["replay", &run_id, "--config"])
+        .arg(dir.path().join("wf.toml"))
+        .args(["--component", "nope=x.wasm"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("has no step `nope` (it has first, answer)"),
+        "{stderr}"
+    );
+}

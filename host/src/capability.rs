@@ -45,6 +45,19 @@ impl CapabilityError {
         }
     }
 
+    /// The error of WIT case `code` (as [`CapabilityError::code`] names
+    /// it) with `message`; an unknown code is `unavailable`.
+    pub fn from_code(code: &str, message: String) -> CapabilityError {
+        match code {
+            "not-found" => CapabilityError::NotFound(message),
+            "denied" => CapabilityError::Denied(message),
+            "invalid-arguments" => CapabilityError::InvalidArguments(message),
+            "tool-error" => CapabilityError::ToolError(message),
+            "timeout" => CapabilityError::Timeout(message),
+            _ => CapabilityError::Unavailable(message),
+        }
+    }
+
     /// The message without the case prefix.
     pub fn message(&self) -> &str {
         match self {
@@ -245,6 +258,8 @@ pub struct JournalEntry {
     /// `None` when the call succeeded.
     pub error_code: Option<&'static str>,
     pub duration: std::time::Duration,
+    /// What the call answered: its result, or `{"error": {code, message}}`.
+    pub result: Value,
 }
 
 /// Where a run's capability calls are recorded (a workflow step attempt's
@@ -615,6 +630,12 @@ impl CapabilityCtx {
                 arguments,
                 error_code: result.as_ref().err().map(CapabilityError::code),
                 duration: started.elapsed(),
+                result: match &result {
+                    Ok(value) => value.clone(),
+                    Err(e) => {
+                        serde_json::json!({"error": {"code": e.code(), "message": e.message()}})
+                    }
+                },
             })
             .await;
         result

@@ -87,6 +87,19 @@ tool results (`[canned.<tool>]`) and what to expect (`[expect]`: `output`,
 Exit codes: 0 every case passed; 1 a case failed (a diff is printed); 2 usage,
 case file or load errors.")]
     Test(TestArgs),
+    /// Replay a stored run's steps with new components, answering their
+    /// capability calls from the run's journal.
+    #[command(after_help = "Example:
+  wf-host replay run-01a2… --config wf.toml --component fetch=target/fetch-v2.wasm
+
+Each named step runs with the new component on the input it had in the run;
+each capability call is answered from the run's journal (in order, matched on
+name and arguments) and nothing reaches an MCP server. Per step it reports the
+same calls and output, the first call that differs (with an argument diff), or
+the output that differs.
+
+Exit codes: 0 no step diverged; 1 a step diverged; 2 usage, state or load errors.")]
+    Replay(ReplayArgs),
     /// Serve the config's exposed workflows as MCP tools over stdio.
     #[command(after_help = "Example (an MCP client's server entry):
   {\"command\": \"wf-host\", \"args\": [\"mcp\", \"--config\", \"/path/to/wf.toml\"]}
@@ -264,6 +277,38 @@ struct TestArgs {
 }
 
 #[derive(Args)]
+struct ReplayArgs {
+    /// The run to replay.
+    run_id: String,
+    /// A step and its new component: `STEP=PATH`. Repeatable.
+    #[arg(long = "component", value_name = "STEP=PATH", required = true, value_parser = parse_step_component)]
+    components: Vec<(String, PathBuf)>,
+    /// Where the run is kept: a SQLite file or a `postgres://` URL
+    /// [default: `[runtime] state`, else `.wf-host/state.db` beside the config].
+    #[arg(
+        long,
+        value_name = "PATH|URL",
+        env = "WF_HOST_STATE",
+        hide_env_values = true
+    )]
+    state: Option<String>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+fn parse_step_component(text: &str) -> Result<(String, PathBuf), String> {
+    match text.split_once('=') {
+        Some((step, path)) if !step.is_empty() && !path.is_empty() => {
+            Ok((step.to_owned(), PathBuf::from(path)))
+        }
+        _ => Err(format!("`{text}` is not STEP=PATH")),
+    }
+}
+
+#[derive(Args)]
 struct McpArgs {
     #[command(flatten)]
     common: CommonArgs,
@@ -339,7 +384,7 @@ pub fn run() -> Result<(), ExitCode> {
     // `wf-host test` reports node logs itself, with the failing case.
     init_tracing(
         match cli.command {
-            Command::Test(_) => "warn",
+            Command::Test(_) | Command::Replay(_) => "warn",
             _ => wf_host::trace::DEFAULT_LOG_FILTER,
         },
         tracer.as_ref(),
@@ -372,6 +417,7 @@ fn run_command(command: Command) -> Result<(), Failure> {
         Command::Run(args) => block_on(run_node(args)),
         Command::Compile(args) => compile(args),
         Command::Test(args) => block_on(test_component(args)),
+        Command::Replay(args) => block_on(replay_run(args)),
         Command::Serve(args) => block_on(serve(args)),
         Command::Pin(args) => block_on(pin_tools(args)),
         Command::Mcp(args) => block_on(mcp_stdio(args)),
@@ -920,6 +966,46 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
         code: EXIT_RUN_FAILED,
         error: e.into(),
     })
+}
+
+async fn replay_run(args: ReplayArgs) -> Result<(), Failure> {
+    let config = load_config(args.common.config.as_deref())?;
+    let state = match &args.state {
+        Some(state) => state.clone(),
+        None if args.common.config.is_some() => workflow_options(&config).state,
+        None => {
+            return Err(usage(anyhow!(
+                "say where the run is kept: --state PATH|URL, or --config FILE"
+            )));
+        }
+    };
+    if !workflow::is_postgres_url(&state) && !Path::new(&state).exists() {
+        return Err(usage(anyhow!("there is no state file {state}")));
+    }
+    let store = wf_host::store::open(&state).await.map_err(usage)?;
+    let rc = runtime_config(&config, &args.common, config_limits(&config));
+    let components = args.components.into_iter().collect();
+    let reports = wf_host::replay::replay(store, &args.run_id, &components, rc)
+        .await
+        .map_err(usage)?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&reports).unwrap_or_default()
+        );
+    } else {
+        for report in &reports {
+            println!("{}", report.render());
+        }
+    }
+    let diverged = reports.iter().filter(|r| !r.same()).count();
+    if diverged > 0 {
+        return Err(Failure {
+            code: EXIT_RUN_FAILED,
+            error: anyhow!("{diverged} of {} replayed steps diverged", reports.len()),
+        });
+    }
+    Ok(())
 }
 
 async fn test_component(args: TestArgs) -> Result<(), Failure> {

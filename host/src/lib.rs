@@ -47,6 +47,7 @@ pub mod mcp;
 pub mod metrics;
 pub mod pool;
 pub mod reload;
+pub mod replay;
 pub mod rpc;
 pub mod runtime;
 pub mod scaffold;

@@ -47,3 +47,8 @@ CREATE TABLE questions (
     asked_at TEXT NOT NULL,
     PRIMARY KEY (run_id, step_id, item)
 );
+
+-- What each journaled call answered (its result, or `{"error": {code,
+-- message}}`), up to 64 KiB of JSON: `wf-host replay` answers a new build of
+-- a node from it.
+ALTER TABLE calls ADD COLUMN result TEXT;

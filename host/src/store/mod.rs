@@ -260,7 +260,14 @@ pub struct CallRow {
     pub error_code: Option<String>,
     pub duration_us: u64,
     pub at: String,
+    /// What the call answered (its result, or `{"error": {code, message}}`);
+    /// not kept when larger than [`MAX_CALL_RESULT`] bytes of JSON.
+    #[serde(skip)]
+    pub result: Option<Value>,
 }
+
+/// The largest call result kept in the journal, in bytes of JSON.
+pub const MAX_CALL_RESULT: usize = 64 * 1024;
 
 /// A run to create, with its steps all `pending`.
 #[derive(Debug, Clone)]

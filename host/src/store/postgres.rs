@@ -994,6 +994,7 @@ impl Store for PgStore {
                     error_code: row.try_get("error_code")?,
                     duration_us: row.try_get::<i64, _>("duration_us")? as u64,
                     at: row.try_get("at")?,
+                    result: parse_json(row.try_get("result")?)?,
                 })
             })
             .collect()
@@ -1057,12 +1058,13 @@ impl Store for PgStore {
         let inserted = sqlx::query(sqlx::AssertSqlSafe(format!(
             "WITH {HELD}
              INSERT INTO calls (run_id, step_id, item, attempt, seq, name, arguments,
-                                outcome, error_code, duration_us, at)
-             SELECT $1, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13 FROM held
+                                outcome, error_code, duration_us, at, result)
+             SELECT $1, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14 FROM held
              ON CONFLICT (run_id, step_id, item, attempt, seq) DO UPDATE
                  SET name = excluded.name, arguments = excluded.arguments,
                      outcome = excluded.outcome, error_code = excluded.error_code,
-                     duration_us = excluded.duration_us, at = excluded.at"
+                     duration_us = excluded.duration_us, at = excluded.at,
+                     result = excluded.result"
         )))
         .bind(&call.run_id)
         .bind(&*fence.worker)
@@ -1077,6 +1079,7 @@ impl Store for PgStore {
         .bind(&call.error_code)
         .bind(call.duration_us as i64)
         .bind(&call.at)
+        .bind(call.result.as_ref().map(json_text))
         .execute(&self.pool)
         .await?
         .rows_affected();

@@ -507,6 +507,7 @@ impl Store for SqliteStore {
                     error_code: row.try_get("error_code")?,
                     duration_us: row.try_get::<i64, _>("duration_us")? as u64,
                     at: row.try_get("at")?,
+                    result: parse_json(row.try_get("result")?)?,
                 })
             })
             .collect()
@@ -585,8 +586,9 @@ impl Store for SqliteStore {
             .write(
                 Write::new(
                     "INSERT OR REPLACE INTO calls (run_id, step_id, item, attempt, seq, name,
-                                                   arguments, outcome, error_code, duration_us, at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                                                   arguments, outcome, error_code, duration_us, at,
+                                                   result)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
                 )
                 .arg(call.run_id.as_str())
                 .arg(call.step_id.as_str())
@@ -598,7 +600,8 @@ impl Store for SqliteStore {
                 .arg(call.outcome.as_str())
                 .arg(call.error_code.as_deref())
                 .arg(call.duration_us as i64)
-                .arg(call.at.as_str()),
+                .arg(call.at.as_str())
+                .arg(call.result.as_ref().map(json_text)),
             )
             .await?;
         Ok(())

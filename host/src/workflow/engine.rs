@@ -255,6 +255,8 @@ impl CallJournal for StepJournal {
             error_code: entry.error_code.map(str::to_owned),
             duration_us: entry.duration.as_micros() as u64,
             at: now_text(),
+            result: (entry.result.to_string().len() <= crate::store::MAX_CALL_RESULT)
+                .then_some(entry.result),
         };
         if let Err(e) = self.store.record_call(&row, &self.fence).await {
             tracing::warn!(run = %self.run_id, step = %self.step_id, "cannot journal a call: {e}");
