@@ -13,6 +13,7 @@ async fn every_plugin_case_passes() {
     let opts = CaseOptions {
         wf_host_exe: wf_host_bin(),
         cache_dir: Some(cache.path().to_path_buf()),
+        record: None,
     };
     let plugins = repo_root().join("plugins");
     let expected = case_files_on_disk(&plugins);

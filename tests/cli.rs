@@ -3,7 +3,10 @@
 mod common;
 
 use std::io::Write;
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
+
+use serde_json::{Value, json};
 
 use common::*;
 
@@ -502,4 +505,178 @@ fn run_denies_ungranted_capabilities() {
         None,
     );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
+
+/// `wf-host test --record` runs a case against the config's real servers
+/// (the official Python SDK server, and the fixture with a secret in its
+/// environment) and writes a cassette beside each case, with the secret
+/// redacted; without `--record` (and without a config, so no server at all)
+/// the cases pass from their cassettes. A call the cassette does not hold
+/// fails with its argument diff; a line no call used fails unless
+/// `[cassette] allow_unused` says it may.
+#[test]
+fn cases_recorded_against_real_servers_replay_with_the_servers_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let (python, script) = {
+        let root = repo_root().join("tests/interop/python");
+        (root.join(".venv/bin/python"), root.join("server.py"))
+    };
+    assert!(
+        python.exists(),
+        "{} is missing: run tests/interop/setup.sh (tests/run.sh does)",
+        python.display()
+    );
+    let config = dir.path().join("wf.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"[connections.py]
+command = {python:?}
+args = [{script:?}]
+
+[connections.fx]
+command = "wf-host"
+args = ["fixture-server"]
+env = {{ API_TOKEN = "tok-7f3a9c2e" }}
+"#
+        ),
+    )
+    .unwrap();
+    let echo = dir.path().join("echo.toml");
+    std::fs::write(
+        &echo,
+        r#"input = { capability = "py.echo", arguments = { text = "hi" } }
+allow = ["py.echo"]
+[expect]
+output_includes = { content = [{ text = "hi" }] }
+calls = [{ tool = "echo", arguments = { text = "hi" } }]
+"#,
+    )
+    .unwrap();
+    let env = dir.path().join("env.toml");
+    std::fs::write(
+        &env,
+        r#"input = { capability = "fx.env", arguments = {} }
+allow = ["fx.env"]
+[expect]
+output_includes = { isError = false }
+"#,
+    )
+    .unwrap();
+    let case_args = |extra: &[&str]| {
+        let mut args = vec![
+            "test".to_owned(),
+            "plugins/call.wasm".to_owned(),
+            "--case".to_owned(),
+            echo.display().to_string(),
+            env.display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    };
+    let config_arg = config.display().to_string();
+    let record = case_args(&["--record", "--config", &config_arg]);
+    let out = wf_host(&record.iter().map(String::as_str).collect::<Vec<_>>(), None);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert!(
+        stdout(&out).contains("2 passed, 0 failed"),
+        "{}",
+        stdout(&out)
+    );
+    let echo_tape = std::fs::read_to_string(dir.path().join("echo.cassette.jsonl")).unwrap();
+    let lines: Vec<Value> = echo_tape
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "{echo_tape}");
+    assert_eq!(lines[0]["kind"], "tool");
+    assert_eq!(lines[0]["name"], "py.echo");
+    assert_eq!(lines[0]["arguments"], json!({"text": "hi"}));
+    assert_eq!(lines[0]["result"]["content"][0]["text"], "hi");
+    let env_tape = std::fs::read_to_string(dir.path().join("env.cassette.jsonl")).unwrap();
+    assert!(
+        !env_tape.contains("tok-7f3a9c2e"),
+        "the secret was written: {env_tape}"
+    );
+    assert!(env_tape.contains("[redacted]"), "{env_tape}");
+
+    // Replayed: no config, so no server can be reached.
+    let replay = case_args(&[]);
+    let out = wf_host(&replay.iter().map(String::as_str).collect::<Vec<_>>(), None);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+
+    // A call the cassette does not hold: the argument diff is shown.
+    std::fs::write(
+        &echo,
+        std::fs::read_to_string(&echo)
+            .unwrap()
+            .replace("text = \"hi\" } }", "text = \"bye\" } }"),
+    )
+    .unwrap();
+    let one = |case: &Path| {
+        wf_host(
+            &[
+                "test",
+                "plugins/call.wasm",
+                "--case",
+                case.to_str().unwrap(),
+            ],
+            None,
+        )
+    };
+    let out = one(&echo);
+    assert_eq!(out.status.code(), Some(1));
+    let said = stdout(&out);
+    assert!(
+        said.contains("the cassette has no tool call `py.echo` with arguments {\"text\":\"bye\"}"),
+        "{said}"
+    );
+    assert!(
+        said.contains("\"bye\"") && said.contains("\"hi\""),
+        "{said}"
+    );
+    assert!(
+        said.contains("did not make"),
+        "the recorded call went unused: {said}"
+    );
+
+    // A line no call uses: a failure, unless the case allows it.
+    let unused = dir.path().join("unused.toml");
+    std::fs::write(
+        &unused,
+        r#"input = { capability = "py.echo", arguments = { text = "hi" } }
+allow = ["py.echo"]
+[expect]
+output_includes = { content = [{ text = "hi" }] }
+"#,
+    )
+    .unwrap();
+    let two_calls = format!("{}{}", echo_tape, echo_tape.replace("\"hi\"", "\"again\""));
+    std::fs::write(dir.path().join("unused.cassette.jsonl"), &two_calls).unwrap();
+    let out = one(&unused);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("`py.echo` {\"text\":\"again\"} that the node did not make"),
+        "{}",
+        stdout(&out)
+    );
+    std::fs::write(
+        &unused,
+        std::fs::read_to_string(&unused).unwrap() + "[cassette]\nallow_unused = true\n",
+    )
+    .unwrap();
+    let out = one(&unused);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
 }

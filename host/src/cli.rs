@@ -272,6 +272,11 @@ struct TestArgs {
     /// Case files: `--case a.toml b.toml` or `--case a.toml --case b.toml`.
     #[arg(long = "case", value_name = "FILE", required = true, num_args = 1..)]
     cases: Vec<PathBuf>,
+    /// Run the cases against the config's real connections and record what
+    /// each call answered in a cassette beside each case
+    /// (`<case>.cassette.jsonl`); later runs answer from it, with no server.
+    #[arg(long, requires = "config")]
+    record: bool,
     #[command(flatten)]
     common: CommonArgs,
 }
@@ -1016,6 +1021,14 @@ async fn test_component(args: TestArgs) -> Result<(), Failure> {
             .context("cannot find the wf-host executable to serve the fixture")
             .map_err(usage)?,
         cache_dir: rc.cache_dir,
+        record: if args.record {
+            Some(wf_host::testing::Recording::of(
+                &config,
+                pool_config(&config)?,
+            ))
+        } else {
+            None
+        },
     };
     let mut failed = 0;
     for path in &args.cases {
@@ -1023,6 +1036,9 @@ async fn test_component(args: TestArgs) -> Result<(), Failure> {
         let report = run_case(&args.component, &case, &opts)
             .await
             .map_err(usage)?;
+        if args.record {
+            println!("recorded {}", case.cassette_path().display());
+        }
         if report.passed() {
             println!("ok   {}", path.display());
         } else {

@@ -63,7 +63,26 @@ pub struct Case {
     /// Canned tool results the fixture serves: tool name → `CallToolResult`.
     #[serde(default)]
     pub canned: BTreeMap<String, Value>,
+    /// How calls are matched against the case's cassette, when it has one.
+    #[serde(default)]
+    pub cassette: CassetteOptions,
     pub expect: Expect,
+    /// The case file ([`Case::load`]); its cassette is beside it.
+    #[serde(skip)]
+    pub path: PathBuf,
+}
+
+/// `[cassette]` of a case.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CassetteOptions {
+    /// Argument fields left out of the match, as JSON pointers
+    /// (`/request_id`): values that differ from run to run.
+    #[serde(default)]
+    pub ignore: Vec<String>,
+    /// Calls of the cassette the node does not make are not a failure.
+    #[serde(default)]
+    pub allow_unused: bool,
 }
 
 /// What the case expects. Give exactly one of `output`, `output_includes`, `error`.
@@ -126,7 +145,27 @@ impl Case {
             ));
         }
         Grants::new(&case.allow).map_err(|e| parse_error(e.to_string()))?;
-        Ok(case)
+        for pointer in &case.cassette.ignore {
+            if !pointer.starts_with('/') {
+                return Err(parse_error(format!(
+                    "[cassette] ignore: `{pointer}` is not a JSON pointer (such as `/request_id`)"
+                )));
+            }
+        }
+        Ok(Case {
+            path: path.to_owned(),
+            ..case
+        })
+    }
+
+    /// The cassette of this case: `<case file stem>.cassette.jsonl` beside it.
+    pub fn cassette_path(&self) -> PathBuf {
+        let stem = self
+            .path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "case".to_owned());
+        self.path.with_file_name(format!("{stem}.cassette.jsonl"))
     }
 }
 
@@ -136,6 +175,48 @@ pub struct CaseOptions {
     /// The `wf-host` executable that serves `fixture-server`.
     pub wf_host_exe: PathBuf,
     pub cache_dir: Option<PathBuf>,
+    /// Record each case's calls against these real connections into its
+    /// cassette (`wf-host test --record`), instead of the fixture.
+    pub record: Option<Recording>,
+}
+
+/// The real connections a recording runs against, and the values never
+/// written to a cassette.
+#[derive(Debug, Clone)]
+pub struct Recording {
+    pub pool: PoolConfig,
+    /// Connection secrets (header and environment values, OAuth client
+    /// secrets): replaced by `[redacted]` wherever they appear.
+    pub secrets: Vec<String>,
+}
+
+impl Recording {
+    /// The connections of `config`, and their secrets.
+    pub fn of(config: &crate::config::Config, pool: PoolConfig) -> Recording {
+        let mut secrets: Vec<String> = config
+            .connections
+            .values()
+            .flat_map(|c| {
+                let auth = c.auth.as_ref();
+                let client_secret = auth
+                    .and_then(|a| a.client_secret.as_ref())
+                    .map(|s| s.expose().to_owned())
+                    .or_else(|| {
+                        auth.and_then(|a| a.client_secret_env.as_ref())
+                            .and_then(|name| std::env::var(name).ok())
+                    });
+                c.headers
+                    .values()
+                    .cloned()
+                    .chain(c.env.values().cloned())
+                    .chain(client_secret)
+            })
+            .filter(|v| v.len() >= 4)
+            .collect();
+        // Longest first, so a secret that contains another goes whole.
+        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        Recording { pool, secrets }
+    }
 }
 
 /// What a case run found.
@@ -202,6 +283,13 @@ pub async fn run_case(
     case: &Case,
     opts: &CaseOptions,
 ) -> Result<CaseReport, CaseError> {
+    if let Some(recording) = &opts.record {
+        return record_case(component, case, opts, recording).await;
+    }
+    let cassette = case.cassette_path();
+    if cassette.exists() {
+        return replay_case(component, case, opts, &cassette).await;
+    }
     let canned_file = if case.canned.is_empty() {
         None
     } else {
@@ -238,31 +326,7 @@ async fn run_with_pool(
     opts: &CaseOptions,
     pool: &Pool,
 ) -> Result<CaseReport, CaseError> {
-    let runtime = Runtime::new(
-        RuntimeConfig {
-            cache_dir: opts.cache_dir.clone(),
-            ..RuntimeConfig::default()
-        },
-        Arc::new(pool.clone()),
-    )?;
-    let node = runtime.load(component)?;
-    let grants = Grants::new(&case.allow).map_err(|e| CaseError::Setup(e.to_string()))?;
-    let report = runtime
-        .run(
-            &node,
-            &case.input.to_string(),
-            RunOptions {
-                grants: Arc::new(grants),
-                ..RunOptions::default()
-            },
-        )
-        .await;
-
-    let outcome = match &report.result {
-        Ok(text) => Ok(serde_json::from_str(text).unwrap_or(Value::Null)),
-        Err(RunError::Node { code, message }) => Err(json!({"code": code, "message": message})),
-        Err(other) => Err(json!({"code": other.code(), "message": other.to_string()})),
-    };
+    let (outcome, report) = run_node(component, case, opts, Arc::new(pool.clone())).await?;
 
     // The fixture's own record of what reached it; read outside the node's grants.
     let log = pool
@@ -287,6 +351,101 @@ async fn run_with_pool(
         logs: report.logs,
     })
 }
+
+/// Runs the case's node once against `backend`: its outcome (output, or
+/// error as `{code, message}`) and the run's report.
+async fn run_node(
+    component: &Path,
+    case: &Case,
+    opts: &CaseOptions,
+    backend: Arc<dyn crate::capability::CapabilityBackend>,
+) -> Result<(Result<Value, Value>, crate::runtime::RunReport), CaseError> {
+    let runtime = Runtime::new(
+        RuntimeConfig {
+            cache_dir: opts.cache_dir.clone(),
+            ..RuntimeConfig::default()
+        },
+        backend,
+    )?;
+    let node = runtime.load(component)?;
+    let grants = Grants::new(&case.allow).map_err(|e| CaseError::Setup(e.to_string()))?;
+    let report = runtime
+        .run(
+            &node,
+            &case.input.to_string(),
+            RunOptions {
+                grants: Arc::new(grants),
+                ..RunOptions::default()
+            },
+        )
+        .await;
+
+    let outcome = match &report.result {
+        Ok(text) => Ok(serde_json::from_str(text).unwrap_or(Value::Null)),
+        Err(RunError::Node { code, message }) => Err(json!({"code": code, "message": message})),
+        Err(other) => Err(json!({"code": other.code(), "message": other.to_string()})),
+    };
+    Ok((outcome, report))
+}
+
+/// `--record`: runs the case against the real connections and writes what
+/// each call answered to the case's cassette.
+async fn record_case(
+    component: &Path,
+    case: &Case,
+    opts: &CaseOptions,
+    recording: &Recording,
+) -> Result<CaseReport, CaseError> {
+    let pool = Pool::new(recording.pool.clone());
+    let recorder = Arc::new(cassette::Recorder::new(
+        Arc::new(pool.clone()),
+        recording.secrets.clone(),
+    ));
+    let ran = run_node(component, case, opts, recorder.clone()).await;
+    pool.shutdown().await;
+    let (outcome, report) = ran?;
+    let entries = recorder.entries();
+    let path = case.cassette_path();
+    cassette::write(&path, &entries)
+        .map_err(|e| CaseError::Setup(format!("cannot write {}: {e}", path.display())))?;
+    let calls = cassette::tool_calls(&entries);
+    let failures = check(&case.expect, &outcome, &calls);
+    Ok(CaseReport {
+        failures,
+        outcome,
+        calls,
+        stdout: report.stdout,
+        stderr: report.stderr,
+        logs: report.logs,
+    })
+}
+
+/// A case with a cassette: its calls are answered from it, with no server.
+async fn replay_case(
+    component: &Path,
+    case: &Case,
+    opts: &CaseOptions,
+    path: &Path,
+) -> Result<CaseReport, CaseError> {
+    let cassette = Arc::new(
+        cassette::Cassette::load(path, &case.cassette)
+            .map_err(|e| CaseError::Setup(format!("cassette {}: {e}", path.display())))?,
+    );
+    let (outcome, report) = run_node(component, case, opts, cassette.clone()).await?;
+    let calls = cassette.calls();
+    let mut failures = cassette.failures(path);
+    failures.extend(check(&case.expect, &outcome, &calls));
+    Ok(CaseReport {
+        failures,
+        outcome,
+        calls,
+        stdout: report.stdout,
+        stderr: report.stderr,
+        logs: report.logs,
+    })
+}
+
+mod cassette;
 
 fn check(expect: &Expect, outcome: &Result<Value, Value>, calls: &[Value]) -> Vec<String> {
     let mut failures = Vec::new();
