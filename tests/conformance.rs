@@ -86,6 +86,7 @@ scenarios! {
     initialize => "initialize",
     tools_call => "tools_call",
     sse_retry => "sse-retry",
+    elicitation_client_defaults => "elicitation-sep1034-client-defaults",
     auth_client_credentials_basic => "auth/client-credentials-basic",
     auth_metadata_default => "auth/metadata-default",
     auth_token_endpoint_auth_basic => "auth/token-endpoint-auth-basic",

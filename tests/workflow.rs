@@ -2332,8 +2332,9 @@ async fn an_unanswered_question_is_declined_and_decline_mode_never_asks() {
 /// Questions from servers on the official SDKs: the Python `mcp` server
 /// asks at 2026-07-28 (an `input_required` round, `Elicit` resolver), the
 /// TypeScript server with `elicitation/create` mid-call (2025-11-25). Each
-/// is shown on the step, one is accepted through `workflow.answer` and the
-/// next declined, and the tool sees both answers.
+/// is shown on the step, one nobody answers is declined after the
+/// connection's `elicitation_timeout`, one is accepted through
+/// `workflow.answer` and the next declined, and the tool sees each answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn questions_from_the_official_sdk_servers_are_answered_through_rpc() {
     use common::interop::Sdk;
@@ -2341,12 +2342,27 @@ async fn questions_from_the_official_sdk_servers_are_answered_through_rpc() {
         let (program, args) = sdk.command();
         let args: Vec<toml::Value> = args.into_iter().map(toml::Value::from).collect();
         let host = Host::new(&format!(
-            "[connections.sdk]\ncommand = {}\nargs = {}\n\n{}",
+            "[connections.sdk]\ncommand = {}\nargs = {}\nelicitation_timeout = \"3s\"\n\n{}",
             toml::Value::from(program.display().to_string()),
             toml::Value::from(args),
             ASKING.replace("fixture.ask", "sdk.ask")
         ))
         .await;
+        // Nobody answers: declined after the connection's elicitation_timeout.
+        let input = json!({"capability": "sdk.ask", "arguments": {"message": "Anyone?"}});
+        let run_id = host
+            .workflows
+            .start("asks", input, None)
+            .await
+            .unwrap()
+            .run_id;
+        question_of(&host, &run_id, "main").await;
+        let done = host.finish(&run_id).await;
+        assert_eq!(
+            done.output.as_ref().unwrap()["content"][0]["text"],
+            "declined",
+            "{sdk:?}: {done:?}"
+        );
         for (action, content, said) in [
             ("accept", Some(json!({"answer": "teal"})), "answer: teal"),
             ("decline", None, "declined"),

@@ -211,6 +211,26 @@ impl Answer {
     }
 }
 
+/// Fills the fields `content` leaves out with the `default` the requested
+/// schema gives them (SEP-1034): a form left blank means its defaults.
+pub fn apply_defaults(requested_schema: &Value, content: &mut Value) {
+    let (Some(properties), Value::Object(content)) = (
+        requested_schema
+            .get("properties")
+            .and_then(Value::as_object),
+        content,
+    ) else {
+        return;
+    };
+    for (name, property) in properties {
+        if let Some(default) = property.get("default")
+            && !content.contains_key(name)
+        {
+            content.insert(name.clone(), default.clone());
+        }
+    }
+}
+
 /// Answers the questions servers ask during a run's calls.
 #[async_trait]
 pub trait Elicitor: Send + Sync {
@@ -764,5 +784,26 @@ impl wit::Host for CapabilityCtx {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn apply_defaults_fills_only_what_is_left_out() {
+        let schema = json!({"type": "object", "properties": {
+            "name": {"type": "string", "default": "John Doe"},
+            "age": {"type": "integer", "default": 30},
+            "note": {"type": "string"}
+        }});
+        let mut content = json!({"age": 41});
+        super::apply_defaults(&schema, &mut content);
+        assert_eq!(content, json!({"name": "John Doe", "age": 41}));
+        // Not an object: left alone.
+        let mut text = json!("x");
+        super::apply_defaults(&schema, &mut text);
+        assert_eq!(text, json!("x"));
     }
 }

@@ -67,7 +67,13 @@ pub(super) async fn run(url: String) -> Result<(), Failure> {
         let result = async {
             for tool in pool.list_tools("server").await? {
                 let arguments = sample_arguments(&tool.input_schema);
-                pool.call_tool("server", &tool.name, arguments, None)
+                // A question is accepted as a person who fills in nothing
+                // would: with the schema's defaults.
+                let extras = wf_host::capability::CallExtras {
+                    elicit: Some(std::sync::Arc::new(AcceptDefaults)),
+                    ..Default::default()
+                };
+                pool.call_tool_with("server", &tool.name, arguments, extras, None)
                     .await?;
             }
             Ok::<_, wf_host::pool::PoolError>(())
@@ -111,4 +117,25 @@ fn sample_arguments(
             (name.clone(), value)
         })
         .collect()
+}
+
+/// Accepts every question with the defaults its schema gives.
+struct AcceptDefaults;
+
+#[async_trait::async_trait]
+impl wf_host::capability::Elicitor for AcceptDefaults {
+    async fn ask(
+        &self,
+        question: wf_host::capability::Question,
+        _within: std::time::Duration,
+    ) -> wf_host::capability::Answer {
+        let mut content = serde_json::json!({});
+        if let Some(schema) = &question.requested_schema {
+            wf_host::capability::apply_defaults(schema, &mut content);
+        }
+        wf_host::capability::Answer {
+            action: "accept".to_owned(),
+            content: (question.mode == "form").then_some(content),
+        }
+    }
 }

@@ -195,7 +195,14 @@ impl Workflows {
             "accept" => {
                 let form = asked.question["mode"] == "form";
                 let content = match (&answer.content, form) {
-                    (Some(content @ Value::Object(_)), true) => Some(content.clone()),
+                    (Some(content @ Value::Object(_)), true) => {
+                        // Fields left out take the schema's defaults.
+                        let mut content = content.clone();
+                        if let Some(schema) = asked.question.get("requested_schema") {
+                            crate::capability::apply_defaults(schema, &mut content);
+                        }
+                        Some(content)
+                    }
                     (None, false) => None,
                     (Some(_), false) => {
                         return Err(invalid(
