@@ -50,6 +50,9 @@ use pin::{PinCheck, Pins};
 
 /// Default per-operation timeout.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often one operation follows its connection to a new slot while
+/// reloads replace it.
+const MAX_REROUTES: u32 = 8;
 /// How long a question an upstream server asks waits for its answer, unless
 /// the connection says (`elicitation_timeout`); no answer declines it.
 pub const DEFAULT_ELICITATION_TIMEOUT: Duration = Duration::from_secs(600);
@@ -815,6 +818,9 @@ struct Slot {
     // A tokio mutex, held across connect: concurrent first callers queue here
     // and then all reuse the one session it produced.
     state: tokio::sync::Mutex<SlotState>,
+    /// A reload replaced or removed this connection: no new session opens
+    /// here, and operations go to the slot now in the pool.
+    retired: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -843,6 +849,7 @@ impl Slot {
             counters,
             progress: Arc::default(),
             state: tokio::sync::Mutex::new(SlotState::default()),
+            retired: Default::default(),
         })
     }
 
@@ -857,6 +864,12 @@ impl Slot {
             state.session = None;
         }
         let connection = self.settings.id.to_string();
+        if self.retired.load(Ordering::Acquire) {
+            return Err(PoolError::SessionClosed {
+                connection,
+                reason: "the connection was changed or removed by a reload".into(),
+            });
+        }
         if let Some(retry_at) = state.retry_at {
             let now = Instant::now();
             if now < retry_at {
@@ -882,6 +895,15 @@ impl Slot {
             )),
         };
         match outcome {
+            Ok(session) if self.retired.load(Ordering::Acquire) => {
+                // Retired while it connected: it closes, and the operation
+                // goes to the connection's new slot.
+                session.drain();
+                Err(PoolError::SessionClosed {
+                    connection,
+                    reason: "the connection was changed or removed by a reload".into(),
+                })
+            }
             Ok(session) => {
                 state.failures = 0;
                 state.retry_at = None;
@@ -1081,6 +1103,8 @@ impl Pool {
     }
 
     fn retire(&self, slot: Arc<Slot>) {
+        // Set first: a connect under way finds it and drains what it made.
+        slot.retired.store(true, Ordering::Release);
         if let Ok(mut state) = slot.state.try_lock()
             && let Some(session) = state.session.take()
         {
@@ -1116,14 +1140,16 @@ impl Pool {
     /// nothing. `progress` restarts the timeout on every report.
     async fn execute_on(
         &self,
-        slot: &Slot,
+        slot: &Arc<Slot>,
         operation: &'static str,
         timeout: Option<Duration>,
         run: OpFn,
         progress: Option<watch::Receiver<u64>>,
         mut check: impl FnMut(&Catalog) -> Result<(), PoolError>,
     ) -> Result<Value, PoolError> {
-        let connection = &*slot.settings.id;
+        let mut slot = slot.clone();
+        let id = slot.settings.id.clone();
+        let connection = &*id;
         let timeout = timeout.unwrap_or(slot.settings.call_timeout);
         // A turn under the connection's limits first, within the request's
         // timeout; the request then gets its whole timeout (it is the window
@@ -1131,8 +1157,30 @@ impl Pool {
         // time limit, which covers both.
         let _turn = slot.limits.turn(connection, timeout).await?;
         let mut replayed = false;
+        let mut reroutes = 0;
         loop {
-            let session = slot.session().await?;
+            // A reload replaced this connection's settings since the caller
+            // looked it up (or while its session connected): the operation
+            // goes to the slot in the pool now. Bounded, for reloads that
+            // never stop.
+            if slot.retired.load(Ordering::Acquire)
+                && reroutes < MAX_REROUTES
+                && let Ok(fresh) = self.slot(connection)
+                && !Arc::ptr_eq(&fresh, &slot)
+            {
+                slot = fresh;
+                reroutes += 1;
+                continue;
+            }
+            let session = match slot.session().await {
+                Err(PoolError::SessionClosed { .. })
+                    if slot.retired.load(Ordering::Acquire) && reroutes < MAX_REROUTES =>
+                {
+                    reroutes += 1;
+                    continue;
+                }
+                other => other?,
+            };
             check(&session.current_catalog())?;
             let (reply, answer) = oneshot::channel();
             let op = Operation {

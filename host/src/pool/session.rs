@@ -492,6 +492,7 @@ impl Owner {
         relist.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_activity = tokio::time::Instant::now();
         let mut accepting = true;
+        let mut draining = false;
 
         let reason: String = loop {
             let idle_deadline = self
@@ -508,8 +509,10 @@ impl Owner {
                     };
                 }
                 _ = self.stop.cancelled() => break "the session was closed by the host".to_owned(),
-                _ = self.drain.cancelled(), if accepting => {
-                    accepting = false;
+                _ = self.drain.cancelled(), if !draining => {
+                    // No new operations; those already queued still run
+                    // (`recv` gives them, then `None`).
+                    draining = true;
                     ops.close();
                 }
                 op = ops.recv(), if accepting => match op {
