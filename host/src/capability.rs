@@ -45,10 +45,16 @@ impl CapabilityError {
         }
     }
 
-    /// The error of WIT case `code` (as [`CapabilityError::code`] names
-    /// it) with `message`; an unknown code is `unavailable`.
-    pub fn from_code(code: &str, message: String) -> CapabilityError {
-        match code {
+    /// `{code, message}`: the error as journals and cassettes keep it.
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({"code": self.code(), "message": self.message()})
+    }
+
+    /// The error [`CapabilityError::to_json`] gave; an unknown code is
+    /// `unavailable`.
+    pub fn from_json(error: &Value) -> CapabilityError {
+        let message = error["message"].as_str().unwrap_or_default().to_owned();
+        match error["code"].as_str().unwrap_or_default() {
             "not-found" => CapabilityError::NotFound(message),
             "denied" => CapabilityError::Denied(message),
             "invalid-arguments" => CapabilityError::InvalidArguments(message),
@@ -653,7 +659,7 @@ impl CapabilityCtx {
                 result: match &result {
                     Ok(value) => value.clone(),
                     Err(e) => {
-                        serde_json::json!({"error": {"code": e.code(), "message": e.message()}})
+                        serde_json::json!({"error": e.to_json()})
                     }
                 },
             })

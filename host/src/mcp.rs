@@ -288,15 +288,19 @@ impl WorkflowServer {
                 .filter(|s| s.status == StepStatus::Waiting)
                 .collect();
             // Questions upstream servers ask the run's calls (forms only).
-            let questions: Vec<(String, rmcp::model::ElicitRequestParams)> = record
+            let questions: Vec<Relayed> = record
                 .steps
                 .iter()
                 .flatten()
                 .flat_map(|s| s.questions.iter().map(move |q| (s, q)))
                 .filter_map(|(s, q)| {
-                    let params = question_request(&run_id, &s.id, &q.question)?;
-                    let key = crate::workflow::answer_signal(&s.id, q.item);
-                    Some((format!("{key}@{}", q.asked_at), params))
+                    Some(Relayed {
+                        params: question_request(&run_id, &s.id, &q.question)?,
+                        signal: crate::workflow::answer_signal(&s.id, q.item),
+                        asked_at: q.asked_at.clone(),
+                        step: s.id.clone(),
+                        item: q.item,
+                    })
                 })
                 .collect();
             // A step whose answer is on its way is asked nothing more.
@@ -315,12 +319,9 @@ impl WorkflowServer {
                     !signal.is_some_and(|n| answered.iter().any(|a| a == n))
                 })
                 .collect();
-            let questions: Vec<(String, rmcp::model::ElicitRequestParams)> = questions
+            let questions: Vec<Relayed> = questions
                 .into_iter()
-                .filter(|(key, _)| {
-                    let signal = key.split_once('@').map_or(key.as_str(), |(k, _)| k);
-                    !answered.iter().any(|a| a == signal)
-                })
+                .filter(|q| !answered.contains(&q.signal))
                 .collect();
             if elicits && asks_in_result && !(waiting.is_empty() && questions.is_empty()) {
                 let requests = waiting
@@ -329,26 +330,23 @@ impl WorkflowServer {
                         let request = ElicitRequest::new(tasks::approval_request(&run_id, s));
                         (s.id.clone(), InputRequest::Elicitation(request))
                     })
-                    .chain(questions.into_iter().map(|(key, params)| {
-                        let key = key
-                            .split_once('@')
-                            .map_or(key.as_str(), |(k, _)| k)
-                            .to_owned();
-                        (key, InputRequest::Elicitation(ElicitRequest::new(params)))
+                    .chain(questions.into_iter().map(|q| {
+                        let request = ElicitRequest::new(q.params);
+                        (q.signal, InputRequest::Elicitation(request))
                     }))
                     .collect();
                 let state = seal_state(name, &run_id);
                 return Ok(InputRequiredResult::new(Some(requests), Some(state)).into());
             }
             if elicits && !asks_in_result {
-                for (key, params) in questions {
-                    if told_waiting.insert(key.clone()) {
+                for q in questions {
+                    // Each question once; a new one on the same step is asked.
+                    if told_waiting.insert(format!("{}@{}", q.signal, q.asked_at)) {
                         asks.push(Box::pin(ask_question(
                             context.peer.clone(),
                             self.workflows.clone(),
                             run_id.clone(),
-                            key,
-                            params,
+                            q,
                         )));
                     }
                 }
@@ -548,20 +546,32 @@ fn question_request(
     })
 }
 
-/// Asks the client (`elicitation/create`) the question keyed
-/// `answer:<step>/<item>@<asked_at>` and gives its answer to
-/// `workflow.answer`.
+/// A question an upstream server asked a step's call, as relayed to the
+/// `/mcp` client.
+struct Relayed {
+    params: rmcp::model::ElicitRequestParams,
+    /// `answer:<step>/<item>`: the key of its answer in an
+    /// `input_required` round.
+    signal: String,
+    asked_at: String,
+    step: String,
+    item: u32,
+}
+
+/// Asks the client (`elicitation/create`) the question `q` and gives its
+/// answer to `workflow.answer`.
 async fn ask_question(
     peer: rmcp::Peer<RoleServer>,
     workflows: Arc<Workflows>,
     run_id: String,
-    key: String,
-    params: rmcp::model::ElicitRequestParams,
+    q: Relayed,
 ) {
-    let Some((step_id, item)) = parse_answer_key(key.split_once('@').map_or(&*key, |(k, _)| k))
-    else {
-        return;
-    };
+    let Relayed {
+        params,
+        step: step_id,
+        item,
+        ..
+    } = q;
     let request = ServerRequest::ElicitRequest(ElicitRequest::new(params));
     let answer = match peer.send_request(request).await {
         Ok(ClientResult::ElicitResult(answer)) => answer,

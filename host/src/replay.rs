@@ -311,10 +311,7 @@ impl Journal {
         state.made += 1;
         let result = call.result.clone().unwrap_or(Value::Null);
         match result.get("error") {
-            Some(error) if call.error_code.is_some() => Err(CapabilityError::from_code(
-                error["code"].as_str().unwrap_or("unavailable"),
-                error["message"].as_str().unwrap_or_default().to_owned(),
-            )),
+            Some(error) if call.error_code.is_some() => Err(CapabilityError::from_json(error)),
             _ => Ok(result),
         }
     }

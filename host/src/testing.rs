@@ -341,15 +341,35 @@ async fn run_with_pool(
         .map(|c| json!({"tool": c["tool"], "arguments": c["arguments"]}))
         .collect();
 
-    let failures = check(&case.expect, &outcome, &calls);
-    Ok(CaseReport {
-        failures,
+    Ok(CaseReport::checked(
+        case,
+        Vec::new(),
         outcome,
         calls,
-        stdout: report.stdout,
-        stderr: report.stderr,
-        logs: report.logs,
-    })
+        report,
+    ))
+}
+
+impl CaseReport {
+    /// The report of a run whose `outcome` and `calls` are checked against
+    /// the case's expectations, after the `failures` found already.
+    fn checked(
+        case: &Case,
+        mut failures: Vec<String>,
+        outcome: Result<Value, Value>,
+        calls: Vec<Value>,
+        report: crate::runtime::RunReport,
+    ) -> CaseReport {
+        failures.extend(check(&case.expect, &outcome, &calls));
+        CaseReport {
+            failures,
+            outcome,
+            calls,
+            stdout: report.stdout,
+            stderr: report.stderr,
+            logs: report.logs,
+        }
+    }
 }
 
 /// Runs the case's node once against `backend`: its outcome (output, or
@@ -409,15 +429,13 @@ async fn record_case(
     cassette::write(&path, &entries)
         .map_err(|e| CaseError::Setup(format!("cannot write {}: {e}", path.display())))?;
     let calls = cassette::tool_calls(&entries);
-    let failures = check(&case.expect, &outcome, &calls);
-    Ok(CaseReport {
-        failures,
+    Ok(CaseReport::checked(
+        case,
+        Vec::new(),
         outcome,
         calls,
-        stdout: report.stdout,
-        stderr: report.stderr,
-        logs: report.logs,
-    })
+        report,
+    ))
 }
 
 /// A case with a cassette: its calls are answered from it, with no server.
@@ -432,17 +450,14 @@ async fn replay_case(
             .map_err(|e| CaseError::Setup(format!("cassette {}: {e}", path.display())))?,
     );
     let (outcome, report) = run_node(component, case, opts, cassette.clone()).await?;
-    let calls = cassette.calls();
-    let mut failures = cassette.failures(path);
-    failures.extend(check(&case.expect, &outcome, &calls));
-    Ok(CaseReport {
+    let failures = cassette.failures(path);
+    Ok(CaseReport::checked(
+        case,
         failures,
         outcome,
-        calls,
-        stdout: report.stdout,
-        stderr: report.stderr,
-        logs: report.logs,
-    })
+        cassette.calls(),
+        report,
+    ))
 }
 
 mod cassette;

@@ -38,10 +38,7 @@ pub(super) struct Entry {
 impl Entry {
     fn answer(&self) -> Result<Value, CapabilityError> {
         match &self.error {
-            Some(error) => Err(CapabilityError::from_code(
-                error["code"].as_str().unwrap_or("unavailable"),
-                error["message"].as_str().unwrap_or_default().to_owned(),
-            )),
+            Some(error) => Err(CapabilityError::from_json(error)),
             None => Ok(self.result.clone().unwrap_or(Value::Null)),
         }
     }
@@ -103,10 +100,7 @@ impl Recorder {
     ) {
         let (result, error) = match answer {
             Ok(value) => (Some(self.redact(value.clone())), None),
-            Err(e) => (
-                None,
-                Some(json!({"code": e.code(), "message": self.redact_text(e.message())})),
-            ),
+            Err(e) => (None, Some(self.redact(e.to_json()))),
         };
         self.entries
             .lock()

@@ -52,16 +52,8 @@ impl Workflows {
             message,
         };
         let run = self
-            .store
-            .run(run_id)
-            .await?
-            .ok_or_else(|| WorkflowError::UnknownRun(run_id.to_owned()))?;
-        if run.status != RunStatus::Running {
-            return Err(not_waiting(format!(
-                "it is {}; a signal is only taken by a running run",
-                run.status.as_str()
-            )));
-        }
+            .running_run(run_id, "a signal is only taken by a running run")
+            .await?;
         let def = Spec::deserialize_value(&run.definition)
             .and_then(|spec| Definition::compile(&run.workflow, spec).map_err(|e| e.to_string()))
             .map_err(|e| not_waiting(format!("its definition cannot be read: {e}")))?;
@@ -164,17 +156,8 @@ impl Workflows {
             run_id: run_id.to_owned(),
             message,
         };
-        let run = self
-            .store
-            .run(run_id)
-            .await?
-            .ok_or_else(|| WorkflowError::UnknownRun(run_id.to_owned()))?;
-        if run.status != RunStatus::Running {
-            return Err(not_waiting(format!(
-                "it is {}; only a running run's questions can be answered",
-                run.status.as_str()
-            )));
-        }
+        self.running_run(run_id, "only a running run's questions can be answered")
+            .await?;
         let open = self.store.questions(run_id).await?;
         let Some(asked) = open.iter().find(|q| q.step_id == step_id && q.item == item) else {
             let known: Vec<String> = open
@@ -268,6 +251,27 @@ impl Workflows {
             step: step_id.to_owned(),
             delivery: "waiting",
         })
+    }
+
+    /// Run `run_id`, which must be running: else [`WorkflowError::NotWaiting`]
+    /// saying its status and `why` (or [`WorkflowError::UnknownRun`]).
+    async fn running_run(
+        &self,
+        run_id: &str,
+        why: &str,
+    ) -> Result<crate::store::RunRow, WorkflowError> {
+        let run = self
+            .store
+            .run(run_id)
+            .await?
+            .ok_or_else(|| WorkflowError::UnknownRun(run_id.to_owned()))?;
+        if run.status != RunStatus::Running {
+            return Err(WorkflowError::NotWaiting {
+                run_id: run_id.to_owned(),
+                message: format!("it is {}; {why}", run.status.as_str()),
+            });
+        }
+        Ok(run)
     }
 
     /// The names of the signals kept for run `run_id` that no step took
