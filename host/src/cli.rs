@@ -20,7 +20,7 @@ use wf_host::grants::Grants;
 use wf_host::host::{Host, HostOptions};
 use wf_host::pool::pin::{self, Pins};
 use wf_host::pool::{Pool, PoolConfig};
-use wf_host::reload::{ReloadError, ReloadReport, Reloader, RpcGrants};
+use wf_host::reload::{ReloadError, ReloadReport, Reloader, RpcGrants, Stamps};
 use wf_host::rpc::{Access, RpcState};
 use wf_host::runtime::{Limits, RunOptions, Runtime, RuntimeConfig, default_cache_dir};
 use wf_host::store::RunStatus;
@@ -873,7 +873,10 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
         any_host: !args.listen.ip().is_loopback(),
     };
     wf_host::rpc::check_access(args.listen, &access).map_err(usage)?;
+    // Taken before the files are read: a change while they are, counts.
+    let seen = args.common.config.as_deref().map(Stamps::of_config);
     let config = load_config(args.common.config.as_deref())?;
+    let seen = seen.map(|seen| seen.with_components(&config));
     let mut rc = runtime_config(&config, &args.common, config_limits(&config));
     rc.memory_ceiling = memory_ceiling(&config);
     let rpc_grants = RpcGrants::new(Grants::new(config.rpc_allow()).map_err(usage)?);
@@ -919,10 +922,11 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
         })?;
     let local = listener.local_addr().map_err(|e| usage(anyhow!(e)))?;
     eprintln!("wf-host listening on http://{local}/rpc");
-    let reloader = args.common.config.clone().map(|path| {
+    let reloader = args.common.config.clone().zip(seen).map(|(path, seen)| {
         Arc::new(Reloader::new(
             path,
             &config,
+            seen,
             workflows.clone(),
             pool.clone(),
             rpc_grants.clone(),

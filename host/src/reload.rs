@@ -62,11 +62,10 @@ pub struct Reloader {
     pool: Pool,
     grants: RpcGrants,
     status: Mutex<ConfigStatus>,
-    /// The files a change of which `--watch` reloads for: the config and the
-    /// components it names.
-    watched: Mutex<Vec<PathBuf>>,
-    /// The watched files as they were when the config in force was read.
-    first_stamps: Vec<(PathBuf, Option<(SystemTime, u64)>)>,
+    /// The files a change of which `--watch` reloads for (the config and the
+    /// components it names), as they were just before the config in force
+    /// (or the last one refused) was read.
+    seen: Mutex<Stamps>,
     /// One reload at a time.
     turn: tokio::sync::Mutex<()>,
 }
@@ -87,11 +86,80 @@ pub struct ReloadReport {
     pub config: ConfigStatus,
 }
 
+/// Files with their modification time and length (`None` when a file
+/// cannot be read), taken before the files are read, so that a change made
+/// while they are read is still a change.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stamps(Vec<(PathBuf, Option<(SystemTime, u64)>)>);
+
+impl Stamps {
+    /// The config file at `path`, before it is read.
+    pub fn of_config(path: &Path) -> Stamps {
+        Stamps::of(&[path.to_owned()])
+    }
+
+    /// The config file's stamp from these, and a stamp for each component
+    /// `config` names (the one these hold, or one taken now): call it before
+    /// the components are compiled.
+    pub fn with_components(self, config: &Config) -> Stamps {
+        let mut files = self.0.into_iter();
+        let mut kept: Vec<_> = files.next().into_iter().collect();
+        let old: Vec<_> = files.collect();
+        for component in config.component_files() {
+            if kept.iter().any(|(path, _)| *path == component) {
+                continue;
+            }
+            match old.iter().find(|(path, _)| *path == component) {
+                Some(entry) => kept.push(entry.clone()),
+                None => kept.extend(Stamps::of(&[component]).0),
+            }
+        }
+        Stamps(kept)
+    }
+
+    fn of(files: &[PathBuf]) -> Stamps {
+        Stamps(
+            files
+                .iter()
+                .map(|path| {
+                    let stamp = std::fs::metadata(path)
+                        .ok()
+                        .and_then(|m| Some((m.modified().ok()?, m.len())));
+                    (path.clone(), stamp)
+                })
+                .collect(),
+        )
+    }
+
+    /// The same files, looked at again.
+    fn again(&self) -> Stamps {
+        Stamps::of(
+            &self
+                .0
+                .iter()
+                .map(|(path, _)| path.clone())
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    /// The files whose stamp differs from the one in `before`.
+    fn changed_since(&self, before: &Stamps) -> Vec<String> {
+        self.0
+            .iter()
+            .filter(|entry| !before.0.contains(entry))
+            .map(|(path, _)| path.display().to_string())
+            .collect()
+    }
+}
+
 impl Reloader {
-    /// A reloader for the host that `config` (read from `path`) started.
+    /// A reloader for the host that `config` (read from `path`) started;
+    /// `seen` was taken with [`Stamps::of_config`] before the config was
+    /// read and [`Stamps::with_components`] before its components were.
     pub fn new(
         path: PathBuf,
         config: &Config,
+        seen: Stamps,
         workflows: Arc<Workflows>,
         pool: Pool,
         grants: RpcGrants,
@@ -99,10 +167,8 @@ impl Reloader {
         let sha256 = std::fs::read(&path)
             .map(|text| hex::encode(Sha256::digest(&text)))
             .unwrap_or_default();
-        let watched = watched_files(&path, config);
-        let first_stamps = stamps(&watched);
+        let seen = seen.with_components(config);
         Reloader {
-            first_stamps,
             status: Mutex::new(ConfigStatus {
                 path: path.clone(),
                 loaded_at: now(),
@@ -111,7 +177,7 @@ impl Reloader {
                 last_error: None,
                 last_error_at: None,
             }),
-            watched: Mutex::new(watched),
+            seen: Mutex::new(seen),
             path,
             workflows,
             pool,
@@ -138,9 +204,11 @@ impl Reloader {
     /// [`ReloadError`]: nothing changed; the error is kept for `host.status`.
     pub async fn reload(&self, why: &str) -> Result<ReloadReport, ReloadError> {
         let _turn = self.turn.lock().await;
-        match self.switch().await {
-            Ok((workflows, sha256, watched)) => {
-                *self.watched.lock().unwrap_or_else(|e| e.into_inner()) = watched;
+        // What is read from here on counts as seen, also when it is refused.
+        let seen = self.seen().again();
+        *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = seen.clone();
+        match self.switch(seen).await {
+            Ok((workflows, sha256)) => {
                 let config = {
                     let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
                     status.loaded_at = now();
@@ -168,7 +236,7 @@ impl Reloader {
         }
     }
 
-    async fn switch(&self) -> Result<(Reloaded, String, Vec<PathBuf>), String> {
+    async fn switch(&self, seen: Stamps) -> Result<(Reloaded, String), String> {
         let text = tokio::fs::read(&self.path)
             .await
             .map_err(|e| format!("cannot read {}: {e}", self.path.display()))?;
@@ -179,6 +247,8 @@ impl Reloader {
             .await
             .map_err(|e| format!("the config check stopped: {e}"))?
             .map_err(|e| e.to_string())?;
+        // Components the new config adds, before they are compiled.
+        *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = seen.with_components(&config);
         let grants = Grants::new(config.rpc_allow()).map_err(|e| format!("[rpc] allow: {e}"))?;
         let workflows = self.workflows.clone();
         let loaded = config.clone();
@@ -189,7 +259,7 @@ impl Reloader {
             .map_err(|e| format!("{e:#}"))?;
         self.pool.update(config.connections.clone());
         self.grants.store(grants);
-        Ok((report, sha256, watched_files(&self.path, &config)))
+        Ok((report, sha256))
     }
 
     /// Reloads whenever a watched file (the config, or a component it names)
@@ -201,67 +271,34 @@ impl Reloader {
         stop: tokio_util::sync::CancellationToken,
         said: impl Fn(&Result<ReloadReport, ReloadError>) + Send,
     ) {
-        // Changes since the config was read count too.
-        let mut seen = self.first_stamps.clone();
         loop {
             tokio::select! {
                 () = tokio::time::sleep(every) => {}
                 () = stop.cancelled() => return,
             }
-            let now = self.stamps();
+            let seen = self.seen();
+            let now = seen.again();
             if now == seen {
                 continue;
             }
             // A file being written: wait until it holds still.
             tokio::time::sleep(every).await;
-            let settled = self.stamps();
-            if settled != now {
+            if now.again() != now {
                 continue;
             }
-            let changed: Vec<String> = settled
-                .iter()
-                .filter(|(path, stamp)| !seen.iter().any(|(p, s)| p == path && s == stamp))
-                .map(|(path, _)| path.display().to_string())
-                .collect();
+            let changed = now.changed_since(&seen);
             said(
                 &self
                     .reload(&format!("changed: {}", changed.join(", ")))
                     .await,
             );
-            // What a reload (or a failed one) read is what counts as seen.
-            seen = self.stamps();
         }
     }
 
-    /// [`stamps`] of the watched files.
-    fn stamps(&self) -> Vec<(PathBuf, Option<(SystemTime, u64)>)> {
-        stamps(&self.watched.lock().unwrap_or_else(|e| e.into_inner()))
+    /// The watched files as they were before the last read.
+    fn seen(&self) -> Stamps {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
-}
-
-/// Each of `files` with its modification time and length (`None` when it
-/// cannot be read).
-fn stamps(files: &[PathBuf]) -> Vec<(PathBuf, Option<(SystemTime, u64)>)> {
-    files
-        .iter()
-        .map(|path| {
-            let stamp = std::fs::metadata(path)
-                .ok()
-                .and_then(|m| Some((m.modified().ok()?, m.len())));
-            (path.clone(), stamp)
-        })
-        .collect()
-}
-
-/// The config file and every component file it names.
-fn watched_files(path: &Path, config: &Config) -> Vec<PathBuf> {
-    let mut files = vec![path.to_owned()];
-    for component in config.component_files() {
-        if !files.contains(&component) {
-            files.push(component);
-        }
-    }
-    files
 }
 
 fn now() -> String {
