@@ -30,7 +30,7 @@ const NOT_RUN: &[(&str, &str)] = &[
     ),
     (
         "wf-host replay RUN_ID --config wf.toml --component answer=plugins/c-answer.wasm",
-        "RUN_ID is a run of the reader's; tests/workflow.rs (replay_with_a_new_build_passes_or_names_the_divergence) replays a run of the answer node so",
+        "RUN_ID is a run of the reader's; docs/changes.md (followed below) replays a run of its own the same way, and tests/workflow.rs replays runs of the answer node's builds",
     ),
     (
         "cargo install --locked --path host",
@@ -340,6 +340,11 @@ fn follow_guide(file: &str) {
 #[test]
 fn the_triggers_guide_works_as_written() {
     follow_guide("docs/triggers.md");
+}
+
+#[test]
+fn the_changes_guide_works_as_written() {
+    follow_guide("docs/changes.md");
 }
 
 #[test]

@@ -2665,4 +2665,20 @@ input = '{{skip_fail: false}}'
         stderr.contains("has no step `nope` (it has first, answer)"),
         "{stderr}"
     );
+
+    // A component with no step, where two steps run one: a usage error
+    // asking for STEP=PATH. (With one such step, the guide in
+    // docs/changes.md replays it so.)
+    let out = Command::new(wf_host_bin())
+        .args(["replay", &run_id, "--config"])
+        .arg(dir.path().join("wf.toml"))
+        .args(["--component", "x.wasm"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("`--component x.wasm` names no step, and workflow `answer` has 2 steps that run a component (first, answer): name one as STEP=PATH"),
+        "{stderr}"
+    );
 }

@@ -285,7 +285,8 @@ struct TestArgs {
 struct ReplayArgs {
     /// The run to replay.
     run_id: String,
-    /// A step and its new component: `STEP=PATH`. Repeatable.
+    /// A step and its new component: `STEP=PATH`, or `PATH` alone for a
+    /// workflow with one step that runs a component. Repeatable.
     #[arg(long = "component", value_name = "STEP=PATH", required = true, value_parser = parse_step_component)]
     components: Vec<(String, PathBuf)>,
     /// Where the run is kept: a SQLite file or a `postgres://` URL
@@ -304,12 +305,14 @@ struct ReplayArgs {
     common: CommonArgs,
 }
 
+/// `STEP=PATH`, or `PATH` (the step left empty: the only one).
 fn parse_step_component(text: &str) -> Result<(String, PathBuf), String> {
     match text.split_once('=') {
         Some((step, path)) if !step.is_empty() && !path.is_empty() => {
             Ok((step.to_owned(), PathBuf::from(path)))
         }
-        _ => Err(format!("`{text}` is not STEP=PATH")),
+        None if !text.is_empty() => Ok((String::new(), PathBuf::from(text))),
+        _ => Err(format!("`{text}` is not STEP=PATH (or PATH)")),
     }
 }
 

@@ -93,10 +93,19 @@ impl StepReplay {
     }
 }
 
-/// The differences of `got` from `expected`, as assert-json-diff says them.
+/// The differences of the new build's `got` from the run's `expected`.
 fn diff(got: &Value, expected: &Value) -> String {
-    let config = assert_json_diff::Config::new(assert_json_diff::CompareMode::Strict);
-    match assert_json_diff::assert_json_matches_no_panic(got, expected, config) {
+    match crate::testing::json_diff(
+        got,
+        expected,
+        assert_json_diff::CompareMode::Strict,
+        [
+            "new build",
+            "run",
+            "missing from the new build",
+            "missing from the run",
+        ],
+    ) {
         Ok(()) => "no difference".to_owned(),
         Err(text) => text,
     }
@@ -116,7 +125,8 @@ pub enum ReplayError {
 }
 
 /// Replays the steps of run `run_id` named in `components` (step id → new
-/// component file), in the run's definition order.
+/// component file; the id `""` names the run's only step that runs a
+/// component), in the run's definition order.
 ///
 /// # Errors
 /// [`ReplayError`]: no such run, a step that is not in it, did not run a
@@ -140,6 +150,25 @@ pub async fn replay(
     let def = Definition::compile(&run.workflow, spec)
         .map_err(|e| step_err(format!("its stored definition does not compile: {e}")))?;
     let rows = store.steps(run_id).await?;
+    let mut components = components.clone();
+    if let Some(path) = components.remove("") {
+        let nodes: Vec<&str> = def
+            .steps
+            .iter()
+            .filter(|s| s.spec.runs_node())
+            .map(|s| s.spec.id.as_str())
+            .collect();
+        let [only] = nodes[..] else {
+            return Err(step_err(format!(
+                "`--component {}` names no step, and workflow `{}` has {} steps that run a component ({}): name one as STEP=PATH",
+                path.display(),
+                run.workflow,
+                nodes.len(),
+                nodes.join(", ")
+            )));
+        };
+        components.insert(only.to_owned(), path);
+    }
     for id in components.keys() {
         if def.step(id).is_none() {
             let known: Vec<&str> = def.steps.iter().map(|s| s.spec.id.as_str()).collect();

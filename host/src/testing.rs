@@ -462,16 +462,37 @@ async fn replay_case(
 
 mod cassette;
 
+/// How `got` differs from `want` (`Ok` when it does not), in the caller's
+/// words: what to call `got` and `want`, and what to say of a field missing
+/// from each (the diff crate says `lhs`, `rhs`, `missing from lhs`).
+pub(crate) fn json_diff(
+    got: &Value,
+    want: &Value,
+    mode: CompareMode,
+    [got_is, want_is, missing_from_got, missing_from_want]: [&str; 4],
+) -> Result<(), String> {
+    assert_json_matches_no_panic(got, want, DiffConfig::new(mode)).map_err(|d| {
+        d.replace("    lhs:", &format!("    {got_is}:"))
+            .replace("    rhs:", &format!("    {want_is}:"))
+            .replace("missing from lhs", missing_from_got)
+            .replace("missing from rhs", missing_from_want)
+    })
+}
+
 fn check(expect: &Expect, outcome: &Result<Value, Value>, calls: &[Value]) -> Vec<String> {
     let mut failures = Vec::new();
     let diff = |actual: &Value, expected: &Value, mode: CompareMode| {
-        // The strict mode speaks of `lhs` and `rhs`; say which is which.
-        assert_json_matches_no_panic(actual, expected, DiffConfig::new(mode)).map_err(|d| {
-            d.replace("    lhs:", "    actual:")
-                .replace("    rhs:", "    expected:")
-                .replace("missing from lhs", "missing from the output")
-                .replace("missing from rhs", "not expected")
-        })
+        json_diff(
+            actual,
+            expected,
+            mode,
+            [
+                "actual",
+                "expected",
+                "missing from the output",
+                "not expected",
+            ],
+        )
     };
     match (expect, outcome) {
         (

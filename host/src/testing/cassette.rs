@@ -336,14 +336,19 @@ impl Cassette {
 
 /// How `got` differs from what the cassette `has`.
 fn diff(got: &Value, has: &Value) -> String {
-    let config = assert_json_diff::Config::new(assert_json_diff::CompareMode::Strict);
-    match assert_json_diff::assert_json_matches_no_panic(got, has, config) {
+    match super::json_diff(
+        got,
+        has,
+        assert_json_diff::CompareMode::Strict,
+        [
+            "made",
+            "cassette",
+            "missing from the call",
+            "not in the cassette",
+        ],
+    ) {
         Ok(()) => "only in ignored fields".to_owned(),
-        Err(text) => text
-            .replace("    lhs:", "    made:")
-            .replace("    rhs:", "    cassette:")
-            .replace("missing from lhs", "missing from the call")
-            .replace("missing from rhs", "not in the cassette"),
+        Err(text) => text,
     }
 }
 
