@@ -40,6 +40,7 @@ mod bindings;
 pub mod capability;
 pub mod config;
 pub mod console;
+pub mod diff;
 pub mod fixture;
 pub mod grants;
 pub mod host;

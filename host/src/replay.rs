@@ -95,7 +95,7 @@ impl StepReplay {
 
 /// The differences of the new build's `got` from the run's `expected`.
 fn diff(got: &Value, expected: &Value) -> String {
-    match crate::testing::json_diff(
+    match crate::diff::json_diff(
         got,
         expected,
         assert_json_diff::CompareMode::Strict,

@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use assert_json_diff::{CompareMode, Config as DiffConfig, assert_json_matches_no_panic};
+use assert_json_diff::CompareMode;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
@@ -462,27 +462,10 @@ async fn replay_case(
 
 mod cassette;
 
-/// How `got` differs from `want` (`Ok` when it does not), in the caller's
-/// words: what to call `got` and `want`, and what to say of a field missing
-/// from each (the diff crate says `lhs`, `rhs`, `missing from lhs`).
-pub(crate) fn json_diff(
-    got: &Value,
-    want: &Value,
-    mode: CompareMode,
-    [got_is, want_is, missing_from_got, missing_from_want]: [&str; 4],
-) -> Result<(), String> {
-    assert_json_matches_no_panic(got, want, DiffConfig::new(mode)).map_err(|d| {
-        d.replace("    lhs:", &format!("    {got_is}:"))
-            .replace("    rhs:", &format!("    {want_is}:"))
-            .replace("missing from lhs", missing_from_got)
-            .replace("missing from rhs", missing_from_want)
-    })
-}
-
 fn check(expect: &Expect, outcome: &Result<Value, Value>, calls: &[Value]) -> Vec<String> {
     let mut failures = Vec::new();
     let diff = |actual: &Value, expected: &Value, mode: CompareMode| {
-        json_diff(
+        crate::diff::json_diff(
             actual,
             expected,
             mode,

@@ -336,7 +336,7 @@ impl Cassette {
 
 /// How `got` differs from what the cassette `has`.
 fn diff(got: &Value, has: &Value) -> String {
-    match super::json_diff(
+    match crate::diff::json_diff(
         got,
         has,
         assert_json_diff::CompareMode::Strict,
