@@ -2652,15 +2652,20 @@ input = '{{skip_fail: false}}'
     assert_eq!(report[0]["verdict"], "different_calls", "{report}");
     assert_eq!(report[0]["seq"], 1);
 
+    // `--component` as given, for a usage error (exit 2): its stderr.
+    let usage_error = |component: &str| {
+        let out = Command::new(wf_host_bin())
+            .args(["replay", &run_id, "--config"])
+            .arg(dir.path().join("wf.toml"))
+            .args(["--component", component])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{component}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+
     // A step the workflow does not have: a usage error naming the steps.
-    let out = Command::new(wf_host_bin())
-        .args(["replay", &run_id, "--config"])
-        .arg(dir.path().join("wf.toml"))
-        .args(["--component", "nope=x.wasm"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = usage_error("nope=x.wasm");
     assert!(
         stderr.contains("has no step `nope` (it has first, answer)"),
         "{stderr}"
@@ -2669,14 +2674,7 @@ input = '{{skip_fail: false}}'
     // A component with no step, where two steps run one: a usage error
     // asking for STEP=PATH. (With one such step, the guide in
     // docs/changes.md replays it so.)
-    let out = Command::new(wf_host_bin())
-        .args(["replay", &run_id, "--config"])
-        .arg(dir.path().join("wf.toml"))
-        .args(["--component", "x.wasm"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = usage_error("x.wasm");
     assert!(
         stderr.contains("`--component x.wasm` names no step, and workflow `answer` has 2 steps that run a component (first, answer): name one as STEP=PATH"),
         "{stderr}"

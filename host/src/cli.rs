@@ -928,7 +928,6 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
     let reloader = args.common.config.clone().zip(seen).map(|(path, seen)| {
         Arc::new(Reloader::new(
             path,
-            &config,
             seen,
             workflows.clone(),
             pool.clone(),

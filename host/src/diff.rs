@@ -21,3 +21,11 @@ pub fn json_diff(
             .replace("missing from rhs", missing_from_want)
     })
 }
+
+/// [`json_diff`] in strict mode, as text: `same` when there is no
+/// difference to show.
+pub fn strict(got: &Value, want: &Value, words: [&str; 4], same: &str) -> String {
+    json_diff(got, want, CompareMode::Strict, words)
+        .err()
+        .unwrap_or_else(|| same.to_owned())
+}

@@ -95,7 +95,7 @@ pub struct Stamps(Vec<(PathBuf, Option<(SystemTime, u64)>)>);
 impl Stamps {
     /// The config file at `path`, before it is read.
     pub fn of_config(path: &Path) -> Stamps {
-        Stamps::of(&[path.to_owned()])
+        Stamps::of([path.to_owned()])
     }
 
     /// The config file's stamp from these, and a stamp for each component
@@ -111,21 +111,21 @@ impl Stamps {
             }
             match old.iter().find(|(path, _)| *path == component) {
                 Some(entry) => kept.push(entry.clone()),
-                None => kept.extend(Stamps::of(&[component]).0),
+                None => kept.extend(Stamps::of([component]).0),
             }
         }
         Stamps(kept)
     }
 
-    fn of(files: &[PathBuf]) -> Stamps {
+    fn of(files: impl IntoIterator<Item = PathBuf>) -> Stamps {
         Stamps(
             files
-                .iter()
+                .into_iter()
                 .map(|path| {
-                    let stamp = std::fs::metadata(path)
+                    let stamp = std::fs::metadata(&path)
                         .ok()
                         .and_then(|m| Some((m.modified().ok()?, m.len())));
-                    (path.clone(), stamp)
+                    (path, stamp)
                 })
                 .collect(),
         )
@@ -133,13 +133,7 @@ impl Stamps {
 
     /// The same files, looked at again.
     fn again(&self) -> Stamps {
-        Stamps::of(
-            &self
-                .0
-                .iter()
-                .map(|(path, _)| path.clone())
-                .collect::<Vec<_>>(),
-        )
+        Stamps::of(self.0.iter().map(|(path, _)| path.clone()))
     }
 
     /// The files whose stamp differs from the one in `before`.
@@ -153,12 +147,11 @@ impl Stamps {
 }
 
 impl Reloader {
-    /// A reloader for the host that `config` (read from `path`) started;
-    /// `seen` was taken with [`Stamps::of_config`] before the config was
-    /// read and [`Stamps::with_components`] before its components were.
+    /// A reloader for the host that the config at `path` started; `seen`
+    /// was taken with [`Stamps::of_config`] before the config was read and
+    /// [`Stamps::with_components`] before its components were.
     pub fn new(
         path: PathBuf,
-        config: &Config,
         seen: Stamps,
         workflows: Arc<Workflows>,
         pool: Pool,
@@ -167,7 +160,6 @@ impl Reloader {
         let sha256 = std::fs::read(&path)
             .map(|text| hex::encode(Sha256::digest(&text)))
             .unwrap_or_default();
-        let seen = seen.with_components(config);
         Reloader {
             status: Mutex::new(ConfigStatus {
                 path: path.clone(),

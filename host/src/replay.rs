@@ -95,20 +95,17 @@ impl StepReplay {
 
 /// The differences of the new build's `got` from the run's `expected`.
 fn diff(got: &Value, expected: &Value) -> String {
-    match crate::diff::json_diff(
+    crate::diff::strict(
         got,
         expected,
-        assert_json_diff::CompareMode::Strict,
         [
             "new build",
             "run",
             "missing from the new build",
             "missing from the run",
         ],
-    ) {
-        Ok(()) => "no difference".to_owned(),
-        Err(text) => text,
-    }
+        "no difference",
+    )
 }
 
 /// Why a replay could not run.
