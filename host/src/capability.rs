@@ -761,6 +761,7 @@ impl wit::Host for CapabilityCtx {
             wit::Level::Warn => "warn",
             wit::Level::Error => "error",
         };
+        let message = crate::secrets::redact(&message);
         let Some(message) = self.record_log(name, &message) else {
             return Ok(());
         };

@@ -42,6 +42,7 @@ use bytesize::ByteSize;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use crate::secrets::{ConfigValue, Secret};
 use crate::tls::{self, TlsFiles};
 
 /// Why the configuration could not be used.
@@ -169,6 +170,10 @@ pub struct WorkflowConfig {
     pub schedules: Vec<ScheduleConfig>,
     /// `[workflows.<name>.webhook]`: `POST /hooks/<name>` starts a run.
     pub webhook: Option<WebhookConfig>,
+    /// Fields (by name, at any depth) whose values are written as
+    /// `"[redacted]"` in stored step inputs and journaled calls.
+    #[serde(default)]
+    pub redact: Vec<String>,
 }
 
 /// `[[workflows.<name>.schedules]]`: starts a run at every tick of a cron
@@ -288,9 +293,10 @@ pub struct ConnectionConfig {
     pub command: Option<String>,
     #[serde(default)]
     pub args: Vec<String>,
-    /// stdio: variables set for the child, on top of the inherited ones.
+    /// stdio: variables set for the child, on top of the inherited ones;
+    /// a value may be a secret (`{ secret = "NAME" }`).
     #[serde(default)]
-    pub env: BTreeMap<String, String>,
+    pub env: BTreeMap<String, ConfigValue>,
     /// stdio: host variables passed to the child besides the default set
     /// (`HOME`, `LOGNAME`, `PATH`, `SHELL`, `TERM`, `USER`). Nothing else is.
     #[serde(default)]
@@ -298,8 +304,10 @@ pub struct ConnectionConfig {
     pub cwd: Option<PathBuf>,
     /// Streamable HTTP: the endpoint URL.
     pub url: Option<String>,
+    /// Streamable HTTP: headers sent with every request; a value may be a
+    /// secret (`{ secret = "NAME", prefix = "Bearer " }`).
     #[serde(default)]
-    pub headers: BTreeMap<String, String>,
+    pub headers: BTreeMap<String, ConfigValue>,
     /// HTTPS: extra trusted root certificates (PEM), besides the system's.
     pub ca_file: Option<PathBuf>,
     /// HTTPS: our certificate chain (PEM) for servers that require mTLS.
@@ -396,8 +404,8 @@ pub struct AuthConfig {
     /// A pre-registered client; without one, `wf-host auth login` registers
     /// dynamically (authorization code only).
     pub client_id: Option<String>,
-    /// The client secret, inline. Prefer `client_secret_env`.
-    pub client_secret: Option<Secret>,
+    /// The client secret: inline, or by reference (`{ secret = "NAME" }`).
+    pub client_secret: Option<ConfigValue>,
     /// The host variable holding the client secret.
     pub client_secret_env: Option<String>,
     /// Scopes to ask for; none: the authorization server's default grant.
@@ -438,36 +446,6 @@ impl TokenEndpointAuth {
     }
 }
 
-/// A secret from the file: never shown by `Debug`; serialised (for the pool
-/// fingerprint) as a hash.
-#[derive(Clone, PartialEq, Eq, Hash, Deserialize)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(secret: impl Into<String>) -> Secret {
-        Secret(secret.into())
-    }
-
-    /// The secret itself, for the one request that needs it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret([redacted])")
-    }
-}
-
-impl Serialize for Secret {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use sha2::Digest;
-        s.serialize_str(&hex::encode(sha2::Sha256::digest(self.0.as_bytes())))
-    }
-}
-
 impl Config {
     /// Reads and checks the file at `path`.
     ///
@@ -497,6 +475,12 @@ impl Config {
             message: e.to_string().trim_end().to_owned(),
         })?;
         config.base_dir = base_dir;
+        config
+            .resolve_secrets()
+            .map_err(|message| ConfigError::Invalid {
+                path: path.to_owned(),
+                message,
+            })?;
         for (id, conn) in &config.connections {
             let invalid = |message: String| ConfigError::Invalid {
                 path: path.to_owned(),
@@ -693,6 +677,30 @@ impl Config {
 
 /// The token store, relative to the config file.
 pub const DEFAULT_TOKENS: &str = ".wf-host/tokens.json";
+
+impl Config {
+    /// Reads every secret the connections name, so that a missing one fails
+    /// the load (and a reload), and remembers each for redaction.
+    fn resolve_secrets(&mut self) -> Result<(), String> {
+        let base_dir = self.base_dir.clone();
+        for (id, conn) in &mut self.connections {
+            for (key, value) in &mut conn.env {
+                value.resolve(&base_dir, &format!("connection `{id}`: `env.{key}`"))?;
+            }
+            for (key, value) in &mut conn.headers {
+                value.resolve(&base_dir, &format!("connection `{id}`: `headers.{key}`"))?;
+            }
+            if let Some(secret) = conn.auth.as_mut().and_then(|a| a.client_secret.as_mut()) {
+                secret.resolve(
+                    &base_dir,
+                    &format!("connection `{id}`: `auth.client_secret`"),
+                )?;
+                crate::secrets::remember(secret.expose());
+            }
+        }
+        Ok(())
+    }
+}
 
 /// Checks the TLS and OAuth keys of one connection, reading the TLS files now so
 /// that a missing or unparsable one fails at load, naming the connection and key.

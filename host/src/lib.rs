@@ -52,6 +52,7 @@ pub mod replay;
 pub mod rpc;
 pub mod runtime;
 pub mod scaffold;
+pub mod secrets;
 pub mod store;
 pub mod testing;
 pub mod tls;

@@ -207,10 +207,11 @@ impl Recording {
                     });
                 c.headers
                     .values()
-                    .cloned()
-                    .chain(c.env.values().cloned())
+                    .chain(c.env.values())
+                    .map(|v| v.expose().to_owned())
                     .chain(client_secret)
             })
+            .chain(crate::secrets::known())
             .filter(|v| v.len() >= 4)
             .collect();
         // Longest first, so a secret that contains another goes whole.

@@ -169,7 +169,7 @@ pub(crate) fn record_status(span: &Span, status: &str, ok: bool, error: Option<&
     span.record("wf.status", status);
     span.record("otel.status_code", if ok { "OK" } else { "ERROR" });
     if let Some(error) = error {
-        span.record("otel.status_description", error);
+        span.record("otel.status_description", &*crate::secrets::redact(error));
     }
 }
 
@@ -185,7 +185,7 @@ pub(crate) fn record_outcome(span: &Span, error: Option<(&str, &str)>) {
         Some((code, message)) => {
             span.record("wf.outcome", code);
             span.record("otel.status_code", "ERROR");
-            span.record("otel.status_description", message);
+            span.record("otel.status_description", &*crate::secrets::redact(message));
         }
     }
 }
@@ -333,8 +333,9 @@ where
     W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
 {
     use tracing_subscriber::prelude::*;
+    // Known secrets never reach the log, whatever a message holds.
     let logs = tracing_subscriber::fmt::layer()
-        .with_writer(writer)
+        .with_writer(crate::secrets::RedactingMakeWriter(writer))
         .with_ansi(ansi)
         .with_target(false)
         .with_filter(filter);

@@ -14,6 +14,8 @@ pub struct Serve {
     /// `http://127.0.0.1:<port>`.
     pub base: String,
     pub dir: tempfile::TempDir,
+    /// Everything the child wrote to stderr (its log), so far.
+    pub log: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl Serve {
@@ -50,14 +52,26 @@ impl Serve {
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
         let base = loop {
             let line = lines.next().expect("serve printed its address").unwrap();
+            log.lock().unwrap().push_str(&format!("{line}\n"));
             if let Some(rest) = line.strip_prefix("wf-host listening on ") {
                 break rest.trim_end_matches("/rpc").to_owned();
             }
         };
-        std::thread::spawn(move || for _ in lines {});
-        Serve { child, base, dir }
+        let kept = log.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                kept.lock().unwrap().push_str(&format!("{line}\n"));
+            }
+        });
+        Serve {
+            child,
+            base,
+            dir,
+            log,
+        }
     }
 
     pub fn mcp_url(&self) -> String {

@@ -173,14 +173,14 @@ pub(crate) enum Transport {
     Stdio {
         program: PathBuf,
         args: Vec<String>,
-        env: BTreeMap<String, String>,
+        env: BTreeMap<String, crate::config::ConfigValue>,
         /// Host variables passed through besides [`transport::DEFAULT_INHERITED_ENV`].
         inherit_env: Vec<String>,
         cwd: Option<PathBuf>,
     },
     Http {
         url: String,
-        headers: BTreeMap<String, String>,
+        headers: BTreeMap<String, crate::config::ConfigValue>,
         tls: TlsFiles,
         auth: Option<oauth::AuthSettings>,
     },

@@ -51,13 +51,17 @@ impl AuthSettings {
         let from_env = auth.client_secret_env.as_ref().map(|name| {
             std::env::var(name)
                 .ok()
+                .inspect(|secret| crate::secrets::remember(secret))
                 .map(Secret::new)
                 .ok_or(name.clone())
         });
         let (client_secret, missing_env) = match from_env {
             Some(Ok(secret)) => (Some(secret), None),
             Some(Err(name)) => (None, Some(name)),
-            None => (auth.client_secret.clone(), None),
+            None => (
+                auth.client_secret.as_ref().map(|s| Secret::new(s.expose())),
+                None,
+            ),
         };
         Some(AuthSettings {
             kind: auth.kind,

@@ -60,7 +60,7 @@ pub(crate) const DEFAULT_INHERITED_ENV: &[&str] = &[
 /// far as the host has them, then the connection's own `env`, which wins.
 fn child_env(
     inherit: &[String],
-    env: &std::collections::BTreeMap<String, String>,
+    env: &std::collections::BTreeMap<String, crate::config::ConfigValue>,
 ) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
     let mut vars: std::collections::BTreeMap<std::ffi::OsString, std::ffi::OsString> =
         DEFAULT_INHERITED_ENV
@@ -69,7 +69,7 @@ fn child_env(
             .chain(inherit.iter().map(String::as_str))
             .filter_map(|name| Some((name.into(), std::env::var_os(name)?)))
             .collect();
-    vars.extend(env.iter().map(|(k, v)| (k.into(), v.into())));
+    vars.extend(env.iter().map(|(k, v)| (k.into(), v.expose().into())));
     vars.into_iter().collect()
 }
 
@@ -188,8 +188,11 @@ async fn open(
             for (name, value) in headers {
                 let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
                     .map_err(|e| format!("header `{name}`: {e}"))?;
-                let value = reqwest::header::HeaderValue::from_str(value)
+                let secret = matches!(value, crate::config::ConfigValue::Secret { .. });
+                let mut value = reqwest::header::HeaderValue::from_str(value.expose())
                     .map_err(|e| format!("header `{name}`: {e}"))?;
+                // Kept out of the HTTP stack's own debug output.
+                value.set_sensitive(secret);
                 custom.insert(name, value);
             }
             let mut backoff =

@@ -64,6 +64,9 @@ fn to_sse(row: &EventRow) -> Event {
     let data = serde_json::json!({
         "run_id": row.run_id, "kind": row.kind, "at": row.at, "data": row.data,
     });
+    // Events are redacted as they are written; this catches those written
+    // before a reload named the secret.
+    let data = crate::secrets::redact_json(&data).unwrap_or(data);
     let event = Event::default()
         .event(row.kind.as_str())
         .data(data.to_string());

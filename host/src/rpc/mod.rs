@@ -410,7 +410,10 @@ async fn read_body(headers: &HeaderMap, body: Body, max: usize) -> Result<Bytes,
     Ok(buf.freeze())
 }
 
+/// A JSON answer. Known secrets never leave in one, whatever a run or an
+/// upstream server put in it.
 fn json_response(status: StatusCode, body: Value) -> Response {
+    let body = crate::secrets::redact_json(&body).unwrap_or(body);
     (
         status,
         [(header::CONTENT_TYPE, "application/json")],

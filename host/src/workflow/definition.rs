@@ -155,6 +155,10 @@ pub struct Spec {
     pub output: Option<String>,
     pub timeout_ms: Option<u64>,
     pub steps: Vec<StepSpec>,
+    /// Fields whose values are never written in step inputs or journaled
+    /// calls (`"[redacted]"` instead), at any depth.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub redact: Vec<String>,
 }
 
 impl Spec {
@@ -278,6 +282,7 @@ impl Spec {
             output: w.output.clone(),
             timeout_ms: run_timeout.map(|t| t.as_millis() as u64),
             steps: specs,
+            redact: w.redact.clone(),
         })
     }
 
@@ -708,6 +713,7 @@ mod tests {
             output: None,
             timeout_ms: None,
             steps,
+            redact: Vec::new(),
         }
     }
 

@@ -22,7 +22,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::definition::{Definition, Step};
+use super::definition::{Definition, Spec, Step};
 use super::events::Events;
 use crate::capability::{CallJournal, JournalEntry, Progress, truncate_utf8};
 use crate::runtime::{Node, RunError, RunOptions, Runtime};
@@ -45,6 +45,8 @@ struct StepJournal {
     fence: Fence,
     /// Bumped when a signal (an answer too) is sent to the run.
     signals: tokio::sync::watch::Receiver<u64>,
+    /// The workflow's `redact` fields.
+    redact: Arc<Spec>,
 }
 
 /// The signal that answers the question step `step_id` (item `item`) was
@@ -233,7 +235,9 @@ impl CallJournal for StepJournal {
             }
             return;
         }
-        let mut arguments = entry.arguments;
+        // Known secrets and the workflow's `redact` fields are never journaled.
+        let mut arguments = crate::secrets::redact_value(entry.arguments, &self.redact.redact);
+        let result = crate::secrets::redact_value(entry.result, &self.redact.redact);
         let text = arguments.to_string();
         if text.len() > MAX_JOURNALED_ARGUMENTS {
             arguments = Value::String(truncate_utf8(text, MAX_JOURNALED_ARGUMENTS));
@@ -244,7 +248,7 @@ impl CallJournal for StepJournal {
             item: self.item,
             attempt: self.attempt,
             seq: entry.seq,
-            name: entry.name,
+            name: crate::secrets::redact(&entry.name).into_owned(),
             arguments,
             outcome: if entry.error_code.is_some() {
                 "error"
@@ -255,8 +259,7 @@ impl CallJournal for StepJournal {
             error_code: entry.error_code.map(str::to_owned),
             duration_us: entry.duration.as_micros() as u64,
             at: now_text(),
-            result: (entry.result.to_string().len() <= crate::store::MAX_CALL_RESULT)
-                .then_some(entry.result),
+            result: (result.to_string().len() <= crate::store::MAX_CALL_RESULT).then_some(result),
         };
         if let Err(e) = self.store.record_call(&row, &self.fence).await {
             tracing::warn!(run = %self.run_id, step = %self.step_id, "cannot journal a call: {e}");
@@ -737,7 +740,9 @@ fn context(input: &Value, states: &HashMap<String, StepState>, only: Option<&[St
 /// knows its event and the states it may start from; the store refuses a
 /// move whose guard does not hold.
 async fn apply(ctx: &RunCtx, moves: &[Transition<'_>]) -> Result<String, StoreError> {
-    ctx.events.apply(&ctx.run_id, moves, Some(&ctx.fence)).await
+    ctx.events
+        .apply_redacting(&ctx.run_id, moves, Some(&ctx.fence), &ctx.def.spec.redact)
+        .await
 }
 
 /// Moves a step to a finished `status`: stored first, then the scheduler's
@@ -1392,6 +1397,7 @@ async fn run_item(
                 events: ctx.events.clone(),
                 fence: ctx.fence.clone(),
                 signals: ctx.signals.clone(),
+                redact: ctx.def.spec.clone(),
             };
             let opts = RunOptions {
                 run_id,

@@ -54,6 +54,7 @@ impl Events {
     /// Keeps the event, then tells the live streams. An event that cannot be
     /// kept is logged: it is a view of the run, not its state.
     pub(crate) async fn emit(&self, run_id: &str, kind: &str, data: Value) {
+        let data = crate::secrets::redact_json(&data).unwrap_or(data);
         let append = async {
             Ok((
                 (),
@@ -75,7 +76,17 @@ impl Events {
         lease: Option<&Lease>,
         data: Value,
         then: Option<FirstTransitions<'_>>,
+        redact: &[String],
     ) -> Result<(Created, bool), StoreError> {
+        let scrubs = then.and_then(|(_, moves)| scrub(moves, redact));
+        let scrubbed: Vec<Transition<'_>>;
+        let then = match (&scrubs, then) {
+            (Some(scrubs), Some((fence, moves))) => {
+                scrubbed = with_scrubs(moves, scrubs);
+                Some((fence, &scrubbed[..]))
+            }
+            _ => then,
+        };
         self.publish(async {
             let written = self
                 .store
@@ -98,6 +109,27 @@ impl Events {
         moves: &[Transition<'_>],
         fence: Option<&Fence>,
     ) -> Result<String, StoreError> {
+        self.apply_redacting(run_id, moves, fence, &[]).await
+    }
+
+    /// [`Events::apply`] for a workflow whose `redact` names `fields`: their
+    /// values in step inputs are not written.
+    pub(crate) async fn apply_redacting(
+        &self,
+        run_id: &str,
+        moves: &[Transition<'_>],
+        fence: Option<&Fence>,
+        redact: &[String],
+    ) -> Result<String, StoreError> {
+        let scrubs = scrub(moves, redact);
+        let scrubbed: Vec<Transition<'_>>;
+        let moves = match &scrubs {
+            Some(scrubs) => {
+                scrubbed = with_scrubs(moves, scrubs);
+                &scrubbed[..]
+            }
+            None => moves,
+        };
         self.publish(async {
             let rows = self.store.transitions(run_id, moves, fence).await?;
             Ok((own_time(&rows), rows))
@@ -157,6 +189,7 @@ impl Events {
 
     /// Tells the live streams only (progress: frequent, and stale at once).
     pub(crate) fn ephemeral(&self, run_id: &str, kind: &str, data: Value) {
+        let data = crate::secrets::redact_json(&data).unwrap_or(data);
         let _ = self.live.send(EventRow {
             id: 0,
             run_id: run_id.to_owned(),
@@ -231,4 +264,124 @@ impl Events {
 /// The time of a transition's own event: the last one it appended.
 fn own_time(rows: &[EventRow]) -> String {
     rows.last().map(|r| r.at.clone()).unwrap_or_default()
+}
+
+/// A move's values with known secrets replaced (`None`: unchanged).
+#[derive(Default)]
+struct Scrub {
+    input: Option<Value>,
+    output: Option<Value>,
+    error: Option<Failure>,
+    log: Option<Value>,
+}
+
+/// The scrubbed values of `moves`, or `None` when no move carries a known
+/// secret or, in a step's input, a field of `redact` (always, when neither
+/// is configured). They are replaced before they are written: in the store,
+/// the events and the streams.
+fn scrub(moves: &[Transition<'_>], redact: &[String]) -> Option<Vec<Scrub>> {
+    if !crate::secrets::any() && redact.is_empty() {
+        return None;
+    }
+    let value = |v: Option<&Value>| v.and_then(crate::secrets::redact_json);
+    let input = |v: Option<&Value>| {
+        let v = v?;
+        let out = crate::secrets::redact_value(v.clone(), redact);
+        (out != *v).then_some(out)
+    };
+    let failure = |f: Option<&Failure>| {
+        let f = f?;
+        match crate::secrets::redact(&f.message) {
+            std::borrow::Cow::Borrowed(_) => None,
+            std::borrow::Cow::Owned(message) => Some(Failure::new(f.code.clone(), message)),
+        }
+    };
+    let scrubs: Vec<Scrub> = moves
+        .iter()
+        .map(|m| match *m {
+            Transition::StepStarted { input: i, .. } | Transition::StepWaits { input: i, .. } => {
+                Scrub {
+                    input: input(i),
+                    ..Scrub::default()
+                }
+            }
+            Transition::StepFinished {
+                output, error, log, ..
+            } => Scrub {
+                output: value(output),
+                error: failure(error),
+                log: value(log),
+                ..Scrub::default()
+            },
+            Transition::RunFinished { output, error, .. } => Scrub {
+                output: value(output),
+                error: failure(error),
+                ..Scrub::default()
+            },
+            Transition::RunAbandoned { error, .. } => Scrub {
+                error: failure(Some(error)),
+                ..Scrub::default()
+            },
+            Transition::StepAttempt { .. } | Transition::RunReopened { .. } => Scrub::default(),
+        })
+        .collect();
+    let changed =
+        |s: &Scrub| s.input.is_some() || s.output.is_some() || s.error.is_some() || s.log.is_some();
+    scrubs.iter().any(changed).then_some(scrubs)
+}
+
+/// `moves` with the values `scrubs` replaced.
+fn with_scrubs<'s>(moves: &[Transition<'s>], scrubs: &'s [Scrub]) -> Vec<Transition<'s>> {
+    let pick = |new: &'s Option<Value>, old: Option<&'s Value>| new.as_ref().or(old);
+    moves
+        .iter()
+        .zip(scrubs)
+        .map(|(m, s)| match *m {
+            Transition::StepStarted {
+                step_id,
+                attempt,
+                input,
+            } => Transition::StepStarted {
+                step_id,
+                attempt,
+                input: pick(&s.input, input),
+            },
+            Transition::StepWaits {
+                step_id,
+                attempt,
+                input,
+            } => Transition::StepWaits {
+                step_id,
+                attempt,
+                input: pick(&s.input, input),
+            },
+            Transition::StepFinished {
+                step_id,
+                status,
+                output,
+                error,
+                log,
+            } => Transition::StepFinished {
+                step_id,
+                status,
+                output: pick(&s.output, output),
+                error: s.error.as_ref().or(error),
+                log: pick(&s.log, log),
+            },
+            Transition::RunFinished {
+                status,
+                output,
+                error,
+            } => Transition::RunFinished {
+                status,
+                output: pick(&s.output, output),
+                error: s.error.as_ref().or(error),
+            },
+            Transition::RunAbandoned { status, error } => Transition::RunAbandoned {
+                status,
+                error: s.error.as_ref().unwrap_or(error),
+            },
+            other => other,
+        })
+        .collect()
 }

@@ -262,7 +262,7 @@ impl Workflows {
             let then = fence.as_ref().map(|fence| (fence, starts.as_slice()));
             let (created, then_stored) = self
                 .events
-                .create_run(&new, lease.as_ref(), started(&span), then)
+                .create_run(&new, lease.as_ref(), started(&span), then, &def.spec.redact)
                 .await?;
             if let Created::Existing(run) = created {
                 return Ok(existing(run));

@@ -117,6 +117,7 @@ impl Webhook {
             if text.is_empty() {
                 return Err(err("the secret is empty".into()));
             }
+            crate::secrets::remember(text);
             Ok(Secret(text.as_bytes().into()))
         };
         let verify = match (c.verify.as_deref(), c.signature.as_deref()) {
