@@ -452,6 +452,7 @@ async fn state_with(extra: &str) -> (RpcState, tempfile::TempDir) {
     .unwrap();
     (
         RpcState {
+            tokens: wf_host::reload::RpcTokens::new(Default::default()),
             workflows: host.workflows().clone(),
             pool: host.pool().clone(),
             grants: wf_host::reload::RpcGrants::new(Grants::new(config.rpc_allow()).unwrap()),

@@ -60,6 +60,7 @@ async fn state(dir: &Path, location: String) -> (RpcState, Host) {
     .await
     .unwrap();
     let state = RpcState {
+        tokens: wf_host::reload::RpcTokens::new(Default::default()),
         workflows: host.workflows().clone(),
         pool: host.pool().clone(),
         grants: wf_host::reload::RpcGrants::new(wf_host::grants::Grants::none()),

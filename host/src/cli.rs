@@ -20,11 +20,12 @@ use wf_host::grants::Grants;
 use wf_host::host::{Host, HostOptions};
 use wf_host::pool::pin::{self, Pins};
 use wf_host::pool::{Pool, PoolConfig};
-use wf_host::reload::{ReloadError, ReloadReport, Reloader, RpcGrants, Stamps};
+use wf_host::reload::{ReloadError, ReloadReport, Reloader, RpcGrants, RpcTokens, Stamps};
 use wf_host::rpc::{Access, RpcState};
 use wf_host::runtime::{Limits, RunOptions, Runtime, RuntimeConfig, default_cache_dir};
 use wf_host::store::RunStatus;
 use wf_host::testing::{Case, CaseOptions, run_case};
+use wf_host::tokens::Tokens;
 use wf_host::workflow;
 
 mod auth;
@@ -132,6 +133,9 @@ like code, and re-run this command to accept them.")]
     /// OAuth sign-in for HTTP connections with `kind = "authorization-code"`.
     #[command(subcommand)]
     Auth(AuthCommand),
+    /// Named bearer tokens for `wf-host serve` (`[[rpc.tokens]]`).
+    #[command(subcommand)]
+    Token(TokenCommand),
     /// The client the MCP conformance suite drives: the suite appends the
     /// server URL and sets `MCP_CONFORMANCE_SCENARIO` (and, for client
     /// credentials, `MCP_CONFORMANCE_CONTEXT`).
@@ -149,6 +153,22 @@ enum AuthCommand {
         /// Configuration file (TOML).
         #[arg(long, value_name = "FILE", default_value = "wf.toml")]
         config: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Make a fresh token: prints it once (stdout's first line), then the
+    /// `[[rpc.tokens]]` entry to paste into the config, which holds only its
+    /// hash.
+    #[command(after_help = "Example:
+  wf-host token new ci
+
+Give the token to the caller (it is not stored anywhere) and paste the entry
+into the config, then fill in its scopes. See the README, \"Tokens and scopes\".")]
+    New {
+        /// The token's name: recorded with the runs it starts.
+        name: String,
     },
 }
 
@@ -436,8 +456,37 @@ fn run_command(command: Command) -> Result<(), Failure> {
         Command::Auth(AuthCommand::Login { connection, config }) => {
             block_on(auth::login(connection, config))
         }
+        Command::Token(TokenCommand::New { name }) => new_token(&name),
         Command::ConformanceClient { url } => block_on(conformance::run(url)),
     }
+}
+
+/// `wf-host token new NAME`.
+fn new_token(name: &str) -> Result<(), Failure> {
+    let token = wf_host::tokens::new_token();
+    let entry = wf_host::config::TokenConfig {
+        name: name.to_owned(),
+        hash: wf_host::tokens::hash_of(&token),
+        ..Default::default()
+    };
+    // The name is checked as the config will check it.
+    wf_host::tokens::Tokens::new(std::slice::from_ref(&entry)).map_err(|e| usage(anyhow!(e)))?;
+    println!("{token}");
+    println!();
+    println!("# Give the token above to its caller; it is shown once and kept nowhere.");
+    println!("# Paste this into the config, and list what the token may do:");
+    println!("[[rpc.tokens]]");
+    println!("name = {name:?}");
+    println!("hash = {:?}", entry.hash);
+    println!("start = []          # workflows it may start (globs)");
+    println!("# read = [...]      # whose runs it may see (default: start)");
+    println!("cancel = []         # whose runs it may cancel and retry");
+    println!("signal = []         # whose runs it may signal and answer");
+    println!("capabilities = []   # capability patterns it may call directly");
+    println!("console = false     # host.status");
+    println!("metrics = false     # /metrics");
+    println!("reload = false      # host.reload");
+    Ok(())
 }
 
 /// Logs to stderr, filtered by `RUST_LOG`; with `tracer`, also exports the
@@ -875,10 +924,13 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
         // Rebinding needs a loopback listener; elsewhere a token is required.
         any_host: !args.listen.ip().is_loopback(),
     };
-    wf_host::rpc::check_access(args.listen, &access).map_err(usage)?;
     // Taken before the files are read: a change while they are, counts.
     let seen = args.common.config.as_deref().map(Stamps::of_config);
     let config = load_config(args.common.config.as_deref())?;
+    let tokens = Tokens::new(&config.rpc.tokens).map_err(|e| usage(anyhow!(e)))?;
+    wf_host::rpc::check_access(args.listen, &access, !tokens.is_empty()).map_err(usage)?;
+    let tokens_required = !args.listen.ip().is_loopback() && access.token.is_none();
+    let rpc_tokens = RpcTokens::new(tokens);
     let seen = seen.map(|seen| seen.with_components(&config));
     let mut rc = runtime_config(&config, &args.common, config_limits(&config));
     rc.memory_ceiling = memory_ceiling(&config);
@@ -932,6 +984,8 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
             workflows.clone(),
             pool.clone(),
             rpc_grants.clone(),
+            rpc_tokens.clone(),
+            tokens_required,
         ))
     });
     let app = wf_host::rpc::router(
@@ -939,6 +993,7 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
             workflows: workflows.clone(),
             pool: pool.clone(),
             grants: rpc_grants,
+            tokens: rpc_tokens,
             config: reloader.clone(),
         },
         access,

@@ -129,6 +129,44 @@ pub struct RpcSection {
     /// Grants for `capability.*`, `resource.read` and `prompt.get`, as for a
     /// workflow. Absent: every capability of every configured connection.
     pub allow: Option<Vec<String>>,
+    /// `[[rpc.tokens]]`: named bearer tokens with scopes.
+    #[serde(default)]
+    pub tokens: Vec<TokenConfig>,
+}
+
+/// `[[rpc.tokens]]`: one caller's token (as a hash) and what it may do.
+/// Workflow scopes are globs over workflow names.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    /// Recorded with the runs it starts; shown in refusals.
+    pub name: String,
+    /// `sha256:<hex>` of the token, as `wf-host token new` prints it.
+    pub hash: String,
+    /// Workflows it may start.
+    #[serde(default)]
+    pub start: Vec<String>,
+    /// Workflows whose runs it may see (default: `start`).
+    pub read: Option<Vec<String>>,
+    /// Workflows whose runs it may cancel and retry.
+    #[serde(default)]
+    pub cancel: Vec<String>,
+    /// Workflows whose runs it may signal and answer.
+    #[serde(default)]
+    pub signal: Vec<String>,
+    /// Capability patterns it may call directly (`capability.call`,
+    /// `resource.read`, `prompt.get`); `[rpc] allow` still applies.
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+    /// `host.status` (the console's view of the host).
+    #[serde(default)]
+    pub console: bool,
+    /// `GET /metrics`.
+    #[serde(default)]
+    pub metrics: bool,
+    /// `host.reload`.
+    #[serde(default)]
+    pub reload: bool,
 }
 
 /// `[workflows.<name>]`: either one component (the one-node form) or a graph

@@ -56,5 +56,6 @@ pub mod secrets;
 pub mod store;
 pub mod testing;
 pub mod tls;
+pub mod tokens;
 pub mod trace;
 pub mod workflow;

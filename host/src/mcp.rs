@@ -48,6 +48,7 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 
 use crate::store::StepStatus;
+use crate::tokens::{Caller, RunScope};
 use crate::workflow::{RunRecord, Status, WorkflowError, Workflows};
 
 mod tasks;
@@ -171,6 +172,21 @@ impl WorkflowServer {
             .collect()
     }
 
+    /// Checks that `caller` may `scope` the run `run_id`; a run that does not
+    /// exist is left to the call to report.
+    async fn may(&self, caller: &Caller, scope: RunScope, run_id: &str) -> Result<(), McpError> {
+        if caller.is_unlimited() {
+            return Ok(());
+        }
+        match self.workflows.workflow_of(run_id).await {
+            Ok(workflow) => match caller.refusal(scope, &workflow) {
+                Some(refusal) => Err(McpError::invalid_request(refusal, None)),
+                None => Ok(()),
+            },
+            Err(_) => Ok(()),
+        }
+    }
+
     /// Runs `name` to the end; `Err` only for protocol errors (no such tool).
     async fn run_tool(
         &self,
@@ -178,7 +194,17 @@ impl WorkflowServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let name = request.name.as_ref();
+        let caller = caller_of(&context);
         if name == SIGNAL_TOOL && self.offers_signal() {
+            let run_id = request
+                .arguments
+                .as_ref()
+                .and_then(|a| a.get("run_id"))
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            if let Err(e) = self.may(&caller, RunScope::Signal, run_id).await {
+                return Ok(error_result(None, format!("denied: {}", e.message)).into());
+            }
             return self.signal(request).await.map(CallToolResponse::from);
         }
         let Some(exposed) = self.workflows.exposed_workflow(name) else {
@@ -217,7 +243,7 @@ impl WorkflowServer {
                 let parent = crate::trace::TraceParent::from_meta(&context.meta);
                 match self
                     .workflows
-                    .start_traced(name, input, None, &parent)
+                    .start_by(name, input, None, token_trigger(&caller), &parent)
                     .await
                 {
                     Ok(run) => run.run_id,
@@ -740,9 +766,15 @@ impl ServerHandler for WorkflowServer {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        Ok(ListToolsResult::with_all_items(self.tools()))
+        // A token sees the workflows it may start.
+        let caller = caller_of(&context);
+        let mut tools = self.tools();
+        tools.retain(|t| {
+            (t.name == SIGNAL_TOOL && self.offers_signal()) || caller.may(RunScope::Start, &t.name)
+        });
+        Ok(ListToolsResult::with_all_items(tools))
     }
 
     async fn call_tool(
@@ -756,6 +788,11 @@ impl ServerHandler for WorkflowServer {
             .is_some_and(|c| c.supports_tasks());
         let is_workflow = !(request.name == SIGNAL_TOOL && self.offers_signal())
             && self.workflows.exposed_workflow(&request.name).is_some();
+        if is_workflow
+            && let Some(refusal) = caller_of(&context).refusal(RunScope::Start, &request.name)
+        {
+            return Ok(error_result(None, format!("denied: {refusal}")).into());
+        }
         // A round of `input_required` (`requestState`) goes on its call.
         if takes_tasks && is_workflow && request.request_state.is_none() {
             return self.start_task(request, &context).await;
@@ -766,16 +803,20 @@ impl ServerHandler for WorkflowServer {
     async fn get_task(
         &self,
         request: GetTaskParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, McpError> {
+        self.may(&caller_of(&context), RunScope::Read, &request.task_id)
+            .await?;
         self.get_task_of(&request.task_id).await
     }
 
     async fn update_task(
         &self,
         request: UpdateTaskParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
+        self.may(&caller_of(&context), RunScope::Signal, &request.task_id)
+            .await?;
         self.update_task_of(&request.task_id, &request.input_responses)
             .await
     }
@@ -783,8 +824,10 @@ impl ServerHandler for WorkflowServer {
     async fn cancel_task(
         &self,
         request: CancelTaskParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
+        self.may(&caller_of(&context), RunScope::Cancel, &request.task_id)
+            .await?;
         self.cancel_task_of(&request.task_id).await
     }
 
@@ -811,10 +854,32 @@ impl ServerHandler for WorkflowServer {
     async fn read_resource(
         &self,
         request: ReadResourceRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
+        if let Some(run_id) = request.uri.strip_prefix(RUN_URI_PREFIX) {
+            self.may(&caller_of(&context), RunScope::Read, run_id)
+                .await?;
+        }
         self.read_run(&request.uri).await.map(Into::into)
     }
+}
+
+/// Who sent an MCP request: over HTTP, as the router's token check found;
+/// over stdio (`wf-host mcp`, a local client), a caller with every scope.
+fn caller_of(context: &RequestContext<RoleServer>) -> Arc<Caller> {
+    context
+        .extensions
+        .get::<axum::http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<Arc<Caller>>().cloned())
+        .unwrap_or_else(Caller::everything)
+}
+
+/// The trigger a named token's run is recorded with.
+fn token_trigger(caller: &Caller) -> Option<Value> {
+    caller
+        .name
+        .as_ref()
+        .map(|name| json!({"kind": "token", "name": name}))
 }
 
 /// The streamable-HTTP service for `/mcp`. Sessions end when the workflows

@@ -17,26 +17,38 @@ use sha2::{Digest, Sha256};
 use crate::config::Config;
 use crate::grants::Grants;
 use crate::pool::Pool;
+use crate::tokens::Tokens;
 use crate::workflow::{Reloaded, Workflows};
 
-/// The RPC grants (`[rpc] allow`), which a reload replaces.
-#[derive(Clone)]
-pub struct RpcGrants(Arc<RwLock<Arc<Grants>>>);
+/// Something of the config that the ways in read on every request and a
+/// reload replaces.
+pub struct Reloadable<T>(Arc<RwLock<Arc<T>>>);
 
-impl RpcGrants {
-    pub fn new(grants: Grants) -> RpcGrants {
-        RpcGrants(Arc::new(RwLock::new(Arc::new(grants))))
+impl<T> Clone for Reloadable<T> {
+    fn clone(&self) -> Self {
+        Reloadable(self.0.clone())
+    }
+}
+
+impl<T> Reloadable<T> {
+    pub fn new(value: T) -> Reloadable<T> {
+        Reloadable(Arc::new(RwLock::new(Arc::new(value))))
     }
 
-    /// The grants in force now.
-    pub fn load(&self) -> Arc<Grants> {
+    /// What is in force now.
+    pub fn load(&self) -> Arc<T> {
         self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    fn store(&self, grants: Grants) {
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(grants);
+    fn store(&self, value: T) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(value);
     }
 }
+
+/// The RPC grants (`[rpc] allow`).
+pub type RpcGrants = Reloadable<Grants>;
+/// The named tokens (`[[rpc.tokens]]`).
+pub type RpcTokens = Reloadable<Tokens>;
 
 /// What `host.status` shows of the config.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -61,6 +73,10 @@ pub struct Reloader {
     workflows: Arc<Workflows>,
     pool: Pool,
     grants: RpcGrants,
+    tokens: RpcTokens,
+    /// The server listens beyond loopback with no `--token`: a config
+    /// without named tokens would leave it open, and is refused.
+    tokens_required: bool,
     status: Mutex<ConfigStatus>,
     /// The files a change of which `--watch` reloads for (the config and the
     /// components it names), as they were just before the config in force
@@ -156,6 +172,8 @@ impl Reloader {
         workflows: Arc<Workflows>,
         pool: Pool,
         grants: RpcGrants,
+        tokens: RpcTokens,
+        tokens_required: bool,
     ) -> Reloader {
         let sha256 = std::fs::read(&path)
             .map(|text| hex::encode(Sha256::digest(&text)))
@@ -174,6 +192,8 @@ impl Reloader {
             workflows,
             pool,
             grants,
+            tokens,
+            tokens_required,
             turn: tokio::sync::Mutex::new(()),
         }
     }
@@ -242,6 +262,12 @@ impl Reloader {
         // Components the new config adds, before they are compiled.
         *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = seen.with_components(&config);
         let grants = Grants::new(config.rpc_allow()).map_err(|e| format!("[rpc] allow: {e}"))?;
+        let tokens = Tokens::new(&config.rpc.tokens)?;
+        if self.tokens_required && tokens.is_empty() {
+            return Err(
+                "the server listens beyond loopback without `--token`: the config must keep at least one `[[rpc.tokens]]` entry".into(),
+            );
+        }
         let workflows = self.workflows.clone();
         let loaded = config.clone();
         // Compiles the components of every workflow before it switches.
@@ -251,6 +277,7 @@ impl Reloader {
             .map_err(|e| format!("{e:#}"))?;
         self.pool.update(config.connections.clone());
         self.grants.store(grants);
+        self.tokens.store(tokens);
         Ok((report, sha256))
     }
 

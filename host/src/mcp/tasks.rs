@@ -90,7 +90,10 @@ impl WorkflowServer {
         let parent = crate::trace::TraceParent::from_meta(&context.meta);
         // Marked as a task's run: only those are tasks (a run started
         // otherwise, by a schedule or over RPC, is not this face's to cancel).
-        let trigger = json!({"kind": TASK_TRIGGER});
+        let mut trigger = json!({"kind": TASK_TRIGGER});
+        if let Some(name) = &super::caller_of(context).name {
+            trigger["token"] = json!(name);
+        }
         let run = match self
             .workflows
             .start_triggered(name, input, None, trigger, &parent)

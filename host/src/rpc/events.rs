@@ -9,6 +9,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Extension;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -18,6 +19,7 @@ use tokio::sync::broadcast::error::RecvError;
 
 use super::App;
 use crate::store::EventRow;
+use crate::tokens::{Caller, RunScope};
 use crate::workflow::{WorkflowError, Workflows};
 
 /// Kept events read per query while catching up.
@@ -25,11 +27,16 @@ const PAGE: u32 = 500;
 
 pub(super) async fn run_events(
     State(app): State<App>,
+    Extension(caller): Extension<Arc<Caller>>,
     Path(run_id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    match app.state.workflows.get(&run_id, false).await {
-        Ok(_) => {}
+    match app.state.workflows.workflow_of(&run_id).await {
+        Ok(workflow) => {
+            if let Some(refusal) = caller.refusal(RunScope::Read, &workflow) {
+                return (StatusCode::FORBIDDEN, format!("{refusal}\n")).into_response();
+            }
+        }
         Err(WorkflowError::UnknownRun(_)) => {
             return (StatusCode::NOT_FOUND, format!("unknown run `{run_id}`\n")).into_response();
         }
@@ -37,6 +44,7 @@ pub(super) async fn run_events(
     }
     let stream = events(
         app.state.workflows.clone(),
+        caller,
         Some(run_id),
         last_event_id(&headers),
     );
@@ -45,8 +53,17 @@ pub(super) async fn run_events(
         .into_response()
 }
 
-pub(super) async fn all_events(State(app): State<App>, headers: HeaderMap) -> Response {
-    let stream = events(app.state.workflows.clone(), None, last_event_id(&headers));
+pub(super) async fn all_events(
+    State(app): State<App>,
+    Extension(caller): Extension<Arc<Caller>>,
+    headers: HeaderMap,
+) -> Response {
+    let stream = events(
+        app.state.workflows.clone(),
+        caller,
+        None,
+        last_event_id(&headers),
+    );
     Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response()
@@ -80,10 +97,13 @@ fn to_sse(row: &EventRow) -> Event {
 /// The kept events past `after`, then the live ones, of `run` or of all runs.
 fn events(
     workflows: Arc<Workflows>,
+    caller: Arc<Caller>,
     run: Option<String>,
     after: i64,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     async_stream(move |tx| async move {
+        // Of all runs, a token sees those of the workflows it may read.
+        let mut visible = Visible::new(&workflows, &caller, run.is_none());
         // Subscribed before reading the log: an event kept meanwhile is in
         // one or the other (or both, and then skipped by id).
         let mut live = workflows.subscribe();
@@ -99,6 +119,9 @@ fn events(
                 let full = page.len() == PAGE as usize;
                 for row in page {
                     last = row.id;
+                    if !visible.shows(&row).await {
+                        continue;
+                    }
                     if tx.send(to_sse(&row)).await.is_err() {
                         return;
                     }
@@ -119,7 +142,7 @@ fn events(
                 match row {
                     Ok(row) if !ours(&row) => {}
                     Ok(row) if row.id == 0 => {
-                        if tx.send(to_sse(&row)).await.is_err() {
+                        if visible.shows(&row).await && tx.send(to_sse(&row)).await.is_err() {
                             return;
                         }
                     }
@@ -130,6 +153,9 @@ fn events(
                     Ok(row) if row.id > last + 1 && run.is_none() => continue 'catch_up,
                     Ok(row) => {
                         last = row.id;
+                        if !visible.shows(&row).await {
+                            continue;
+                        }
                         if tx.send(to_sse(&row)).await.is_err() || ends(&row) {
                             return;
                         }
@@ -154,4 +180,45 @@ where
     futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|event| (Ok(event), rx))
     })
+}
+
+/// Which runs' events a stream of all runs shows its caller: those of the
+/// workflows its token may read (every one, for an unlimited caller or a
+/// run's own stream, checked before it opened).
+struct Visible<'a> {
+    workflows: &'a Workflows,
+    caller: &'a Caller,
+    check: bool,
+    /// Run id → shown; cleared when it grows past a bound.
+    seen: std::collections::HashMap<String, bool>,
+}
+
+impl<'a> Visible<'a> {
+    fn new(workflows: &'a Workflows, caller: &'a Caller, all_runs: bool) -> Visible<'a> {
+        Visible {
+            workflows,
+            caller,
+            check: all_runs && !caller.is_unlimited(),
+            seen: std::collections::HashMap::new(),
+        }
+    }
+
+    async fn shows(&mut self, row: &EventRow) -> bool {
+        if !self.check {
+            return true;
+        }
+        if let Some(&shown) = self.seen.get(&row.run_id) {
+            return shown;
+        }
+        let workflow = match row.data.get("workflow").and_then(|w| w.as_str()) {
+            Some(w) if row.kind == crate::store::RUN_STARTED => Some(w.to_owned()),
+            _ => self.workflows.workflow_of(&row.run_id).await.ok(),
+        };
+        let shown = workflow.is_some_and(|w| self.caller.may(RunScope::Read, &w));
+        if self.seen.len() >= 10_000 {
+            self.seen.clear();
+        }
+        self.seen.insert(row.run_id.clone(), shown);
+        shown
+    }
 }

@@ -15,7 +15,8 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
-use super::{App, BodyError, authorized, origin_refusal, read_body};
+use super::{App, BodyError, identify, origin_refusal, read_body};
+use crate::tokens::RunScope;
 use crate::workflow::WorkflowError;
 use crate::workflow::webhook::{Delivery, HookError, Verify};
 
@@ -67,13 +68,14 @@ async fn handle(
         if let Some((status, message)) = origin_refusal(&app.access, headers, None) {
             return error(status, message);
         }
-        if let Some(token) = &app.access.token
-            && !authorized(headers, token)
-        {
+        let Some(caller) = identify(app, headers) else {
             return error(
                 StatusCode::UNAUTHORIZED,
-                "this webhook verifies no signature (`verify = \"none\"`), so it takes the server's bearer token".into(),
+                "this webhook verifies no signature (`verify = \"none\"`), so it takes a bearer token of the server".into(),
             );
+        };
+        if let Some(refusal) = caller.refusal(RunScope::Start, workflow) {
+            return error(StatusCode::FORBIDDEN, refusal);
         }
     }
     let max = usize::try_from(hook.max_input).unwrap_or(usize::MAX);

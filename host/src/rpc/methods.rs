@@ -11,8 +11,9 @@ use serde_json::{Map, Value, json};
 use super::jsonrpc::{self, RpcError, named_params};
 use crate::capability::{CapabilityBackend, CapabilityError};
 use crate::pool::Pool;
-use crate::reload::{Reloader, RpcGrants};
+use crate::reload::{Reloader, RpcGrants, RpcTokens};
 use crate::store::{ListQuery, StoreError};
+use crate::tokens::{Caller, HostScope, RunScope};
 use crate::trace::TraceParent;
 use crate::workflow::{Status, WorkflowError, Workflows};
 
@@ -24,12 +25,17 @@ pub struct RpcState {
     /// What RPC clients may call and list (`[rpc] allow`), checked before
     /// anything reaches the pool; a reload replaces them.
     pub grants: RpcGrants,
+    /// The named tokens (`[[rpc.tokens]]`); a reload replaces them.
+    pub tokens: RpcTokens,
     /// The config file `host.reload` reloads, if the server has one.
     pub config: Option<Arc<Reloader>>,
 }
 
 impl RpcState {
-    fn check(&self, qualified: &str) -> Result<(), RpcError> {
+    fn check(&self, caller: &Caller, qualified: &str) -> Result<(), RpcError> {
+        if let Some(refusal) = caller.call_refusal(qualified) {
+            return Err(capability_error(CapabilityError::Denied(refusal)));
+        }
         let grants = self.grants.load();
         if grants.allows(qualified) {
             return Ok(());
@@ -48,21 +54,61 @@ impl RpcState {
     }
 }
 
+/// Pages of runs `workflow.list` reads for a token that sees only some
+/// workflows, to fill one answer.
+const MAX_FILTERED_PAGES: usize = 20;
+
 /// Longest `workflow.wait` (and `workflow.start` with `wait`) may block.
 const MAX_WAIT: Duration = Duration::from_secs(300);
 const DEFAULT_WAIT: Duration = Duration::from_secs(30);
 
-/// Calls `method` with `params`; a run it starts continues `parent`'s trace.
+/// A refusal of `caller`'s token.
+fn denied(message: String) -> RpcError {
+    RpcError::new(jsonrpc::DENIED, message)
+}
+
+/// Checks that `caller` may `scope` the run `run_id` (by its workflow).
+async fn may_run(
+    state: &RpcState,
+    caller: &Caller,
+    run_id: &str,
+    scope: RunScope,
+) -> Result<(), RpcError> {
+    if caller.is_unlimited() {
+        return Ok(());
+    }
+    let workflow = state
+        .workflows
+        .workflow_of(run_id)
+        .await
+        .map_err(workflow_error)?;
+    match caller.refusal(scope, &workflow) {
+        Some(refusal) => Err(denied(refusal)),
+        None => Ok(()),
+    }
+}
+
+fn may_host(caller: &Caller, scope: HostScope) -> Result<(), RpcError> {
+    match caller.host_refusal(scope) {
+        Some(refusal) => Err(denied(refusal)),
+        None => Ok(()),
+    }
+}
+
+/// Calls `method` with `params` for `caller`; a run it starts continues
+/// `parent`'s trace.
 pub async fn call(
     state: &RpcState,
+    caller: &Caller,
     method: &str,
     params: Value,
     parent: &TraceParent,
 ) -> Result<Value, RpcError> {
     match method {
-        "workflow.start" => workflow_start(state, params, parent).await,
+        "workflow.start" => workflow_start(state, caller, params, parent).await,
         "workflow.get" => {
             let p: GetParams = parse(params, &["run_id", "calls", "logs"])?;
+            may_run(state, caller, &p.run_id, RunScope::Read).await?;
             let mut record = state
                 .workflows
                 .get(&p.run_id, p.calls)
@@ -82,6 +128,7 @@ pub async fn call(
         }
         "workflow.wait" => {
             let p: WaitParams = parse(params, &["run_id", "timeout_ms"])?;
+            may_run(state, caller, &p.run_id, RunScope::Read).await?;
             let timeout = p
                 .timeout_ms
                 .map_or(DEFAULT_WAIT, Duration::from_millis)
@@ -96,6 +143,7 @@ pub async fn call(
         }
         "workflow.cancel" => {
             let p: RunParams = parse(params, &["run_id"])?;
+            may_run(state, caller, &p.run_id, RunScope::Cancel).await?;
             Ok(json!(
                 state
                     .workflows
@@ -106,6 +154,7 @@ pub async fn call(
         }
         "workflow.retry" => {
             let p: RunParams = parse(params, &["run_id"])?;
+            may_run(state, caller, &p.run_id, RunScope::Cancel).await?;
             Ok(json!(
                 state
                     .workflows
@@ -116,6 +165,7 @@ pub async fn call(
         }
         "workflow.signal" => {
             let p: SignalParams = parse(params, &["run_id", "signal", "payload"])?;
+            may_run(state, caller, &p.run_id, RunScope::Signal).await?;
             Ok(json!(
                 state
                     .workflows
@@ -127,6 +177,7 @@ pub async fn call(
         "workflow.answer" => {
             let p: AnswerParams =
                 parse(params, &["run_id", "step_id", "item", "action", "content"])?;
+            may_run(state, caller, &p.run_id, RunScope::Signal).await?;
             let answer = crate::capability::Answer {
                 action: p.action,
                 content: p.content,
@@ -141,22 +192,50 @@ pub async fn call(
         }
         "workflow.waiting" => {
             let p: LimitParams = parse(params, &["limit"])?;
-            let steps = state
+            let mut steps = state
                 .workflows
                 .waiting_steps(p.limit.unwrap_or(100).clamp(1, 1000))
                 .await
                 .map_err(workflow_error)?;
+            steps.retain(|s| caller.may(RunScope::Read, &s.workflow));
             Ok(json!({ "steps": steps }))
         }
         "workflow.list" => {
             let p: ListParams = parse(params, &["workflow", "status", "limit", "cursor"])?;
-            let query = ListQuery {
+            if let Some(refusal) = p
+                .workflow
+                .as_deref()
+                .and_then(|w| caller.refusal(RunScope::Read, w))
+            {
+                return Err(denied(refusal));
+            }
+            let mut query = ListQuery {
                 workflow: p.workflow,
                 status: p.status,
                 limit: p.limit.unwrap_or(100).clamp(1, 1000),
                 cursor: p.cursor,
             };
-            let (runs, next) = state.workflows.list(&query).await.map_err(workflow_error)?;
+            let (mut runs, mut next) =
+                state.workflows.list(&query).await.map_err(workflow_error)?;
+            if !caller.is_unlimited() {
+                // The runs of other workflows are left out; further pages
+                // fill the answer, a bounded number of them.
+                let limit = query.limit as usize;
+                runs.retain(|r| caller.may(RunScope::Read, &r.workflow));
+                for _ in 0..MAX_FILTERED_PAGES {
+                    let Some(cursor) = next.take().filter(|_| runs.len() < limit) else {
+                        break;
+                    };
+                    query.cursor = Some(cursor);
+                    let (more, after) =
+                        state.workflows.list(&query).await.map_err(workflow_error)?;
+                    runs.extend(
+                        more.into_iter()
+                            .filter(|r| caller.may(RunScope::Read, &r.workflow)),
+                    );
+                    next = after;
+                }
+            }
             let mut out = json!({ "runs": runs });
             if let Some(next) = next {
                 out["next_cursor"] = json!(next);
@@ -167,13 +246,13 @@ pub async fn call(
             let _: Empty = parse(params, &[])?;
             let mut entries = state.pool.list().await.map_err(capability_error)?;
             let grants = state.grants.load();
-            entries.retain(|e| grants.allows(&e.name));
+            entries.retain(|e| grants.allows(&e.name) && caller.may_call(&e.name));
             Ok(json!({ "capabilities": entries }))
         }
         "capability.call" => {
             let p: NamedArgs = parse(params, &["name", "arguments"])?;
             let (connection, tool) = split(&p.name)?;
-            state.check(&p.name)?;
+            state.check(caller, &p.name)?;
             let result =
                 CapabilityBackend::call_tool(&state.pool, connection, tool, p.arguments).await;
             crate::capability::with_tool_hint(&state.pool, &state.grants.load(), connection, result)
@@ -183,7 +262,7 @@ pub async fn call(
         "resource.read" => {
             let p: ResourceParams = parse(params, &["connection", "uri"])?;
             // Resources are granted as `<connection>.<uri>`, as for nodes.
-            state.check(&format!("{}.{}", p.connection, p.uri))?;
+            state.check(caller, &format!("{}.{}", p.connection, p.uri))?;
             CapabilityBackend::read_resource(&state.pool, &p.connection, &p.uri)
                 .await
                 .map_err(capability_error)
@@ -191,13 +270,14 @@ pub async fn call(
         "prompt.get" => {
             let p: NamedArgs = parse(params, &["name", "arguments"])?;
             let (connection, prompt) = split(&p.name)?;
-            state.check(&p.name)?;
+            state.check(caller, &p.name)?;
             CapabilityBackend::get_prompt(&state.pool, connection, prompt, p.arguments)
                 .await
                 .map_err(capability_error)
         }
         "host.status" => {
             let _: Empty = parse(params, &[])?;
+            may_host(caller, HostScope::Console)?;
             let store = state
                 .workflows
                 .state_status()
@@ -228,6 +308,7 @@ pub async fn call(
         }
         "host.reload" => {
             let _: Empty = parse(params, &[])?;
+            may_host(caller, HostScope::Reload)?;
             let Some(reloader) = &state.config else {
                 return Err(RpcError::new(
                     jsonrpc::CONFIG_INVALID,
@@ -249,13 +330,22 @@ pub async fn call(
 
 async fn workflow_start(
     state: &RpcState,
+    caller: &Caller,
     params: Value,
     parent: &TraceParent,
 ) -> Result<Value, RpcError> {
     let p: StartParams = parse(params, &["workflow", "input", "wait", "idempotency_key"])?;
+    if let Some(refusal) = caller.refusal(RunScope::Start, &p.workflow) {
+        return Err(denied(refusal));
+    }
+    // A named token is recorded with the run it starts.
+    let trigger = caller
+        .name
+        .as_ref()
+        .map(|name| json!({"kind": "token", "name": name}));
     let record = state
         .workflows
-        .start_traced(&p.workflow, p.input, p.idempotency_key, parent)
+        .start_by(&p.workflow, p.input, p.idempotency_key, trigger, parent)
         .await
         .map_err(workflow_error)?;
     let record = if p.wait {

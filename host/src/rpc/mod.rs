@@ -18,8 +18,8 @@ mod openrpc;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
+use crate::tokens::{Caller, HostScope};
 use crate::trace::TraceParent;
-use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::uri::Authority;
@@ -27,6 +27,7 @@ use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::{Extension, Router};
 use bytes::BytesMut;
 use futures::{StreamExt, stream};
 use serde_json::Value;
@@ -84,12 +85,20 @@ pub enum ServeError {
     Io(#[from] std::io::Error),
 }
 
-/// Checks that a non-loopback address comes with a token.
+/// Checks that a non-loopback address comes with a token: `--token`, or
+/// named tokens (`named_tokens`).
 ///
 /// # Errors
 /// [`ServeError::TokenRequired`].
-pub fn check_access(addr: SocketAddr, access: &Access) -> Result<(), ServeError> {
-    if !addr.ip().is_loopback() && access.token.as_deref().is_none_or(str::is_empty) {
+pub fn check_access(
+    addr: SocketAddr,
+    access: &Access,
+    named_tokens: bool,
+) -> Result<(), ServeError> {
+    if !addr.ip().is_loopback()
+        && access.token.as_deref().is_none_or(str::is_empty)
+        && !named_tokens
+    {
         return Err(ServeError::TokenRequired(addr));
     }
     Ok(())
@@ -197,15 +206,13 @@ pub async fn serve(
     Ok(())
 }
 
-fn authorized(headers: &HeaderMap, token: &str) -> bool {
-    let Some(given) = headers
+/// The bearer token of a request.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-    else {
-        return false;
-    };
-    constant_time_eq::constant_time_eq(given.trim().as_bytes(), token.as_bytes())
+        .map(str::trim)
 }
 
 /// Refuses what a web page could send behind the user's back, before anything
@@ -301,7 +308,10 @@ fn refuse(status: StatusCode, message: String) -> Response {
 }
 
 /// `GET /metrics`: Prometheus text.
-async fn metrics(State(app): State<App>) -> Response {
+async fn metrics(State(app): State<App>, Extension(caller): Extension<Arc<Caller>>) -> Response {
+    if let Some(refusal) = caller.host_refusal(HostScope::Metrics) {
+        return forbidden(refusal);
+    }
     let connections: Vec<(String, bool, u64)> = app
         .state
         .pool
@@ -322,26 +332,53 @@ async fn metrics(State(app): State<App>) -> Response {
         .into_response()
 }
 
-/// The bearer token rule of every route but `/healthz`.
+/// The bearer token rule of every route but `/healthz`: the `--token` (every
+/// scope), a named token (its scopes), or, with neither configured, anyone
+/// (a loopback server). The caller goes with the request.
 async fn bearer_token(
     State(app): State<App>,
-    request: axum::extract::Request,
+    mut request: axum::extract::Request,
     next: Next,
 ) -> Response {
-    if let Some(token) = &app.access.token
-        && !authorized(request.headers(), token)
-    {
+    let Some(caller) = identify(&app, request.headers()) else {
         return (
             StatusCode::UNAUTHORIZED,
             [(header::WWW_AUTHENTICATE, "Bearer")],
             "missing or wrong bearer token\n",
         )
             .into_response();
-    }
+    };
+    request.extensions_mut().insert(caller);
     next.run(request).await
 }
 
-async fn rpc(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
+/// Who sent a request: `None` when a token is needed and it has none (or a
+/// wrong one).
+fn identify(app: &App, headers: &HeaderMap) -> Option<Arc<Caller>> {
+    let tokens = app.state.tokens.load();
+    if app.access.token.is_none() && tokens.is_empty() {
+        return Some(Caller::everything());
+    }
+    let given = bearer(headers)?;
+    match &app.access.token {
+        Some(token) if constant_time_eq::constant_time_eq(given.as_bytes(), token.as_bytes()) => {
+            Some(Caller::everything())
+        }
+        _ => tokens.identify(given),
+    }
+}
+
+/// A 403 for a token that lacks a scope.
+fn forbidden(message: String) -> Response {
+    (StatusCode::FORBIDDEN, format!("{message}\n")).into_response()
+}
+
+async fn rpc(
+    State(app): State<App>,
+    Extension(caller): Extension<Arc<Caller>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     match headers.get(header::CONTENT_TYPE) {
         Some(ct) if ct.to_str().is_ok_and(is_json) => {}
         Some(ct) => {
@@ -376,7 +413,7 @@ async fn rpc(State(app): State<App>, headers: HeaderMap, body: Body) -> Response
         }
     };
     let parent = TraceParent::from_headers(&headers);
-    match handle_body_traced(&app.state, &bytes, &parent).await {
+    match handle_body_as(&app.state, &caller, &bytes, &parent).await {
         Some(reply) => json_response(StatusCode::OK, reply),
         // Only notifications: nothing to say.
         None => StatusCode::NO_CONTENT.into_response(),
@@ -428,10 +465,20 @@ pub async fn handle_body(state: &RpcState, body: &[u8]) -> Option<Value> {
     handle_body_traced(state, body, &TraceParent::none()).await
 }
 
-/// [`handle_body`] for a request that came with a trace context: the runs it
-/// starts continue that trace.
+/// [`handle_body_as`] for a caller with every scope.
 pub async fn handle_body_traced(
     state: &RpcState,
+    body: &[u8],
+    parent: &TraceParent,
+) -> Option<Value> {
+    handle_body_as(state, &Caller::everything(), body, parent).await
+}
+
+/// [`handle_body`] for `caller` (what its token may do), for a request that
+/// came with a trace context: the runs it starts continue that trace.
+pub async fn handle_body_as(
+    state: &RpcState,
+    caller: &Caller,
     body: &[u8],
     parent: &TraceParent,
 ) -> Option<Value> {
@@ -462,23 +509,28 @@ pub async fn handle_body_traced(
         Value::Array(items) => {
             // A few at a time, replies in request order.
             let replies: Vec<Value> = stream::iter(items)
-                .map(|item| handle_one(state, item, parent))
+                .map(|item| handle_one(state, caller, item, parent))
                 .buffered(BATCH_CONCURRENCY)
                 .filter_map(|reply| async move { reply })
                 .collect()
                 .await;
             (!replies.is_empty()).then_some(Value::Array(replies))
         }
-        single => handle_one(state, single, parent).await,
+        single => handle_one(state, caller, single, parent).await,
     }
 }
 
-async fn handle_one(state: &RpcState, value: Value, parent: &TraceParent) -> Option<Value> {
+async fn handle_one(
+    state: &RpcState,
+    caller: &Caller,
+    value: Value,
+    parent: &TraceParent,
+) -> Option<Value> {
     let request = match jsonrpc::parse_request(value) {
         Ok(r) => r,
         Err((error, id)) => return Some(jsonrpc::failure(id, error)),
     };
-    let result = methods::call(state, &request.method, request.params, parent).await;
+    let result = methods::call(state, caller, &request.method, request.params, parent).await;
     // A notification gets no response, even when it failed.
     let id = request.id?;
     Some(match result {

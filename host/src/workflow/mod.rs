@@ -555,6 +555,14 @@ impl Workflows {
             .ok_or_else(|| WorkflowError::UnknownRun(run_id.to_owned()))
     }
 
+    /// The workflow of the run `run_id` (what a token's scopes are about).
+    ///
+    /// # Errors
+    /// [`WorkflowError::UnknownRun`], [`WorkflowError::Store`].
+    pub async fn workflow_of(&self, run_id: &str) -> Result<String, WorkflowError> {
+        Ok(self.stored_run(run_id).await?.workflow)
+    }
+
     /// The record of `run_id` with its steps, and their calls when `calls`.
     ///
     /// # Errors

@@ -141,8 +141,25 @@ impl Workflows {
         idempotency_key: Option<String>,
         parent: &TraceParent,
     ) -> Result<RunRecord, WorkflowError> {
+        self.start_by(workflow, input, idempotency_key, None, parent)
+            .await
+    }
+
+    /// [`Workflows::start_traced`], recording `trigger` (e.g. the named token
+    /// that started it) with the run.
+    ///
+    /// # Errors
+    /// As [`Workflows::start`].
+    pub async fn start_by(
+        self: &Arc<Self>,
+        workflow: &str,
+        input: Value,
+        idempotency_key: Option<String>,
+        trigger: Option<Value>,
+        parent: &TraceParent,
+    ) -> Result<RunRecord, WorkflowError> {
         let started = self
-            .start_with(workflow, input, idempotency_key, None, parent)
+            .start_with(workflow, input, idempotency_key, trigger, parent)
             .await?;
         Ok(started.run)
     }

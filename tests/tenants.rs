@@ -1,14 +1,25 @@
-//! Secrets by reference, from a real `wf-host serve`: a planted secret
-//! reaches the MCP server that needs it and no byte of what the host writes
-//! (the state, the debug log, `/events`, `/metrics`, answers); a workflow's
-//! `redact` fields are not journaled; a secret that cannot be had, or a file
-//! others may read, refuses the config.
+//! Tenants and secrets, from a real `wf-host serve`.
+//!
+//! Secrets by reference: a planted secret reaches the MCP server that needs
+//! it and no byte of what the host writes (the state, the debug log,
+//! `/events`, `/metrics`, answers); a workflow's `redact` fields are not
+//! journaled; a secret that cannot be had, or a file others may read,
+//! refuses the config.
+//!
+//! Named tokens: made by `wf-host token new`, each held to its scopes on
+//! `/rpc`, `/mcp`, `/events` and `/metrics`; a refused start stores nothing;
+//! a run records the token that started it.
 
 mod common;
 
-use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+use rmcp::ServiceExt;
+use rmcp::model::CallToolRequestParams;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use serde_json::{Value, json};
 
 use common::serve::Serve;
 use common::*;
@@ -250,4 +261,221 @@ fn a_secret_that_cannot_be_had_refuses_the_config() {
     for secret in [PLANTED, IN_FILE] {
         assert!(!err.contains(secret), "{err}");
     }
+}
+
+/// `wf-host token new NAME`: the token (stdout's first line) and the
+/// `[[rpc.tokens]]` entry it printed, name and hash only.
+fn new_token(name: &str) -> (String, String) {
+    let out = Command::new(wf_host_bin())
+        .args(["token", "new", name])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let token = text.lines().next().unwrap().to_owned();
+    let hash = text
+        .lines()
+        .find(|l| l.starts_with("hash = "))
+        .unwrap()
+        .to_owned();
+    // Shown once, and the config holds its hash only.
+    assert_eq!(text.matches(&token).count(), 1, "{text}");
+    (token, format!("[[rpc.tokens]]\nname = {name:?}\n{hash}\n"))
+}
+
+async fn rpc(serve: &Serve, token: &str, method: &str, params: Value) -> Value {
+    serve.rpc(method, params, Some(token)).await
+}
+
+fn denied(reply: &Value, says: &str) {
+    assert_eq!(reply["error"]["code"], -32003, "{reply}");
+    let message = reply["error"]["message"].as_str().unwrap();
+    assert!(message.contains(says), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_token_is_held_to_its_scopes_everywhere() {
+    let echo = repo_root().join("plugins/echo.wasm");
+    let (ci, ci_entry) = new_token("ci");
+    let (ops, ops_entry) = new_token("ops");
+    let serve = Serve::start(
+        |dir| {
+            let path = dir.join("wf.toml");
+            std::fs::write(
+                &path,
+                format!(
+                    r#"[connections.fixture]
+command = "wf-host"
+args = ["fixture-server"]
+
+[workflows.deploy]
+component = {echo:?}
+expose = true
+
+[workflows.billing]
+component = {echo:?}
+expose = true
+
+{ci_entry}start = ["deploy"]
+
+{ops_entry}start = ["*"]
+cancel = ["*"]
+capabilities = ["fixture.echo"]
+console = true
+metrics = true
+"#
+                ),
+            )
+            .unwrap();
+            path
+        },
+        &[],
+    );
+    // No token, or a wrong one: nothing.
+    let (status, _) = serve.get("/metrics", None).await;
+    assert_eq!(status, 401);
+    let (status, _) = serve.get("/metrics", Some("wfh_wrong")).await;
+    assert_eq!(status, 401);
+
+    // A start outside the token's scope is refused and stores nothing.
+    let refused = rpc(
+        &serve,
+        &ci,
+        "workflow.start",
+        json!({"workflow": "billing", "input": 1, "wait": true}),
+    )
+    .await;
+    denied(
+        &refused,
+        "token `ci` may not start runs of workflow `billing`",
+    );
+    let all = rpc(&serve, &ops, "workflow.list", json!({})).await;
+    assert_eq!(all["result"]["runs"], json!([]), "{all}");
+
+    // Within it: the run records the token.
+    let mine = rpc(
+        &serve,
+        &ci,
+        "workflow.start",
+        json!({"workflow": "deploy", "input": 1, "wait": true}),
+    )
+    .await;
+    assert_eq!(mine["result"]["status"], "succeeded", "{mine}");
+    let mine_id = mine["result"]["run_id"].as_str().unwrap().to_owned();
+    let theirs = rpc(
+        &serve,
+        &ops,
+        "workflow.start",
+        json!({"workflow": "billing", "input": 2, "wait": true}),
+    )
+    .await;
+    let theirs_id = theirs["result"]["run_id"].as_str().unwrap().to_owned();
+    let got = rpc(&serve, &ops, "workflow.get", json!({"run_id": mine_id})).await;
+    assert_eq!(
+        got["result"]["trigger"],
+        json!({"kind": "token", "name": "ci"}),
+        "{got}"
+    );
+
+    // A token sees only the runs its scopes allow.
+    denied(
+        &rpc(&serve, &ci, "workflow.get", json!({"run_id": theirs_id})).await,
+        "may not read runs of workflow `billing`",
+    );
+    let listed = rpc(&serve, &ci, "workflow.list", json!({})).await;
+    let ids: Vec<&str> = listed["result"]["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [mine_id.as_str()], "{listed}");
+    denied(
+        &rpc(&serve, &ci, "workflow.list", json!({"workflow": "billing"})).await,
+        "may not read",
+    );
+    let (status, _) = serve
+        .get(&format!("/runs/{theirs_id}/events"), Some(&ci))
+        .await;
+    assert_eq!(status, 403);
+    let (status, events) = serve
+        .get(&format!("/runs/{mine_id}/events"), Some(&ci))
+        .await;
+    assert_eq!(status, 200);
+    assert!(events.contains("run.finished"), "{events}");
+
+    // Cancel, capabilities, the console's status, metrics, reload.
+    denied(
+        &rpc(&serve, &ci, "workflow.cancel", json!({"run_id": mine_id})).await,
+        "may not cancel",
+    );
+    let call = json!({"name": "fixture.echo", "arguments": {"text": "hi"}});
+    denied(
+        &rpc(&serve, &ci, "capability.call", call.clone()).await,
+        "token `ci` may not call `fixture.echo`",
+    );
+    let called = rpc(&serve, &ops, "capability.call", call).await;
+    assert!(called["result"].is_object(), "{called}");
+    denied(
+        &rpc(&serve, &ci, "host.status", json!({})).await,
+        "lacks the `console` scope",
+    );
+    assert!(rpc(&serve, &ops, "host.status", json!({})).await["result"].is_object());
+    denied(
+        &rpc(&serve, &ops, "host.reload", json!({})).await,
+        "lacks the `reload` scope",
+    );
+    let (status, body) = serve.get("/metrics", Some(&ci)).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("`metrics` scope"), "{body}");
+    let (status, _) = serve.get("/metrics", Some(&ops)).await;
+    assert_eq!(status, 200);
+
+    // `/mcp`: the tools are the workflows the token may start.
+    let mut config = StreamableHttpClientTransportConfig::with_uri(serve.mcp_url());
+    config = config.auth_header(ci.clone());
+    let client =
+        ().serve(StreamableHttpClientTransport::from_config(config))
+            .await
+            .expect("initialize");
+    let tools = client.list_all_tools().await.unwrap();
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    assert_eq!(names, ["deploy"]);
+    let result = client
+        .call_tool(CallToolRequestParams::new("billing"))
+        .await
+        .unwrap();
+    assert_eq!(result.is_error, Some(true), "{result:?}");
+    let text = serde_json::to_string(&result.content).unwrap();
+    assert!(
+        text.contains("may not start runs of workflow `billing`"),
+        "{text}"
+    );
+    client.cancel().await.unwrap();
+
+    // Still: only the two runs that were allowed.
+    let all = rpc(&serve, &ops, "workflow.list", json!({})).await;
+    assert_eq!(all["result"]["runs"].as_array().unwrap().len(), 2, "{all}");
+}
+
+#[test]
+fn a_token_entry_with_the_token_itself_refuses_the_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("wf.toml");
+    std::fs::write(
+        &path,
+        "[[rpc.tokens]]\nname = \"ci\"\nhash = \"the-token-itself\"\n",
+    )
+    .unwrap();
+    let out = Command::new(wf_host_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("[[rpc.tokens]] `ci`: `hash` is not `sha256:`"),
+        "{err}"
+    );
 }
