@@ -136,9 +136,9 @@ like code, and re-run this command to accept them.")]
     /// Named bearer tokens for `wf-host serve` (`[[rpc.tokens]]`).
     #[command(subcommand)]
     Token(TokenCommand),
-    /// The client the MCP conformance suite drives: the suite appends the
-    /// server URL and sets `MCP_CONFORMANCE_SCENARIO` (and, for client
-    /// credentials, `MCP_CONFORMANCE_CONTEXT`).
+    /// The client the MCP conformance suite drives for its scenarios that
+    /// are not about sign-in (those are played with `auth login` and `run`):
+    /// the suite appends the server URL.
     #[command(hide = true)]
     ConformanceClient { url: String },
 }

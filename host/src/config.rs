@@ -446,9 +446,15 @@ pub struct AuthConfig {
     pub client_secret: Option<ConfigValue>,
     /// The host variable holding the client secret.
     pub client_secret_env: Option<String>,
-    /// Scopes to ask for; none: the authorization server's default grant.
+    /// Scopes to ask for besides those the server names (its
+    /// `WWW-Authenticate` challenge, else its metadata's `scopes_supported`)
+    /// and those a refused call asked for since.
     #[serde(default)]
     pub scopes: Vec<String>,
+    /// `wf-host auth login` with no `client_id`: the HTTPS URL of this
+    /// client's metadata document (SEP-991), used as its client id where the
+    /// authorization server supports that; else the client registers.
+    pub client_metadata_url: Option<String>,
     /// How the client authenticates at the token endpoint.
     #[serde(default)]
     pub token_endpoint_auth: TokenEndpointAuth,
@@ -769,6 +775,14 @@ fn check_remote(id: &str, conn: &ConnectionConfig, base_dir: &Path) -> Result<()
                 "connection `{id}`: `auth` sets both `client_secret` and `client_secret_env`; pick one"
             ));
         }
+        if let Some(document) = &auth.client_metadata_url {
+            let valid = url_has_path(document, "https://");
+            if !valid {
+                return Err(format!(
+                    "connection `{id}`: `auth.client_metadata_url` must be an https:// URL with a path (the client metadata document), not `{document}`"
+                ));
+            }
+        }
         if auth.kind == AuthKind::ClientCredentials
             && (auth.client_id.is_none()
                 || (auth.client_secret.is_none() && auth.client_secret_env.is_none()))
@@ -779,4 +793,11 @@ fn check_remote(id: &str, conn: &ConnectionConfig, base_dir: &Path) -> Result<()
         }
     }
     Ok(())
+}
+
+/// Whether `url` starts with `scheme` and names a host and a path beyond `/`.
+fn url_has_path(url: &str, scheme: &str) -> bool {
+    url.strip_prefix(scheme)
+        .and_then(|rest| rest.split_once('/'))
+        .is_some_and(|(host, path)| !host.is_empty() && !path.is_empty())
 }

@@ -94,7 +94,9 @@ pub struct SecretRef {
 }
 
 /// A config value that is either written out or a secret by reference.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// `Debug` shows neither: an inline value may be a secret too (an inline
+/// `client_secret`, a `Bearer` header).
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub enum ConfigValue {
     Plain(String),
     /// `value` is the prefix and the secret, once resolved.
@@ -102,6 +104,17 @@ pub enum ConfigValue {
         from: SecretRef,
         value: Option<Secret>,
     },
+}
+
+impl std::fmt::Debug for ConfigValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigValue::Plain(_) => f.write_str("Plain([hidden])"),
+            ConfigValue::Secret { from, .. } => {
+                f.debug_struct("Secret").field("from", from).finish()
+            }
+        }
+    }
 }
 
 impl ConfigValue {

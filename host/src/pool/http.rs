@@ -264,8 +264,11 @@ impl HostClient {
                     resend(Some(token)).await
                 }
                 Err(StreamableHttpError::InsufficientScope(e)) => {
-                    let token = oauth.step_up(e.required_scope.as_deref()).await?;
-                    resend(Some(token)).await
+                    match oauth.step_up(e.required_scope.as_deref()).await {
+                        Ok(token) => resend(Some(token)).await,
+                        // It takes a sign-in: this request fails, not the session.
+                        Err(_) => Err(StreamableHttpError::InsufficientScope(e)),
+                    }
                 }
                 other => other,
             }
@@ -273,6 +276,37 @@ impl HostClient {
         .await;
         self.note_error(&result);
         result
+    }
+}
+
+impl HostClient {
+    /// A request the server refused for want of scope fails alone: its
+    /// caller gets an error answer (naming the scope and what to do), and
+    /// the session goes on with the calls it can still make.
+    fn scope_refused(
+        &self,
+        message: &ClientJsonRpcMessage,
+        result: Result<StreamableHttpPostResponse, HttpError>,
+    ) -> Result<StreamableHttpPostResponse, HttpError> {
+        match (result, message, &self.oauth) {
+            (
+                Err(StreamableHttpError::InsufficientScope(e)),
+                ClientJsonRpcMessage::Request(request),
+                Some(oauth),
+            ) => {
+                let why = oauth.scope_refusal(e.required_scope.as_deref());
+                let error = rmcp::model::ErrorData::new(
+                    rmcp::model::ErrorCode(super::oauth::SCOPE_REFUSED),
+                    why,
+                    None,
+                );
+                Ok(StreamableHttpPostResponse::Json(
+                    rmcp::model::ServerJsonRpcMessage::error(error, Some(request.id.clone())),
+                    None,
+                ))
+            }
+            (result, _, _) => result,
+        }
     }
 }
 
@@ -316,16 +350,18 @@ impl StreamableHttpClient for HostClient {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<StreamableHttpPostResponse, HttpError> {
-        self.authorized(auth_header, |token| {
-            self.http.post_message(
-                uri.clone(),
-                message.clone(),
-                session_id.clone(),
-                token,
-                custom_headers.clone(),
-            )
-        })
-        .await
+        let result = self
+            .authorized(auth_header, |token| {
+                self.http.post_message(
+                    uri.clone(),
+                    message.clone(),
+                    session_id.clone(),
+                    token,
+                    custom_headers.clone(),
+                )
+            })
+            .await;
+        self.scope_refused(&message, result)
     }
 
     async fn post_message_with_max_sse_event_size(
@@ -337,17 +373,19 @@ impl StreamableHttpClient for HostClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Result<StreamableHttpPostResponse, HttpError> {
-        self.authorized(auth_header, |token| {
-            self.http.post_message_with_max_sse_event_size(
-                uri.clone(),
-                message.clone(),
-                session_id.clone(),
-                token,
-                custom_headers.clone(),
-                max_sse_event_size,
-            )
-        })
-        .await
+        let result = self
+            .authorized(auth_header, |token| {
+                self.http.post_message_with_max_sse_event_size(
+                    uri.clone(),
+                    message.clone(),
+                    session_id.clone(),
+                    token,
+                    custom_headers.clone(),
+                    max_sse_event_size,
+                )
+            })
+            .await;
+        self.scope_refused(&message, result)
     }
 
     async fn post_message_with_response_limits(
@@ -359,17 +397,19 @@ impl StreamableHttpClient for HostClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         limits: StreamableHttpResponseLimits,
     ) -> Result<StreamableHttpPostResponse, HttpError> {
-        self.authorized(auth_header, |token| {
-            self.http.post_message_with_response_limits(
-                uri.clone(),
-                message.clone(),
-                session_id.clone(),
-                token,
-                custom_headers.clone(),
-                limits,
-            )
-        })
-        .await
+        let result = self
+            .authorized(auth_header, |token| {
+                self.http.post_message_with_response_limits(
+                    uri.clone(),
+                    message.clone(),
+                    session_id.clone(),
+                    token,
+                    custom_headers.clone(),
+                    limits,
+                )
+            })
+            .await;
+        self.scope_refused(&message, result)
     }
 
     async fn delete_session(

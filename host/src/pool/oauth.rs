@@ -41,6 +41,7 @@ pub(crate) struct AuthSettings {
     /// Set when `client_secret_env` names a variable the host does not have.
     pub missing_env: Option<String>,
     pub scopes: Vec<String>,
+    pub client_metadata_url: Option<String>,
     pub token_endpoint_auth: TokenEndpointAuth,
     pub tokens: PathBuf,
 }
@@ -69,6 +70,7 @@ impl AuthSettings {
             client_secret,
             missing_env,
             scopes: auth.scopes.clone(),
+            client_metadata_url: auth.client_metadata_url.clone(),
             token_endpoint_auth: auth.token_endpoint_auth,
             tokens: tokens.to_owned(),
         })
@@ -78,6 +80,10 @@ impl AuthSettings {
 /// Why no token could be had; the message is safe to show anywhere.
 #[derive(Debug)]
 pub(crate) struct OAuthFailure(pub String);
+
+/// The error code of a call refused for want of scope: the call fails
+/// (`unavailable`, naming the scope and what to do), the session stays up.
+pub(crate) const SCOPE_REFUSED: i32 = -32043;
 
 /// One session's token source.
 pub(crate) struct OAuth {
@@ -93,6 +99,9 @@ pub(crate) struct OAuth {
     /// Scopes that 403 `insufficient_scope` answers asked for, on top of
     /// the configured ones.
     extra_scopes: Mutex<Vec<String>>,
+    /// The token file entry, where `authorization-code` remembers the scopes
+    /// refused calls asked for, for the next `wf-host auth login`.
+    store: FileStore,
 }
 
 impl OAuth {
@@ -112,8 +121,9 @@ impl OAuth {
                 "`auth.client_secret_env`: the host has no variable `{name}`"
             ));
         }
-        let (mut manager, key) = discover(url, http, settings).await?;
-        manager.set_credential_store(FileStore::new(&settings.tokens, key));
+        let (mut manager, key, _) = discover(url, http, settings, None).await?;
+        let store = FileStore::new(&settings.tokens, key);
+        manager.set_credential_store(store.clone());
         let mut signed_in = true;
         match settings.kind {
             AuthKind::ClientCredentials => {
@@ -144,6 +154,7 @@ impl OAuth {
             signed_in,
             manager: tokio::sync::Mutex::new(manager),
             extra_scopes: Mutex::default(),
+            store,
         })
     }
 
@@ -174,6 +185,12 @@ impl OAuth {
             None => why.to_owned(),
         };
         if !self.signed_in && self.settings.kind == AuthKind::AuthorizationCode {
+            // The sign-in starts from this challenge (its scope): a person
+            // who reads "run `wf-host auth login`" needs to know no more.
+            let at = FileStore::challenge_of(&self.settings.tokens, &self.resource);
+            if let Err(e) = at.remember(WANTED_CHALLENGE, json!(challenge)).await {
+                tracing::warn!(connection = %self.connection, "cannot remember the server's challenge: {e}");
+            }
             return Err(OAuthFailure(relogin(
                 &self.connection,
                 &wants("the server wants OAuth and no one signed in"),
@@ -221,13 +238,29 @@ impl OAuth {
                 let manager = self.manager.lock().await;
                 self.fetch(&manager).await
             }
-            AuthKind::AuthorizationCode => Err(OAuthFailure(relogin(
+            AuthKind::AuthorizationCode => {
+                // Asked for at the next sign-in, with no config edit.
+                if let Err(e) = self.store.remember_scopes(&wanted).await {
+                    tracing::warn!(connection = %self.connection, "cannot remember the scope a call asked for: {e}");
+                }
+                Err(OAuthFailure(self.scope_refusal(scope)))
+            }
+        }
+    }
+
+    /// What a call refused for want of `scope` fails with.
+    pub(crate) fn scope_refusal(&self, scope: Option<&str>) -> String {
+        let scope = scope.unwrap_or("more");
+        match self.settings.kind {
+            AuthKind::AuthorizationCode => relogin(
                 &self.connection,
                 &format!(
-                    "the server wants scope `{}` (list it in `auth.scopes`)",
-                    wanted.join(" ")
+                    "the server refused this call: it wants scope `{scope}`, which the sign-in did not grant; it is asked for at the next sign-in"
                 ),
-            ))),
+            ),
+            AuthKind::ClientCredentials => format!(
+                "the server refused this call: it wants scope `{scope}`, and a token asked with it was refused too (the authorization server may not grant it to this client)"
+            ),
         }
     }
 
@@ -300,11 +333,14 @@ fn cc_config(settings: &AuthSettings, resource: &str, extra: &[String]) -> Clien
 
 /// A manager for `url` with its discovered metadata, and the token store key
 /// (issuer and resource).
+/// Also says whether the authorization server takes a client metadata
+/// document's URL as a client id (SEP-991).
 async fn discover(
     url: &str,
     http: reqwest::Client,
     settings: &AuthSettings,
-) -> Result<(AuthorizationManager, String), String> {
+    challenge: Option<&str>,
+) -> Result<(AuthorizationManager, String, bool), String> {
     crate::tls::install_tls_provider();
     let mut manager = AuthorizationManager::new(url)
         .await
@@ -313,7 +349,7 @@ async fn discover(
         .with_client(http)
         .map_err(|e| format!("OAuth: {e}"))?;
     let resolution = manager
-        .resolve_metadata()
+        .resolve_metadata_from_challenge(challenge)
         .await
         .map_err(|e| format!("OAuth discovery failed: {e}"))?;
     let mut metadata: AuthorizationMetadata = resolution.metadata;
@@ -329,20 +365,34 @@ async fn discover(
         .issuer
         .clone()
         .unwrap_or_else(|| metadata.token_endpoint.clone());
+    let cimd = metadata
+        .additional_fields
+        .get("client_id_metadata_document_supported")
+        .and_then(serde_json::Value::as_bool)
+        .unwrap_or(false);
     manager.set_metadata(metadata);
-    Ok((manager, format!("{issuer} {url}")))
+    Ok((manager, format!("{issuer} {url}"), cimd))
 }
 
-/// The token file: `{ "<issuer> <resource>": credentials }`, mode 0600.
+/// The token file: `{ "<issuer> <resource>": credentials }`, mode 0600. An
+/// entry also keeps (as `wf_host_wanted_scopes`) the scopes refused calls
+/// asked for, which outlive its credentials.
+#[derive(Clone)]
 struct FileStore {
     path: PathBuf,
     key: String,
 }
 
+/// The field of an entry that keeps the scopes refused calls asked for.
+const WANTED_SCOPES: &str = "wf_host_wanted_scopes";
+/// The field of a resource's challenge entry: the `WWW-Authenticate` of the
+/// last 401 before anyone signed in.
+const WANTED_CHALLENGE: &str = "wf_host_challenge";
+
 /// Serialises read-modify-write of token files within this process.
 static FILE_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-type TokenFile = BTreeMap<String, StoredCredentials>;
+type TokenFile = BTreeMap<String, serde_json::Value>;
 
 impl FileStore {
     fn new(path: &Path, key: String) -> FileStore {
@@ -384,27 +434,107 @@ impl FileStore {
         change(&mut file);
         self.write(&file)
     }
+
+    /// The entry that keeps a resource's last challenge (it is known before
+    /// the authorization server, which the credentials' key names).
+    fn challenge_of(path: &Path, resource: &str) -> FileStore {
+        FileStore::new(path, format!("challenge {resource}"))
+    }
+
+    /// Sets `field` of this entry.
+    async fn remember(&self, field: &str, value: serde_json::Value) -> Result<(), AuthError> {
+        let _guard = FILE_LOCK.lock().await;
+        self.update(|file| {
+            file.entry(self.key.clone()).or_insert_with(|| json!({}))[field] = value;
+        })
+    }
+
+    /// `field` of this entry.
+    async fn recall(&self, field: &str) -> Result<Option<serde_json::Value>, AuthError> {
+        let _guard = FILE_LOCK.lock().await;
+        Ok(self
+            .read()?
+            .get(&self.key)
+            .and_then(|e| e.get(field))
+            .cloned())
+    }
+
+    /// The scopes refused calls asked for.
+    async fn wanted_scopes(&self) -> Result<Vec<String>, AuthError> {
+        let _guard = FILE_LOCK.lock().await;
+        Ok(self
+            .read()?
+            .get(&self.key)
+            .and_then(|e| e.get(WANTED_SCOPES))
+            .and_then(|w| serde_json::from_value(w.clone()).ok())
+            .unwrap_or_default())
+    }
+
+    /// Adds `scopes` to those the next sign-in asks for.
+    async fn remember_scopes(&self, scopes: &[String]) -> Result<(), AuthError> {
+        if scopes.is_empty() {
+            return Ok(());
+        }
+        let _guard = FILE_LOCK.lock().await;
+        self.update(|file| {
+            let entry = file.entry(self.key.clone()).or_insert_with(|| json!({}));
+            let mut wanted: Vec<String> = entry
+                .get(WANTED_SCOPES)
+                .and_then(|w| serde_json::from_value(w.clone()).ok())
+                .unwrap_or_default();
+            for scope in scopes {
+                if !wanted.contains(scope) {
+                    wanted.push(scope.clone());
+                }
+            }
+            entry[WANTED_SCOPES] = json!(wanted);
+        })
+    }
 }
 
 #[async_trait]
 impl CredentialStore for FileStore {
     async fn load(&self) -> Result<Option<StoredCredentials>, AuthError> {
         let _guard = FILE_LOCK.lock().await;
-        Ok(self.read()?.remove(&self.key))
+        match self.read()?.remove(&self.key) {
+            // An entry with remembered scopes only holds no credentials.
+            Some(entry) if entry.get("client_id").is_some() => {
+                serde_json::from_value(entry).map(Some).map_err(|e| {
+                    AuthError::CredentialStoreError(format!(
+                        "token store `{}` is damaged: {e}",
+                        self.path.display()
+                    ))
+                })
+            }
+            _ => Ok(None),
+        }
     }
 
     async fn save(&self, credentials: StoredCredentials) -> Result<(), AuthError> {
         let _guard = FILE_LOCK.lock().await;
+        let mut entry = serde_json::to_value(credentials)
+            .map_err(|e| AuthError::CredentialStoreError(e.to_string()))?;
         self.update(|file| {
-            file.insert(self.key.clone(), credentials);
+            if let Some(wanted) = file.get(&self.key).and_then(|e| e.get(WANTED_SCOPES)) {
+                entry[WANTED_SCOPES] = wanted.clone();
+            }
+            file.insert(self.key.clone(), entry);
         })
     }
 
     async fn clear(&self) -> Result<(), AuthError> {
         let _guard = FILE_LOCK.lock().await;
-        self.update(|file| {
-            file.remove(&self.key);
-        })
+        self.update(
+            |file| match file.get(&self.key).and_then(|e| e.get(WANTED_SCOPES)) {
+                Some(wanted) => {
+                    let kept = json!({ WANTED_SCOPES: wanted });
+                    file.insert(self.key.clone(), kept);
+                }
+                None => {
+                    file.remove(&self.key);
+                }
+            },
+        )
     }
 }
 
@@ -462,10 +592,29 @@ pub async fn login(
     }
     let http = super::http::client(&conn.tls_files(base_dir))
         .map_err(|e| format!("connection `{connection}`: {e}"))?;
-    let (mut manager, key) = discover(url, http, &settings)
+    let challenge = FileStore::challenge_of(tokens, url)
+        .recall(WANTED_CHALLENGE)
         .await
         .map_err(|e| format!("connection `{connection}`: {e}"))?;
-    manager.set_credential_store(FileStore::new(tokens, key));
+    let challenge = challenge.as_ref().and_then(serde_json::Value::as_str);
+    let (mut manager, key, cimd) = discover(url, http, &settings, challenge)
+        .await
+        .map_err(|e| format!("connection `{connection}`: {e}"))?;
+    let store = FileStore::new(tokens, key);
+    let remembered = store
+        .wanted_scopes()
+        .await
+        .map_err(|e| format!("connection `{connection}`: {e}"))?;
+    manager.set_credential_store(store);
+    // The scopes the server named (its challenge, else its resource
+    // metadata's `scopes_supported`), the configured ones, and those refused
+    // calls asked for since.
+    let mut wanted = manager.select_initial_scopes(&[]).await;
+    for scope in settings.scopes.iter().chain(&remembered) {
+        if !wanted.contains(scope) {
+            wanted.push(scope.clone());
+        }
+    }
 
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
         .await
@@ -475,18 +624,24 @@ pub async fn login(
         .map_err(|e| format!("cannot listen for the redirect: {e}"))?
         .port();
     let redirect = format!("http://127.0.0.1:{port}/callback");
-    let scopes: Vec<&str> = settings.scopes.iter().map(String::as_str).collect();
+    let scopes: Vec<&str> = wanted.iter().map(String::as_str).collect();
     let oauth_error = |e: AuthError| format!("connection `{connection}`: OAuth: {e}");
-    match &settings.client_id {
-        Some(id) => {
-            let mut client = OAuthClientConfig::new(id.clone(), redirect.clone())
-                .with_scopes(settings.scopes.clone());
+    match (&settings.client_id, &settings.client_metadata_url) {
+        (Some(id), _) => {
+            let mut client =
+                OAuthClientConfig::new(id.clone(), redirect.clone()).with_scopes(wanted.clone());
             if let Some(secret) = &settings.client_secret {
                 client = client.with_client_secret(secret.expose().to_owned());
             }
             manager.configure_client(client).map_err(oauth_error)?;
         }
-        None => {
+        // SEP-991: the document's URL is the client id, no registration.
+        (None, Some(document)) if cimd => {
+            let client = OAuthClientConfig::new(document.clone(), redirect.clone())
+                .with_scopes(wanted.clone());
+            manager.configure_client(client).map_err(oauth_error)?;
+        }
+        (None, _) => {
             manager
                 .register_client("wf-host", &redirect, &scopes)
                 .await
