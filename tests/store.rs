@@ -712,6 +712,9 @@ fn new_run(id: &str, created_ms: i64) -> NewRun {
             started_at: now_text(),
             finished_at: None,
             trigger: None,
+            flow: None,
+            queued_reason: None,
+            admitted_ms: None,
         },
         steps: vec!["a".into()],
     }

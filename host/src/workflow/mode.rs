@@ -10,6 +10,7 @@
 //!   asked to cancel through the store.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::{WorkflowError, Workflows};
 use crate::store::{
@@ -133,6 +134,32 @@ impl Mode {
                 wf.events.request_cancel(run_id, &failure).await?,
                 CancelRequest::Signalled
             )),
+        }
+    }
+
+    /// How often the admitter looks at the queue without being woken:
+    /// shared, as often as the claimer (another worker's note may be
+    /// missed); alone, never (every run ends here and wakes it).
+    pub(crate) fn admit_poll(self, worker: &super::maintenance::Worker) -> Option<Duration> {
+        match self {
+            Mode::Shared => Some(worker.poll()),
+            Mode::Alone => None,
+        }
+    }
+
+    /// A queued run the store just admitted. Alone, drive it. Shared, it is
+    /// `running` and unclaimed, and the store told every worker: this one's
+    /// claimer looks at once.
+    pub(crate) async fn admitted(self, wf: &Arc<Workflows>, run: RunRow) {
+        match self {
+            Mode::Shared => wf.worker.wake.notify_one(),
+            Mode::Alone => {
+                let run_id = run.run_id.clone();
+                let fence = Mode::Alone.first_fence(&wf.worker.id);
+                if let Err(e) = wf.launch_stored(run, true, fence).await {
+                    tracing::warn!(run = %run_id, "cannot drive an admitted run: {e}");
+                }
+            }
         }
     }
 
