@@ -1781,7 +1781,7 @@ mod shared {
         let url = server.url();
         let (a, b) = tokio::join!(PgStore::open(&url), PgStore::open(&url));
         let (a, _b) = (a.unwrap(), b.unwrap());
-        assert_eq!(server.psql("SELECT count(*) FROM _sqlx_migrations"), "4");
+        assert_eq!(server.psql("SELECT count(*) FROM _sqlx_migrations"), "5");
         assert!(!a.location().contains('@') || a.location().starts_with("postgres://postgres@"));
     }
 }
