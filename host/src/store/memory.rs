@@ -232,7 +232,10 @@ impl State {
             Transition::RunReopened { .. } => {
                 let guard = write.guard();
                 reindex(&mut self.finished, run.finished_key(), None);
-                run.row.status = RunStatus::Running;
+                run.row.status = match run.row.flow {
+                    Some(_) => RunStatus::Queued,
+                    None => RunStatus::Running,
+                };
                 run.row.output = None;
                 run.row.error = None;
                 run.row.finished_at = None;

@@ -470,7 +470,9 @@ async fn apply_move(
         // its steps move only when it did.
         Transition::RunReopened { .. } => {
             let changed = sqlx::query(
-                "UPDATE runs SET status = 'running', output = NULL, error_code = NULL,
+                "UPDATE runs SET status = CASE WHEN flow_key IS NULL AND rate_key IS NULL
+                                               THEN 'running' ELSE 'queued' END,
+                                 output = NULL, error_code = NULL,
                                  error_message = NULL, finished_at = NULL, finished_ms = NULL,
                                  lease_owner = NULL, lease_until_ms = NULL,
                                  cancel_requested = FALSE

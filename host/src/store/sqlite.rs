@@ -1237,7 +1237,9 @@ fn transition_write(run_id: &str, write: Transition<'_>, fence: Option<&Fence>, 
         // with it (?6 their states).
         Transition::RunReopened { .. } => base(
             with_event!(
-                "UPDATE runs SET status = 'running', output = NULL, error_code = NULL,
+                "UPDATE runs SET status = CASE WHEN flow_key IS NULL AND rate_key IS NULL
+                                               THEN 'running' ELSE 'queued' END,
+                                 output = NULL, error_code = NULL,
                                  error_message = NULL, finished_at = NULL, finished_ms = NULL
                  WHERE run_id = ?1 AND instr(?5, ' ' || status || ' ') > 0;
                  UPDATE steps SET status = 'pending', error_code = NULL, error_message = NULL,

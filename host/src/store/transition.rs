@@ -6,7 +6,7 @@
 //!       queued ──RunAdmitted──▶ running             (its flow limits allow it now)
 //!       queued | running ──RunAbandoned──▶ cancelled | failed
 //!       running ──RunFinished / RunAbandoned──▶ succeeded | failed | cancelled
-//!       failed | cancelled ──RunReopened──▶ running
+//!       failed | cancelled ──RunReopened──▶ running (queued under flow control)
 //! step: pending ──StepStarted──▶ running ──StepAttempt──▶ running
 //!       pending ──StepWaits──▶ waiting                (a wait step, for its signal)
 //!       pending | running | waiting ──StepFinished──▶ succeeded | failed | skipped | cancelled
@@ -71,7 +71,8 @@ pub enum Transition<'a> {
         error: Option<&'a Failure>,
     },
     /// `workflow.retry`: a failed or cancelled run runs again, unclaimed,
-    /// from its failed and cancelled steps (they go back to `pending`).
+    /// from its failed and cancelled steps (they go back to `pending`). A
+    /// run under flow control goes back to `queued`, to be admitted again.
     RunReopened { workflow: &'a str },
     /// A run that nothing drives ends (its task failed, or it was cancelled
     /// while no worker held it or while it was queued); its pending and

@@ -9,7 +9,7 @@
 //! ([`Transition::RunQueued`]). The admitter (`maintenance/admitter.rs`) runs
 //! the pass whenever room may have been made.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -187,6 +187,9 @@ impl Workflows {
             self.names().into_iter().map(|name| (name, 0)).collect();
         // Keys that refused a run in this pass: (workflow, kind, key).
         let mut full: HashSet<(String, &'static str, String)> = HashSet::new();
+        // What the limits of a refused run use, by workflow and keys: read
+        // once a pass, however many runs of theirs wait.
+        let mut used: HashMap<(String, Option<String>, Option<String>), FlowUsage> = HashMap::new();
         for run in queued {
             let Some(flow) = run.flow.clone() else {
                 continue;
@@ -211,10 +214,22 @@ impl Workflows {
                 }
             }
             *per_workflow.entry(run.workflow.clone()).or_default() += 1;
-            let usage = self
-                .store
-                .flow_usage(&run.workflow, &flow, now_ms())
-                .await?;
+            let group = (
+                run.workflow.clone(),
+                flow.concurrency.as_ref().map(|c| c.key.clone()),
+                flow.rate.as_ref().map(|r| r.key.clone()),
+            );
+            let usage = match used.get(&group) {
+                Some(usage) => *usage,
+                None => {
+                    let usage = self
+                        .store
+                        .flow_usage(&run.workflow, &flow, now_ms())
+                        .await?;
+                    used.insert(group, usage);
+                    usage
+                }
+            };
             let Some(why) = reason(&flow, &usage) else {
                 // Room now (a run ended since): the next pass takes it.
                 self.worker.queue.notify_one();

@@ -98,11 +98,18 @@ impl Mode {
 
     /// A retried run, reopened in the store: alone, drive it; shared, it
     /// was reopened unclaimed, so whichever worker has a free slot takes it.
+    /// A run reopened `queued` waits for the admitter either way.
     pub(crate) async fn reopened(
         self,
         wf: &Arc<Workflows>,
         run: RunRow,
     ) -> Result<(), WorkflowError> {
+        if run.status == RunStatus::Queued {
+            // Under flow control: the admitter lets it in (here or on any
+            // worker) once its limits allow.
+            wf.worker.queue.notify_one();
+            return Ok(());
+        }
         match self {
             Mode::Shared => {
                 wf.worker.wake.notify_one();

@@ -321,9 +321,15 @@ impl Workflows {
         if run.status == RunStatus::Queued {
             // Admitted now if its limits allow (and then driven, alone);
             // else it waits, with its reason, for the admitter.
-            if let Err(e) = self.admit().await {
-                tracing::warn!(run = %run.run_id, "cannot admit queued runs now: {e}");
-                self.worker.queue.notify_one();
+            match self.admit().await {
+                // A rate window to wait for: no run's end will say when it
+                // frees, so the admitter's own pass sets its timer.
+                Ok(pass) if pass.next_window_ms.is_some() => self.worker.queue.notify_one(),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(run = %run.run_id, "cannot admit queued runs now: {e}");
+                    self.worker.queue.notify_one();
+                }
             }
             let run = self.stored_run(&run.run_id).await?;
             return Ok(Started {
