@@ -259,6 +259,10 @@ impl Workflows {
         for (workflow, count) in per_workflow {
             crate::metrics::metrics().runs_queued(&workflow, count);
         }
+        if !pass.admitted.is_empty() {
+            // Alone, they are driven by now: waiters on them look again.
+            self.admissions.send_modify(|n| *n += 1);
+        }
         Ok(pass)
     }
 

@@ -163,7 +163,8 @@ impl Mode {
             Mode::Alone => {
                 let run_id = run.run_id.clone();
                 let fence = Mode::Alone.first_fence(&wf.worker.id);
-                if let Err(e) = wf.launch_stored(run, true, fence).await {
+                // Not a resume: its deadline counts from now, its admission.
+                if let Err(e) = wf.launch_stored(run, false, fence).await {
                     tracing::warn!(run = %run_id, "cannot drive an admitted run: {e}");
                 }
             }

@@ -21,9 +21,6 @@ pub(crate) fn start_admitter(this: &Arc<Workflows>) {
             let wait = match this.admit().await {
                 Ok(pass) => {
                     backoff = Duration::from_millis(100);
-                    if !pass.admitted.is_empty() {
-                        this.admissions.send_modify(|n| *n += 1);
-                    }
                     // A rate window that frees a slot sends no note.
                     let window = pass.next_window_ms.map(|at| {
                         Duration::from_millis(u64::try_from(at - now_ms()).unwrap_or(0) + 1)
