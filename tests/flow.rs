@@ -309,6 +309,17 @@ async fn a_queued_run_can_be_cancelled_and_start_waits_through_the_queue() {
     )
     .await;
     assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    // A priority that is not an integer refuses the start, as a bad input.
+    let refused = serve
+        .rpc(
+            "workflow.start",
+            json!({"workflow": "ranked", "input": {"p": "gold"}}),
+            None,
+        )
+        .await;
+    assert_eq!(refused["error"]["code"], -32602, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(message.contains("`priority`"), "{message}");
     let step = &cancelled["steps"][0];
     assert_eq!(step["status"], "cancelled", "{cancelled}");
     assert!(step["started_at"].is_null(), "it never ran: {cancelled}");
@@ -402,4 +413,45 @@ async fn a_concurrency_key_holds_across_two_postgres_workers() {
     assert_eq!(most_at_once(runs.iter()), 2, "{runs:?}");
     let status = call(&a, "host.status", json!({})).await;
     assert_eq!(status["state"]["runs_queued"], 0, "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_held_by_a_killed_worker_frees_once_another_worker_ends_its_run() {
+    let pg = TestPostgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    let url = pg.url();
+    let worker = || {
+        let config = config.clone();
+        Serve::start(move |_| config, &["--state", &url])
+    };
+    // `a` alone claims the first run (its lease is 2 s) and starts its step.
+    let mut a = worker();
+    let first = start(&a, "ranked", json!({"ms": 1500})).await;
+    let queued = start(&a, "ranked", json!({"ms": 10})).await;
+    assert_eq!(queued["status"], "queued", "{queued}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let run = call(&a, "workflow.get", json!({"run_id": first["run_id"]})).await;
+        if run["steps"][0]["status"] == "running" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the first run never started: {run}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let b = worker();
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    // `b` claims the first run once its lease expires, runs its step again,
+    // and the run's end lets the queued one in.
+    let ids = [first, queued].map(|r| r["run_id"].as_str().unwrap().to_owned());
+    let records = wait_all(&b, &ids, Duration::from_secs(60)).await;
+    let first = call(&b, "workflow.get", json!({"run_id": ids[0]})).await;
+    assert_eq!(first["steps"][0]["attempts"], 2, "{first}");
+    assert_eq!(records.len(), 2);
+    let runs = stored_postgres(&pg.url(), "ranked").await;
+    assert_eq!(most_at_once(runs.iter()), 1, "{runs:?}");
 }
