@@ -712,6 +712,9 @@ fn new_run(id: &str, created_ms: i64) -> NewRun {
             started_at: now_text(),
             finished_at: None,
             trigger: None,
+            flow: None,
+            queued_reason: None,
+            admitted_ms: None,
         },
         steps: vec!["a".into()],
     }
@@ -1778,7 +1781,7 @@ mod shared {
         let url = server.url();
         let (a, b) = tokio::join!(PgStore::open(&url), PgStore::open(&url));
         let (a, _b) = (a.unwrap(), b.unwrap());
-        assert_eq!(server.psql("SELECT count(*) FROM _sqlx_migrations"), "4");
+        assert_eq!(server.psql("SELECT count(*) FROM _sqlx_migrations"), "5");
         assert!(!a.location().contains('@') || a.location().starts_with("postgres://postgres@"));
     }
 }

@@ -212,6 +212,36 @@ pub struct WorkflowConfig {
     /// `"[redacted]"` in stored step inputs and journaled calls.
     #[serde(default)]
     pub redact: Vec<String>,
+    /// `concurrency = { key, limit }`: at most `limit` runs with the same
+    /// key (jq over the input; without it, one limit for the workflow) run
+    /// at once; the rest wait `queued`.
+    pub concurrency: Option<ConcurrencyConfig>,
+    /// `rate = { key, limit, period }`: at most `limit` runs with the same
+    /// key begin within any `period`; the rest wait `queued`.
+    pub rate: Option<RateConfig>,
+    /// jq over the input giving an integer (default 0): queued runs with a
+    /// higher priority are admitted first.
+    pub priority: Option<String>,
+}
+
+/// `concurrency = { … }` of a workflow.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConcurrencyConfig {
+    /// jq over the run's input: the key runs are counted by.
+    pub key: Option<String>,
+    pub limit: u32,
+}
+
+/// `rate = { … }` of a workflow.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateConfig {
+    /// jq over the run's input: the key runs are counted by.
+    pub key: Option<String>,
+    pub limit: u32,
+    #[serde(with = "humantime_serde")]
+    pub period: Duration,
 }
 
 /// `[[workflows.<name>.schedules]]`: starts a run at every tick of a cron

@@ -6,6 +6,7 @@
 //! | `wf_runs_total` | `workflow`, `status` | runs finished (`succeeded`, `failed`, `cancelled`) |
 //! | `wf_runs_running` | | runs executing now |
 //! | `wf_runs_waiting` | | of those, runs waiting (a durable sleep, a signal) |
+//! | `wf_runs_queued` | `workflow` | runs `queued` by the workflow's `concurrency` or `rate` (every worker's, as the last admission pass found them) |
 //! | `wf_schedule_fires_total` | `workflow`, `schedule` | runs started by a schedule's tick (`skipped` ticks apart) |
 //! | `wf_schedule_skips_total` | `workflow`, `schedule` | ticks that started no run (`overlap = "skip"`, or missed) |
 //! | `wf_webhook_requests_total` | `workflow`, `status` | `POST /hooks/…` requests, by HTTP status |
@@ -36,6 +37,7 @@ pub struct Metrics {
     runs: Family<Labels, Counter>,
     runs_running: Gauge,
     runs_waiting: Gauge,
+    runs_queued: Family<Labels, Gauge>,
     step_duration: Histograms,
     calls: Family<Labels, Counter>,
     call_duration: Histograms,
@@ -74,6 +76,12 @@ impl Metrics {
             "wf_runs_waiting",
             "Workflow runs of this process waiting (a durable sleep), holding no step slot",
             runs_waiting.clone(),
+        );
+        let runs_queued = Family::<Labels, Gauge>::default();
+        registry.register(
+            "wf_runs_queued",
+            "Workflow runs queued by their workflow's concurrency or rate, as the last admission pass found them",
+            runs_queued.clone(),
         );
         let step_duration: Histograms = Family::new_with_constructor(duration_histogram);
         registry.register(
@@ -138,12 +146,20 @@ impl Metrics {
             runs,
             runs_running,
             runs_waiting,
+            runs_queued,
             step_duration,
             calls,
             call_duration,
             sessions_opened,
             connection_up,
         }
+    }
+
+    /// How many runs of `workflow` wait `queued` (set by each admission pass).
+    pub fn runs_queued(&self, workflow: &str, count: i64) {
+        self.runs_queued
+            .get_or_create(&vec![("workflow", workflow.to_owned())])
+            .set(count);
     }
 
     pub fn run_finished(&self, workflow: &str, status: &str) {

@@ -287,6 +287,15 @@ impl WorkflowServer {
                     .with_status_message(format!("{finished} of {} steps finished", exposed.steps));
                 TaskPayload::Working
             }
+            Status::Queued => {
+                task = task.with_status_message(format!(
+                    "queued: {}",
+                    run.queued_reason
+                        .as_deref()
+                        .unwrap_or("waiting for flow control")
+                ));
+                TaskPayload::Working
+            }
             Status::Cancelled => TaskPayload::Cancelled,
             Status::Succeeded | Status::Failed => {
                 let result = tool_result(&exposed, run);

@@ -358,6 +358,9 @@ async fn workflow_start(
         record
     };
     let mut out = json!({ "run_id": record.run_id, "status": record.status });
+    if let Some(reason) = record.queued_reason {
+        out["queued_reason"] = json!(reason);
+    }
     if let Some(output) = record.output {
         out["output"] = output;
     }

@@ -92,8 +92,9 @@ fn run_record() -> Value {
             "steps": { "type": "array", "items": step_record() },
             "run_id": { "type": "string" },
             "workflow": { "type": "string" },
-            "status": { "enum": ["running", "succeeded", "failed", "cancelled"] },
-            "trigger": { "type": "object", "description": "What started the run when no caller did: `{kind: \"schedule\", name, scheduled_at, missed}` or `{kind: \"webhook\", delivery}`." },
+            "status": { "enum": ["queued", "running", "succeeded", "failed", "cancelled"] },
+            "trigger": { "type": "object", "description": "What started the run: `{kind: \"schedule\", name, scheduled_at, missed}`, `{kind: \"webhook\", delivery}`, or the named token that did, `{kind: \"token\", name}`." },
+            "queued_reason": { "type": "string", "description": "While `queued`: why the run waits (its concurrency key or rate)." },
             "input": {},
             "output": {},
             "error": failure(),
@@ -164,7 +165,7 @@ pub fn document() -> Value {
             method("workflow.retry", "Starts a failed or cancelled run again from its failed or cancelled steps, keeping the outputs of the steps that succeeded; same run id.", vec![param("run_id", true, string.clone(), "")], run_record()),
             method("workflow.list", "Runs, newest first, a page at a time.", vec![
                 param("workflow", false, string.clone(), "Only runs of this workflow."),
-                param("status", false, json!({ "enum": ["running", "succeeded", "failed", "cancelled"] }), ""),
+                param("status", false, json!({ "enum": ["queued", "running", "succeeded", "failed", "cancelled"] }), ""),
                 param("limit", false, json!({ "type": "integer", "minimum": 1, "maximum": 1000 }), "Default 100."),
                 param("cursor", false, string.clone(), "`next_cursor` of the previous page."),
             ], json!({ "type": "object", "properties": {

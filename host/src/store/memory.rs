@@ -14,9 +14,10 @@ use serde_json::Value;
 
 use super::rows::{cursor_of, parse_cursor};
 use super::{
-    AttemptWorker, CallRow, Counts, Created, EventRow, Fence, FirstTransitions, Lease, ListQuery,
-    NewRun, NewRunWrite, QuestionRow, RunRow, RunStatus, STEP_LOG, ScheduleRow, SignalRow, StepRow,
-    StepStatus, Store, StoreError, Transition, WaitingStep, now_ms, now_text,
+    AttemptWorker, CallRow, Counts, Created, EventRow, Fence, FirstTransitions, Flow, FlowLimit,
+    FlowUsage, Lease, ListQuery, NewRun, NewRunWrite, QuestionRow, RunRow, RunStatus, STEP_LOG,
+    ScheduleRow, SignalRow, StepRow, StepStatus, Store, StoreError, Transition, WaitingStep,
+    now_ms, now_text,
 };
 
 /// The in-memory store.
@@ -116,8 +117,49 @@ impl State {
             if !allowed {
                 return refused(m);
             }
+            if let Transition::RunAdmitted { at_ms } = m
+                && !self.flow_allows(&run.row, *at_ms)
+            {
+                return refused(m);
+            }
         }
         Ok(())
+    }
+
+    /// What [`State::flow_usage`] finds of `run`'s workflow and keys at
+    /// `now_ms`: whether its flow limits admit one more.
+    fn flow_allows(&self, run: &RunRow, now_ms: i64) -> bool {
+        let Some(flow) = &run.flow else { return true };
+        let usage = self.flow_usage(&run.workflow, flow, now_ms);
+        flow.concurrency
+            .as_ref()
+            .is_none_or(|c| usage.running < u64::from(c.limit))
+            && flow
+                .rate
+                .as_ref()
+                .is_none_or(|r| usage.admitted < u64::from(r.limit))
+    }
+
+    fn flow_usage(&self, workflow: &str, flow: &Flow, now_ms: i64) -> FlowUsage {
+        let mut usage = FlowUsage::default();
+        let same = |limit: &Option<FlowLimit>, other: &Option<FlowLimit>| matches!((limit, other), (Some(a), Some(b)) if a.key == b.key);
+        for other in self.runs.values().map(|r| &r.row) {
+            let Some(theirs) = other.flow.as_ref().filter(|_| other.workflow == workflow) else {
+                continue;
+            };
+            if other.status == RunStatus::Running && same(&flow.concurrency, &theirs.concurrency) {
+                usage.running += 1;
+            }
+            if let (Some(rate), Some(at)) = (&flow.rate, other.admitted_ms)
+                && same(&flow.rate, &theirs.rate)
+                && at > now_ms - rate.period_ms
+            {
+                usage.admitted += 1;
+                let frees = at + rate.period_ms;
+                usage.window_frees_ms = Some(usage.window_frees_ms.map_or(frees, |f| f.min(frees)));
+            }
+        }
+        usage
     }
 
     /// Applies `write` to the run (checked with [`State::check`]).
@@ -190,7 +232,10 @@ impl State {
             Transition::RunReopened { .. } => {
                 let guard = write.guard();
                 reindex(&mut self.finished, run.finished_key(), None);
-                run.row.status = RunStatus::Running;
+                run.row.status = match run.row.flow {
+                    Some(_) => RunStatus::Queued,
+                    None => RunStatus::Running,
+                };
                 run.row.output = None;
                 run.row.error = None;
                 run.row.finished_at = None;
@@ -202,6 +247,12 @@ impl State {
                         step.finished_at = None;
                     }
                 }
+            }
+            Transition::RunQueued { reason } => run.row.queued_reason = Some(reason.to_owned()),
+            Transition::RunAdmitted { at_ms } => {
+                run.row.status = RunStatus::Running;
+                run.row.admitted_ms = Some(at_ms);
+                run.row.queued_reason = None;
             }
             Transition::RunAbandoned { status, error } => {
                 let guard = write.guard();
@@ -457,6 +508,30 @@ impl Store for MemoryStore {
             .collect())
     }
 
+    async fn queued_runs(&self, limit: u32) -> Result<Vec<RunRow>, StoreError> {
+        let state = self.lock();
+        let mut queued: Vec<&RunRow> = state
+            .runs
+            .values()
+            .map(|r| &r.row)
+            .filter(|r| r.status == RunStatus::Queued)
+            .collect();
+        let priority = |r: &RunRow| r.flow.as_ref().map_or(0, |f| f.priority);
+        queued.sort_by(|a, b| {
+            (priority(b), a.created_ms, &a.run_id).cmp(&(priority(a), b.created_ms, &b.run_id))
+        });
+        Ok(queued.into_iter().take(limit as usize).cloned().collect())
+    }
+
+    async fn flow_usage(
+        &self,
+        workflow: &str,
+        flow: &Flow,
+        now_ms: i64,
+    ) -> Result<FlowUsage, StoreError> {
+        Ok(self.lock().flow_usage(workflow, flow, now_ms))
+    }
+
     async fn transitions(
         &self,
         run_id: &str,
@@ -489,6 +564,11 @@ impl Store for MemoryStore {
                 .runs
                 .values()
                 .filter(|r| r.row.status == RunStatus::Running)
+                .count() as u64,
+            runs_queued: state
+                .runs
+                .values()
+                .filter(|r| r.row.status == RunStatus::Queued)
                 .count() as u64,
             runs_total: state.runs.len() as u64,
             runs_waiting_for_signal: state

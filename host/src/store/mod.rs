@@ -23,10 +23,14 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// A run's state. `Running` until it ends in one of the others.
+/// A run's state. `Running` until it ends in one of the others; a run of a
+/// workflow with flow control (`concurrency`, `rate`) is `Queued` until its
+/// limits admit it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RunStatus {
+    /// Waiting for its workflow's flow control to admit it.
+    Queued,
     Running,
     Succeeded,
     Failed,
@@ -68,7 +72,7 @@ macro_rules! text_enum {
         }
     };
 }
-text_enum!(RunStatus { Running = "running", Succeeded = "succeeded", Failed = "failed", Cancelled = "cancelled" });
+text_enum!(RunStatus { Queued = "queued", Running = "running", Succeeded = "succeeded", Failed = "failed", Cancelled = "cancelled" });
 text_enum!(StepStatus {
     Pending = "pending",
     Running = "running",
@@ -81,7 +85,7 @@ text_enum!(StepStatus {
 
 impl RunStatus {
     pub fn is_finished(self) -> bool {
-        self != RunStatus::Running
+        !matches!(self, RunStatus::Running | RunStatus::Queued)
     }
 }
 
@@ -133,6 +137,51 @@ pub struct RunRow {
     /// What started the run when no caller did: a schedule's tick or a
     /// webhook delivery (`{"kind": …}`).
     pub trigger: Option<Value>,
+    /// The flow limits the run was started under, when its workflow has
+    /// flow control.
+    pub flow: Option<Flow>,
+    /// While `queued`: why it waits (`concurrency: key "acme" has 2 of 2
+    /// running`).
+    pub queued_reason: Option<String>,
+    /// When flow control admitted it (ms since the epoch).
+    pub admitted_ms: Option<i64>,
+}
+
+/// A run's flow limits, its workflow's `concurrency`, `rate` and `priority`
+/// evaluated on its input. The store admits a `queued` run to `running`
+/// ([`Transition::RunAdmitted`]) only while they allow it, counting every
+/// worker's runs of the same workflow and key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Flow {
+    /// At most `limit` runs with this key run at once.
+    pub concurrency: Option<FlowLimit>,
+    /// At most `limit` runs with this key are admitted within any
+    /// `period_ms` (a sliding window).
+    pub rate: Option<FlowLimit>,
+    /// Among queued runs, higher first (then oldest first).
+    pub priority: i64,
+}
+
+/// One limit of a [`Flow`]: its key (`""` for the workflow's one global
+/// limit), how many, and (a rate) over how long.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlowLimit {
+    pub key: String,
+    pub limit: u32,
+    /// A rate's window; 0 for a concurrency limit.
+    pub period_ms: i64,
+}
+
+/// How much of a run's flow limits is used now ([`Store::flow_usage`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlowUsage {
+    /// Runs of the concurrency key running.
+    pub running: u64,
+    /// Runs of the rate key admitted within the window.
+    pub admitted: u64,
+    /// When the oldest admission in the window leaves it (ms since the
+    /// epoch): the earliest a rate-limited run can be admitted.
+    pub window_frees_ms: Option<i64>,
 }
 
 /// A step of a run as stored.
@@ -332,6 +381,8 @@ pub struct ListQuery {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Counts {
     pub runs_running: u64,
+    /// Runs waiting for their workflow's flow control.
+    pub runs_queued: u64,
     pub runs_total: u64,
     /// Runs with a wait step waiting for its signal.
     pub runs_waiting_for_signal: u64,
@@ -457,6 +508,18 @@ pub trait Store: Send + Sync {
     ) -> Result<(Vec<RunRow>, Option<String>), StoreError>;
     /// Runs still `running`: what a start-up resumes.
     async fn unfinished_runs(&self) -> Result<Vec<RunRow>, StoreError>;
+    /// Up to `limit` `queued` runs, in the order flow control admits them:
+    /// highest priority first, then oldest first.
+    async fn queued_runs(&self, limit: u32) -> Result<Vec<RunRow>, StoreError>;
+    /// How much of `flow`'s limits the runs of `workflow` use at `now_ms`
+    /// (to say why a run waits; admission itself is
+    /// [`Transition::RunAdmitted`]).
+    async fn flow_usage(
+        &self,
+        workflow: &str,
+        flow: &Flow,
+        now_ms: i64,
+    ) -> Result<FlowUsage, StoreError>;
 
     /// The one write of a run's state: `moves` of one run, in order, each
     /// with its events (a finished step's `step.log`, then the move's own;

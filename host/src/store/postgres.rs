@@ -29,10 +29,10 @@ use super::rows::{
     cursor_of, json_text, parse_cursor, parse_json, run_row, schedule_row, signal_row, step_row,
 };
 use super::{
-    CallRow, CancelRequest, Counts, Created, EventRow, Failure, Fence, FirstTransitions, Lease,
-    ListQuery, NewRun, NewRunWrite, Note, QuestionRow, Renewed, RunRow, RunStatus, STEP_LOG,
-    ScheduleRow, SignalRow, StepRow, StepStatus, Store, StoreError, Transition, WaitingStep,
-    WorkerRow, now_ms, now_text,
+    CallRow, CancelRequest, Counts, Created, EventRow, Failure, Fence, FirstTransitions, Flow,
+    FlowUsage, Lease, ListQuery, NewRun, NewRunWrite, Note, QuestionRow, Renewed, RunRow,
+    RunStatus, STEP_LOG, ScheduleRow, SignalRow, StepRow, StepStatus, Store, StoreError,
+    Transition, WaitingStep, WorkerRow, now_ms, now_text,
 };
 
 // sqlx's PostgreSQL migrator takes a session advisory lock (`pg_advisory_lock`
@@ -51,6 +51,10 @@ const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
 /// The advisory lock taken by each event append until it commits: "wfhsev".
 const EVENT_LOCK: i64 = 0x7766_6873_6576;
+
+/// The advisory lock (with the workflow's hash) an admission of a queued run
+/// takes until it commits: "wfad".
+const ADMIT_LOCK: i32 = 0x7766_6164;
 
 /// Workers not seen for this long are forgotten.
 const FORGET_WORKERS_MS: i64 = 24 * 60 * 60 * 1000;
@@ -339,7 +343,9 @@ async fn apply_moves(
             Transition::RunFinished { .. } | Transition::RunAbandoned { .. } => {
                 notify(tx, &format!("finished:{run_id}")).await?;
             }
-            Transition::RunReopened { .. } => notify(tx, "ready").await?,
+            Transition::RunReopened { .. } | Transition::RunAdmitted { .. } => {
+                notify(tx, "ready").await?
+            }
             _ => {}
         }
     }
@@ -464,7 +470,9 @@ async fn apply_move(
         // its steps move only when it did.
         Transition::RunReopened { .. } => {
             let changed = sqlx::query(
-                "UPDATE runs SET status = 'running', output = NULL, error_code = NULL,
+                "UPDATE runs SET status = CASE WHEN flow_key IS NULL AND rate_key IS NULL
+                                               THEN 'running' ELSE 'queued' END,
+                                 output = NULL, error_code = NULL,
                                  error_message = NULL, finished_at = NULL, finished_ms = NULL,
                                  lease_owner = NULL, lease_until_ms = NULL,
                                  cancel_requested = FALSE
@@ -520,6 +528,49 @@ async fn apply_move(
                 .await?;
             }
             return Ok(changed);
+        }
+        Transition::RunQueued { reason } => {
+            sqlx::query("UPDATE runs SET queued_reason = $3 WHERE run_id = $1 AND status = ANY($2)")
+                .bind(run_id)
+                .bind(guard.run_text())
+                .bind(reason)
+        }
+        Transition::RunAdmitted { at_ms } => {
+            // Under READ COMMITTED two workers admitting runs of one key at
+            // once would each count the other's admission as not yet made,
+            // and both take the last slot. So every admission of a workflow
+            // first takes an advisory lock on it, held until this
+            // transaction commits: admissions of one workflow (whichever
+            // worker makes them) happen one after the other, and the count
+            // below, a statement that starts after the lock is taken, sees
+            // every admission committed before. Runs only leave `running`
+            // (and the window) in the meantime, which frees room and never
+            // overfills it.
+            sqlx::query(
+                "SELECT pg_advisory_xact_lock($2, hashtext(workflow)) FROM runs WHERE run_id = $1",
+            )
+            .bind(run_id)
+            .bind(ADMIT_LOCK)
+            .fetch_optional(&mut *tx)
+            .await?;
+            sqlx::query(
+                "UPDATE runs SET status = 'running', admitted_ms = $3, queued_reason = NULL,
+                                 lease_owner = NULL, lease_until_ms = NULL
+                 WHERE run_id = $1 AND status = ANY($2)
+                   AND (flow_key IS NULL
+                        OR flow_limit > (SELECT count(*) FROM runs other
+                                         WHERE other.workflow = runs.workflow
+                                           AND other.flow_key = runs.flow_key
+                                           AND other.status = 'running'))
+                   AND (rate_key IS NULL
+                        OR rate_limit > (SELECT count(*) FROM runs other
+                                         WHERE other.workflow = runs.workflow
+                                           AND other.rate_key = runs.rate_key
+                                           AND other.admitted_ms > $3 - runs.rate_period_ms))",
+            )
+            .bind(run_id)
+            .bind(guard.run_text())
+            .bind(at_ms)
         }
     };
     Ok(query.execute(&mut *tx).await?.rows_affected())
@@ -641,14 +692,19 @@ impl Store for PgStore {
         then: Option<FirstTransitions<'_>>,
     ) -> Result<NewRunWrite, StoreError> {
         let run = &new.run;
+        let concurrency = run.flow.as_ref().and_then(|f| f.concurrency.as_ref());
+        let rate = run.flow.as_ref().and_then(|f| f.rate.as_ref());
         let mut tx = self.pool.begin().await?;
         let inserted = sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO runs (run_id, workflow, status, input, definition, definition_hash,
                                idempotency_key, created_ms, started_at,
-                               lease_owner, lease_until_ms, lease_epoch, run_trigger)
+                               lease_owner, lease_until_ms, lease_epoch, run_trigger,
+                               flow_key, flow_limit, rate_key, rate_limit, rate_period_ms,
+                               priority)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,
                      $10, CASE WHEN $10::text IS NULL THEN NULL ELSE {DB_NOW_MS} + $11 END,
-                     CASE WHEN $10::text IS NULL THEN 0 ELSE 1 END, $12)
+                     CASE WHEN $10::text IS NULL THEN 0 ELSE 1 END, $12,
+                     $13, $14, $15, $16, $17, $18)
              ON CONFLICT DO NOTHING"
         )))
         .bind(&run.run_id)
@@ -663,6 +719,12 @@ impl Store for PgStore {
         .bind(lease.map(|l| &*l.worker))
         .bind(lease.map_or(0, |l| duration_ms(l.duration)))
         .bind(run.trigger.as_ref().map(json_text))
+        .bind(concurrency.map(|c| c.key.as_str()))
+        .bind(concurrency.map(|c| i64::from(c.limit)))
+        .bind(rate.map(|r| r.key.as_str()))
+        .bind(rate.map(|r| i64::from(r.limit)))
+        .bind(rate.map(|r| r.period_ms))
+        .bind(run.flow.as_ref().map_or(0, |f| f.priority))
         .execute(&mut *tx)
         .await?
         .rows_affected();
@@ -1039,6 +1101,52 @@ impl Store for PgStore {
             .collect()
     }
 
+    async fn queued_runs(&self, limit: u32) -> Result<Vec<RunRow>, StoreError> {
+        sqlx::query(
+            "SELECT * FROM runs WHERE status = 'queued'
+             ORDER BY priority DESC, created_ms, run_id LIMIT $1",
+        )
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(run_row)
+        .collect()
+    }
+
+    async fn flow_usage(
+        &self,
+        workflow: &str,
+        flow: &Flow,
+        now_ms: i64,
+    ) -> Result<FlowUsage, StoreError> {
+        let concurrency = flow.concurrency.as_ref();
+        let rate = flow.rate.as_ref();
+        let row = sqlx::query(
+            "SELECT (SELECT count(*) FROM runs WHERE workflow = $1 AND flow_key = $2
+                                                 AND status = 'running') AS running,
+                    (SELECT count(*) FROM runs WHERE workflow = $1 AND rate_key = $3
+                                                 AND admitted_ms > $4 - $5) AS admitted,
+                    (SELECT min(admitted_ms) FROM runs WHERE workflow = $1 AND rate_key = $3
+                                                       AND admitted_ms > $4 - $5) AS oldest",
+        )
+        .bind(workflow)
+        .bind(concurrency.map(|c| c.key.as_str()))
+        .bind(rate.map(|r| r.key.as_str()))
+        .bind(now_ms)
+        .bind(rate.map_or(0, |r| r.period_ms))
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(FlowUsage {
+            running: row.try_get::<i64, _>("running")? as u64,
+            admitted: row.try_get::<i64, _>("admitted")? as u64,
+            window_frees_ms: row
+                .try_get::<Option<i64>, _>("oldest")?
+                .zip(rate)
+                .map(|(oldest, r)| oldest + r.period_ms),
+        })
+    }
+
     async fn transitions(
         &self,
         run_id: &str,
@@ -1092,6 +1200,7 @@ impl Store for PgStore {
     async fn counts(&self) -> Result<Counts, StoreError> {
         let row = sqlx::query(
             "SELECT count(*) AS total, count(*) FILTER (WHERE status = 'running') AS running,
+                    count(*) FILTER (WHERE status = 'queued') AS queued,
                     (SELECT coalesce(max(id), 0)::bigint FROM events) AS last_event,
                     (SELECT count(DISTINCT run_id) FROM steps WHERE status = 'waiting') AS waiting
              FROM runs",
@@ -1100,6 +1209,7 @@ impl Store for PgStore {
         .await?;
         Ok(Counts {
             runs_running: row.try_get::<i64, _>("running")? as u64,
+            runs_queued: row.try_get::<i64, _>("queued")? as u64,
             runs_total: row.try_get::<i64, _>("total")? as u64,
             runs_waiting_for_signal: row.try_get::<i64, _>("waiting")? as u64,
             last_event_id: row.try_get("last_event")?,
@@ -1161,9 +1271,9 @@ impl Store for PgStore {
             // As SQLite's: the newest finished run past `keep_runs` and
             // every one finished before it, by a range of finished times.
             "WITH cut AS (SELECT finished_ms AS ms, run_id AS id FROM runs
-                          WHERE status != 'running'
+                          WHERE status != 'running' AND status != 'queued'
                           ORDER BY finished_ms DESC NULLS LAST, run_id DESC LIMIT 1 OFFSET $2)
-             DELETE FROM runs WHERE status != 'running'
+             DELETE FROM runs WHERE status != 'running' AND status != 'queued'
                  AND (finished_ms < $1
                       OR (finished_ms, run_id) <= (SELECT ms, id FROM cut)
                       OR (finished_ms IS NULL AND EXISTS (SELECT 1 FROM cut)))",
@@ -1288,7 +1398,13 @@ impl Store for PgStore {
         .fetch_optional(&mut *tx)
         .await?;
         let outcome = match row {
-            Some((status, _)) if status != RunStatus::Running.as_str() => CancelRequest::NotRunning,
+            // A queued run is held by nobody: it ends here (below).
+            Some((status, _))
+                if status != RunStatus::Running.as_str()
+                    && status != RunStatus::Queued.as_str() =>
+            {
+                CancelRequest::NotRunning
+            }
             None => CancelRequest::NotRunning,
             Some((_, true)) => {
                 sqlx::query("UPDATE runs SET cancel_requested = TRUE WHERE run_id = $1")

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use serde_json::Value;
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
-use super::{AttemptWorker, Failure, RunRow, RunStatus, StepRow, StepStatus, StoreError};
+use super::{
+    AttemptWorker, Failure, Flow, FlowLimit, RunRow, RunStatus, StepRow, StepStatus, StoreError,
+};
 
 /// A JSON value as stored: its text.
 pub(super) fn json_text(value: &Value) -> String {
@@ -81,6 +83,7 @@ where
 pub(super) fn run_row<R: SqlRow>(row: &R) -> Result<RunRow, StoreError>
 where
     for<'a> &'a str: ColumnIndex<R>,
+    for<'r> Option<i64>: Decode<'r, R::Database> + Type<R::Database>,
 {
     Ok(RunRow {
         run_id: row.text("run_id")?,
@@ -96,7 +99,46 @@ where
         started_at: row.text("started_at")?,
         finished_at: row.text_opt("finished_at")?,
         trigger: parse_json(row.text_opt("run_trigger")?)?,
+        flow: flow(row)?,
+        queued_reason: row.text_opt("queued_reason")?,
+        admitted_ms: row.try_get::<Option<i64>, _>("admitted_ms")?,
     })
+}
+
+/// The flow columns of a `runs` row; `None` for a run without flow control.
+fn flow<R: SqlRow>(row: &R) -> Result<Option<Flow>, StoreError>
+where
+    for<'a> &'a str: ColumnIndex<R>,
+    for<'r> Option<i64>: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let limit = |key: Option<String>, limit: &str, period: Option<&str>| {
+        key.map(|key| -> Result<FlowLimit, StoreError> {
+            Ok(FlowLimit {
+                key,
+                limit: u32::try_from(row.try_get::<Option<i64>, _>(limit)?.unwrap_or(0))
+                    .unwrap_or(u32::MAX),
+                period_ms: match period {
+                    Some(column) => row.try_get::<Option<i64>, _>(column)?.unwrap_or(0),
+                    None => 0,
+                },
+            })
+        })
+        .transpose()
+    };
+    let concurrency = limit(row.text_opt("flow_key")?, "flow_limit", None)?;
+    let rate = limit(
+        row.text_opt("rate_key")?,
+        "rate_limit",
+        Some("rate_period_ms"),
+    )?;
+    if concurrency.is_none() && rate.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(Flow {
+        concurrency,
+        rate,
+        priority: row.int("priority")?,
+    }))
 }
 
 /// A `schedules` row.

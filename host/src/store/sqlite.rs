@@ -20,8 +20,8 @@ use super::rows::{
     cursor_of, json_text, parse_cursor, parse_json, run_row, schedule_row, signal_row, step_row,
 };
 use super::{
-    CallRow, Counts, Created, EventRow, Fence, FirstTransitions, Lease, ListQuery, NewRun,
-    NewRunWrite, QuestionRow, RunRow, RunStatus, STEP_LOG, ScheduleRow, SignalRow, StepRow,
+    CallRow, Counts, Created, EventRow, Fence, FirstTransitions, Flow, FlowUsage, Lease, ListQuery,
+    NewRun, NewRunWrite, QuestionRow, RunRow, RunStatus, STEP_LOG, ScheduleRow, SignalRow, StepRow,
     StepStatus, Store, StoreError, Transition, WaitingStep, now_ms, now_text,
 };
 
@@ -263,8 +263,10 @@ impl SqliteStore {
             ($($event:literal)?) => {
                 concat!(
                     "INSERT INTO runs (run_id, workflow, status, input, definition, definition_hash,
-                                       idempotency_key, created_ms, started_at, run_trigger)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?11)
+                                       idempotency_key, created_ms, started_at, run_trigger,
+                                       flow_key, flow_limit, rate_key, rate_limit,
+                                       rate_period_ms, priority)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?11, ?15, ?16, ?17, ?18, ?19, ?20)
                      ON CONFLICT DO NOTHING
                      RETURNING 1;
                      INSERT INTO steps (run_id, step_id, position, status)
@@ -294,10 +296,22 @@ impl SqliteStore {
         .arg(run.started_at.as_str())
         .arg(steps)
         .arg(run.trigger.as_ref().map(json_text));
+        // ?12..?14 are the event's; without one they are bound all the same,
+        // so the flow columns keep their numbers.
         let write = match event {
-            None => write,
+            None => write.arg(None::<&str>).arg(None::<&str>).arg(None::<&str>),
             Some((kind, data)) => write.arg(kind).arg(json_text(data)).arg(at.as_str()),
         };
+        let flow = run.flow.as_ref();
+        let concurrency = flow.and_then(|f| f.concurrency.as_ref());
+        let rate = flow.and_then(|f| f.rate.as_ref());
+        let write = write
+            .arg(concurrency.map(|c| c.key.as_str()))
+            .arg(concurrency.map(|c| i64::from(c.limit)))
+            .arg(rate.map(|r| r.key.as_str()))
+            .arg(rate.map(|r| i64::from(r.limit)))
+            .arg(rate.map(|r| r.period_ms))
+            .arg(flow.map_or(0, |f| f.priority));
         // The transitions that follow go in the same write, but only where
         // the run's id alone decides that the run is new: with a key, a run
         // found by it is not this one, and its steps are not to be touched.
@@ -559,6 +573,52 @@ impl Store for SqliteStore {
             .collect()
     }
 
+    async fn queued_runs(&self, limit: u32) -> Result<Vec<RunRow>, StoreError> {
+        sqlx::query(
+            "SELECT * FROM runs WHERE status = 'queued'
+             ORDER BY priority DESC, created_ms, run_id LIMIT ?",
+        )
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(run_row)
+        .collect()
+    }
+
+    async fn flow_usage(
+        &self,
+        workflow: &str,
+        flow: &Flow,
+        now_ms: i64,
+    ) -> Result<FlowUsage, StoreError> {
+        let concurrency = flow.concurrency.as_ref();
+        let rate = flow.rate.as_ref();
+        let row = sqlx::query(
+            "SELECT (SELECT count(*) FROM runs WHERE workflow = ?1 AND flow_key = ?2
+                                                 AND status = 'running') AS running,
+                    (SELECT count(*) FROM runs WHERE workflow = ?1 AND rate_key = ?3
+                                                 AND admitted_ms > ?4 - ?5) AS admitted,
+                    (SELECT min(admitted_ms) FROM runs WHERE workflow = ?1 AND rate_key = ?3
+                                                       AND admitted_ms > ?4 - ?5) AS oldest",
+        )
+        .bind(workflow)
+        .bind(concurrency.map(|c| c.key.as_str()))
+        .bind(rate.map(|r| r.key.as_str()))
+        .bind(now_ms)
+        .bind(rate.map_or(0, |r| r.period_ms))
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(FlowUsage {
+            running: row.try_get::<i64, _>("running")? as u64,
+            admitted: row.try_get::<i64, _>("admitted")? as u64,
+            window_frees_ms: row
+                .try_get::<Option<i64>, _>("oldest")?
+                .zip(rate)
+                .map(|(oldest, r)| oldest + r.period_ms),
+        })
+    }
+
     async fn transitions(
         &self,
         run_id: &str,
@@ -610,6 +670,7 @@ impl Store for SqliteStore {
     async fn counts(&self) -> Result<Counts, StoreError> {
         let row = sqlx::query(
             "SELECT count(*) AS total, coalesce(sum(status = 'running'), 0) AS running,
+                    coalesce(sum(status = 'queued'), 0) AS queued,
                     (SELECT coalesce(max(id), 0) FROM events) AS last_event,
                     (SELECT count(DISTINCT run_id) FROM steps WHERE status = 'waiting') AS waiting
              FROM runs",
@@ -618,6 +679,7 @@ impl Store for SqliteStore {
         .await?;
         Ok(Counts {
             runs_running: row.try_get::<i64, _>("running")? as u64,
+            runs_queued: row.try_get::<i64, _>("queued")? as u64,
             runs_total: row.try_get::<i64, _>("total")? as u64,
             runs_waiting_for_signal: row.try_get::<i64, _>("waiting")? as u64,
             last_event_id: row.try_get("last_event")?,
@@ -956,9 +1018,9 @@ impl Store for SqliteStore {
                 // list of them all each time: 22 ms with 10,000 kept).
                 Write::new(
                     "WITH cut AS (SELECT finished_ms AS ms, run_id AS id FROM runs
-                                  WHERE status != 'running'
+                                  WHERE status != 'running' AND status != 'queued'
                                   ORDER BY finished_ms DESC, run_id DESC LIMIT 1 OFFSET ?2)
-                     DELETE FROM runs WHERE status != 'running'
+                     DELETE FROM runs WHERE status != 'running' AND status != 'queued'
                          AND finished_ms <= max(?1, coalesce((SELECT ms FROM cut), ?1))
                          AND (finished_ms < ?1 OR (finished_ms, run_id) <= (SELECT ms, id FROM cut))
                      RETURNING 1",
@@ -1175,7 +1237,9 @@ fn transition_write(run_id: &str, write: Transition<'_>, fence: Option<&Fence>, 
         // with it (?6 their states).
         Transition::RunReopened { .. } => base(
             with_event!(
-                "UPDATE runs SET status = 'running', output = NULL, error_code = NULL,
+                "UPDATE runs SET status = CASE WHEN flow_key IS NULL AND rate_key IS NULL
+                                               THEN 'running' ELSE 'queued' END,
+                                 output = NULL, error_code = NULL,
                                  error_message = NULL, finished_at = NULL, finished_ms = NULL
                  WHERE run_id = ?1 AND instr(?5, ' ' || status || ' ') > 0;
                  UPDATE steps SET status = 'pending', error_code = NULL, error_message = NULL,
@@ -1201,6 +1265,35 @@ fn transition_write(run_id: &str, write: Transition<'_>, fence: Option<&Fence>, 
         .arg(error.code.as_str())
         .arg(error.message.as_str())
         .arg(now_ms()),
+        Transition::RunQueued { reason } => base(
+            with_event!(
+                "UPDATE runs SET queued_reason = ?6
+                 WHERE run_id = ?1 AND instr(?5, ' ' || status || ' ') > 0"
+            ),
+            states(guard.run_text()),
+        )
+        .arg(reason),
+        // The guard counts every run of the workflow with the same keys: one
+        // connection makes every write, so nothing is admitted between the
+        // count and the update. ?6 the admission time.
+        Transition::RunAdmitted { at_ms } => base(
+            with_event!(
+                "UPDATE runs SET status = 'running', admitted_ms = ?6, queued_reason = NULL
+                 WHERE run_id = ?1 AND instr(?5, ' ' || status || ' ') > 0
+                   AND (flow_key IS NULL
+                        OR flow_limit > (SELECT count(*) FROM runs other
+                                         WHERE other.workflow = runs.workflow
+                                           AND other.flow_key = runs.flow_key
+                                           AND other.status = 'running'))
+                   AND (rate_key IS NULL
+                        OR rate_limit > (SELECT count(*) FROM runs other
+                                         WHERE other.workflow = runs.workflow
+                                           AND other.rate_key = runs.rate_key
+                                           AND other.admitted_ms > ?6 - runs.rate_period_ms))"
+            ),
+            states(guard.run_text()),
+        )
+        .arg(at_ms),
     };
     query.guard(write.refusal(run_id))
 }

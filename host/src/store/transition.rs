@@ -2,8 +2,11 @@
 //! makes, with the event it appends and the states it may start from.
 //!
 //! ```text
-//! run:  running ──RunFinished / RunAbandoned──▶ succeeded | failed | cancelled
-//!       failed | cancelled ──RunReopened──▶ running
+//! run:  queued ──RunQueued──▶ queued                (why it waits, when that changes)
+//!       queued ──RunAdmitted──▶ running             (its flow limits allow it now)
+//!       queued | running ──RunAbandoned──▶ cancelled | failed
+//!       running ──RunFinished / RunAbandoned──▶ succeeded | failed | cancelled
+//!       failed | cancelled ──RunReopened──▶ running (queued under flow control)
 //! step: pending ──StepStarted──▶ running ──StepAttempt──▶ running
 //!       pending ──StepWaits──▶ waiting                (a wait step, for its signal)
 //!       pending | running | waiting ──StepFinished──▶ succeeded | failed | skipped | cancelled
@@ -11,6 +14,11 @@
 //!       failed | cancelled ──RunReopened──▶ pending   (with its run)
 //!       pending | running | waiting ──RunAbandoned──▶ cancelled (with its run)
 //! ```
+//!
+//! A run of a workflow with flow control (`concurrency`, `rate`) is created
+//! `queued`. [`Transition::RunAdmitted`] is the one move whose guard looks
+//! past its own run: the run's flow limits must allow it, counted over
+//! every run of its workflow and key in the same write (see each backend).
 //!
 //! A [`Transition`] says what it writes, which event it appends
 //! ([`Transition::kind`], [`Transition::data`]) and from which states
@@ -63,15 +71,24 @@ pub enum Transition<'a> {
         error: Option<&'a Failure>,
     },
     /// `workflow.retry`: a failed or cancelled run runs again, unclaimed,
-    /// from its failed and cancelled steps (they go back to `pending`).
+    /// from its failed and cancelled steps (they go back to `pending`). A
+    /// run under flow control goes back to `queued`, to be admitted again.
     RunReopened { workflow: &'a str },
     /// A run that nothing drives ends (its task failed, or it was cancelled
-    /// while no worker held it); its pending and running steps are
-    /// cancelled with the same error.
+    /// while no worker held it or while it was queued); its pending and
+    /// running steps are cancelled with the same error.
     RunAbandoned {
         status: RunStatus,
         error: &'a Failure,
     },
+    /// A queued run says (again) why it waits: its first reason, or a new
+    /// one.
+    RunQueued { reason: &'a str },
+    /// A queued run is admitted at `at_ms` and becomes `running`, unclaimed:
+    /// only while its flow limits allow it (its concurrency key has fewer
+    /// than `limit` runs running, its rate key fewer than `limit` admitted
+    /// since `at_ms - period`), which the backend checks in the same write.
+    RunAdmitted { at_ms: i64 },
 }
 
 /// The states a [`Transition`] may start from.
@@ -111,6 +128,8 @@ impl<'a> Transition<'a> {
             Transition::StepFinished { .. } => "step.finished",
             Transition::RunFinished { .. } | Transition::RunAbandoned { .. } => "run.finished",
             Transition::RunReopened { .. } => RUN_STARTED,
+            Transition::RunQueued { .. } => "run.queued",
+            Transition::RunAdmitted { .. } => "run.admitted",
         }
     }
 
@@ -139,6 +158,8 @@ impl<'a> Transition<'a> {
                 json!({"status": status, "error": error})
             }
             Transition::RunReopened { workflow } => json!({"workflow": workflow, "retry": true}),
+            Transition::RunQueued { reason } => json!({"reason": reason}),
+            Transition::RunAdmitted { .. } => json!({}),
         }
     }
 
@@ -172,8 +193,12 @@ impl<'a> Transition<'a> {
                 steps: &[S::Failed, S::Cancelled],
             },
             Transition::RunAbandoned { .. } => Guard {
-                run: &[R::Running],
+                run: &[R::Queued, R::Running],
                 steps: &[S::Pending, S::Running, S::Waiting],
+            },
+            Transition::RunQueued { .. } | Transition::RunAdmitted { .. } => Guard {
+                run: &[R::Queued],
+                steps: &[],
             },
         }
     }
@@ -183,7 +208,10 @@ impl<'a> Transition<'a> {
     pub fn fenced(&self) -> bool {
         !matches!(
             self,
-            Transition::RunReopened { .. } | Transition::RunAbandoned { .. }
+            Transition::RunReopened { .. }
+                | Transition::RunAbandoned { .. }
+                | Transition::RunQueued { .. }
+                | Transition::RunAdmitted { .. }
         )
     }
 
@@ -209,7 +237,9 @@ impl<'a> Transition<'a> {
             Transition::StepFinished { status, .. } => Some(status),
             Transition::RunReopened { .. } => Some(StepStatus::Pending),
             Transition::RunAbandoned { .. } => Some(StepStatus::Cancelled),
-            Transition::RunFinished { .. } => None,
+            Transition::RunFinished { .. }
+            | Transition::RunQueued { .. }
+            | Transition::RunAdmitted { .. } => None,
         }
     }
 
@@ -219,7 +249,10 @@ impl<'a> Transition<'a> {
             Transition::RunFinished { status, .. } | Transition::RunAbandoned { status, .. } => {
                 Some(status)
             }
-            Transition::RunReopened { .. } => Some(RunStatus::Running),
+            Transition::RunReopened { .. } | Transition::RunAdmitted { .. } => {
+                Some(RunStatus::Running)
+            }
+            Transition::RunQueued { .. } => Some(RunStatus::Queued),
             _ => None,
         }
     }
@@ -269,6 +302,8 @@ impl<'a> Transition<'a> {
             Transition::RunFinished { .. } => "RunFinished",
             Transition::RunReopened { .. } => "RunReopened",
             Transition::RunAbandoned { .. } => "RunAbandoned",
+            Transition::RunQueued { .. } => "RunQueued",
+            Transition::RunAdmitted { .. } => "RunAdmitted",
         }
     }
 }
@@ -326,6 +361,29 @@ mod tests {
             .filter(|s| reopen.allows_step(*s))
             .collect();
         assert_eq!(again, [StepStatus::Failed, StepStatus::Cancelled]);
+    }
+
+    #[test]
+    fn a_queued_run_is_admitted_queued_again_or_cancelled() {
+        let admit = Transition::RunAdmitted { at_ms: 1 };
+        let queued = Transition::RunQueued { reason: "r" };
+        for m in [admit, queued] {
+            assert!(m.allows_run(RunStatus::Queued));
+            assert!(!m.allows_run(RunStatus::Running));
+            assert!(!m.fenced());
+        }
+        assert_eq!(admit.run_to(), Some(RunStatus::Running));
+        assert_eq!(
+            (queued.kind(), queued.data()),
+            ("run.queued", json!({"reason": "r"}))
+        );
+        let failure = Failure::new("cancelled", "the run was cancelled");
+        let cancel = Transition::RunAbandoned {
+            status: RunStatus::Cancelled,
+            error: &failure,
+        };
+        assert!(cancel.allows_run(RunStatus::Queued));
+        assert!(!RunStatus::Queued.is_finished());
     }
 
     #[test]

@@ -159,6 +159,33 @@ pub struct Spec {
     /// calls (`"[redacted]"` instead), at any depth.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub redact: Vec<String>,
+    /// Flow control: at most `limit` runs per key at once.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<ConcurrencySpec>,
+    /// Flow control: at most `limit` runs per key begin per `period_ms`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate: Option<RateSpec>,
+    /// Flow control: jq over the input, an integer; higher is admitted first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<String>,
+}
+
+/// `concurrency` of a workflow, as a run stores it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConcurrencySpec {
+    /// jq over the input; `None`: one limit for the whole workflow.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    pub limit: u32,
+}
+
+/// `rate` of a workflow, as a run stores it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RateSpec {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    pub limit: u32,
+    pub period_ms: u64,
 }
 
 impl Spec {
@@ -277,12 +304,38 @@ impl Spec {
         if run_timeout.is_some_and(|t| t.is_zero()) {
             return Err(wf_err("`timeout` must be more than 0".into()));
         }
+        if w.concurrency.as_ref().is_some_and(|c| c.limit == 0) {
+            return Err(wf_err("`concurrency.limit` must be at least 1".into()));
+        }
+        if let Some(rate) = &w.rate {
+            if rate.limit == 0 {
+                return Err(wf_err("`rate.limit` must be at least 1".into()));
+            }
+            if rate.period.as_millis() < 1 {
+                return Err(wf_err("`rate.period` must be at least 1ms".into()));
+            }
+        }
+        if w.priority.is_some() && w.concurrency.is_none() && w.rate.is_none() {
+            return Err(wf_err(
+                "`priority` orders runs queued by `concurrency` or `rate`; set one of them".into(),
+            ));
+        }
         Ok(Spec {
             input_schema: w.input_schema.clone(),
             output: w.output.clone(),
             timeout_ms: run_timeout.map(|t| t.as_millis() as u64),
             steps: specs,
             redact: w.redact.clone(),
+            concurrency: w.concurrency.as_ref().map(|c| ConcurrencySpec {
+                key: c.key.clone(),
+                limit: c.limit,
+            }),
+            rate: w.rate.as_ref().map(|r| RateSpec {
+                key: r.key.clone(),
+                limit: r.limit,
+                period_ms: u64::try_from(r.period.as_millis()).unwrap_or(u64::MAX),
+            }),
+            priority: w.priority.clone(),
         })
     }
 
@@ -409,6 +462,8 @@ pub struct Definition {
     pub timeout: Option<Duration>,
     /// Ids of the steps nothing depends on, in definition order.
     pub leaves: Vec<String>,
+    /// `concurrency`, `rate` and `priority`, when the workflow has them.
+    pub flow: Option<super::flow::FlowControl>,
 }
 
 impl std::fmt::Debug for Definition {
@@ -546,7 +601,9 @@ impl Definition {
             .filter(|s| !needed.contains(s.id.as_str()))
             .map(|s| s.id.clone())
             .collect();
+        let flow = super::flow::FlowControl::compile(&spec).map_err(wf_err)?;
         Ok(Definition {
+            flow,
             name: name.to_owned(),
             hash: spec.hash(),
             timeout: spec.timeout_ms.map(Duration::from_millis),
@@ -714,6 +771,16 @@ mod tests {
             timeout_ms: None,
             steps,
             redact: Vec::new(),
+            ..Spec::default()
+        }
+    }
+
+    #[test]
+    fn a_spec_without_flow_control_is_stored_as_before() {
+        // Runs stored before flow control keep their hash.
+        let json = serde_json::to_value(spec(vec![step("a", &[])])).unwrap();
+        for key in ["concurrency", "rate", "priority"] {
+            assert!(json.get(key).is_none(), "{json}");
         }
     }
 

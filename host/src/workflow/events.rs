@@ -322,7 +322,12 @@ fn scrub(moves: &[Transition<'_>], redact: &[String]) -> Option<Vec<Scrub>> {
                 error: failure(Some(error)),
                 ..Scrub::default()
             },
-            Transition::StepAttempt { .. } | Transition::RunReopened { .. } => Scrub::default(),
+            // A queued run's reason holds its keys, from its input, which
+            // is stored as it is.
+            Transition::StepAttempt { .. }
+            | Transition::RunReopened { .. }
+            | Transition::RunQueued { .. }
+            | Transition::RunAdmitted { .. } => Scrub::default(),
         })
         .collect();
     let changed =

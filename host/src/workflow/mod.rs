@@ -10,6 +10,7 @@ pub mod definition;
 mod engine;
 mod events;
 pub mod expr;
+mod flow;
 mod maintenance;
 mod mcp;
 mod mode;
@@ -173,6 +174,10 @@ pub struct RunRecord {
     /// scheduled_at, missed}` or `{kind: "webhook", delivery}`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trigger: Option<Value>,
+    /// While `queued`: why the run waits (`concurrency: key "acme" has 2
+    /// of 2 running`, `rate: key "acme" used 10 of 10 in 1m`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queued_reason: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub steps: Option<Vec<StepRecord>>,
 }
@@ -190,6 +195,7 @@ impl From<RunRow> for RunRecord {
             finished_at: r.finished_at,
             definition_hash: r.definition_hash,
             trigger: r.trigger,
+            queued_reason: r.queued_reason.filter(|_| r.status == RunStatus::Queued),
             steps: None,
         }
     }
@@ -258,6 +264,11 @@ pub struct Workflows {
     asleep: Arc<std::sync::atomic::AtomicUsize>,
     /// Wakes the scheduler: a reload changed the schedules.
     schedules_changed: Arc<tokio::sync::Notify>,
+    /// Held by the admission pass ([`flow`]): one at a time here.
+    admitting: tokio::sync::Mutex<()>,
+    /// Bumped after every admission pass that admitted a run: a waiter on
+    /// a queued run looks again.
+    admissions: watch::Sender<u64>,
 }
 
 impl Workflows {
@@ -290,6 +301,8 @@ impl Workflows {
             mode: Mode::of(&*store),
             asleep: Arc::default(),
             schedules_changed: Arc::default(),
+            admitting: tokio::sync::Mutex::default(),
+            admissions: watch::channel(0).0,
             options,
             closing: closing.clone(),
             finished_since_prune: Default::default(),
@@ -387,6 +400,8 @@ impl Workflows {
     /// resumed by whichever worker claims it once its lease has expired.
     pub async fn resume(self: &Arc<Self>) -> Result<usize, WorkflowError> {
         let count = self.mode.resume(self).await?;
+        // After the resumed runs are driven: a pass counts them as running.
+        maintenance::start_admitter(self);
         maintenance::start_pruner(self);
         maintenance::start_scheduler(self);
         Ok(count)
@@ -447,6 +462,7 @@ impl Workflows {
     pub async fn state_status(&self) -> Result<Value, WorkflowError> {
         let Counts {
             runs_running,
+            runs_queued,
             runs_total,
             runs_waiting_for_signal,
             last_event_id,
@@ -455,6 +471,7 @@ impl Workflows {
             "backend": self.store.backend(),
             "path": self.store.location(),
             "runs_running": runs_running,
+            "runs_queued": runs_queued,
             "runs_total": runs_total,
             "runs_waiting_for_signal": runs_waiting_for_signal,
             "last_event_id": last_event_id,
@@ -714,13 +731,16 @@ impl Workflows {
             }
             Ok(RunRecord::from(self.stored_run(run_id).await?))
         };
-        let done = self
-            .live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(run_id)
-            .map(|l| l.done.clone());
+        let deadline = tokio::time::Instant::now() + timeout;
+        let done = match self.store.listen() {
+            Some(_) => self.live_done(run_id),
+            None => match self.admitted_here(run_id, deadline).await? {
+                Some(done) => done,
+                None => return read().await,
+            },
+        };
         if let Some(mut done) = done {
+            let timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
             tokio::select! {
                 _ = tokio::time::timeout(timeout, done.wait_for(|d| matches!(d, Done::Ended(_)))) => {}
                 _ = self.closing.cancelled() => {}
@@ -737,7 +757,6 @@ impl Workflows {
         };
         // Driven by another worker (or by nobody yet): its end comes as a
         // note; the poll covers a note missed while the listener reconnected.
-        let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let record = read().await?;
             let now = tokio::time::Instant::now();
@@ -757,6 +776,52 @@ impl Workflows {
             tokio::select! {
                 () = finished => {}
                 _ = tokio::time::sleep(poll) => {}
+                _ = self.closing.cancelled() => {}
+            }
+        }
+    }
+
+    /// The live run's end, when this process drives `run_id`.
+    fn live_done(&self, run_id: &str) -> Option<watch::Receiver<Done>> {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(run_id)
+            .map(|l| l.done.clone())
+    }
+
+    /// Alone: waits, up to `deadline`, for a queued run to be admitted and
+    /// driven here; then its end ([`Workflows::live_done`]), or `None` when
+    /// it is neither queued nor driven here. `None` past the deadline (or
+    /// at shutdown), the run still queued.
+    async fn admitted_here(
+        &self,
+        run_id: &str,
+        deadline: tokio::time::Instant,
+    ) -> Result<Option<Option<watch::Receiver<Done>>>, WorkflowError> {
+        let mut admissions = self.admissions.subscribe();
+        loop {
+            if let Some(done) = self.live_done(run_id) {
+                return Ok(Some(Some(done)));
+            }
+            let run = self.stored_run(run_id).await?;
+            // Admitted but not driven yet: the pass that admitted it is
+            // launching it, and bumps `admissions` once it has.
+            let admitting = run.status == RunStatus::Running && run.admitted_ms.is_some();
+            if run.status != RunStatus::Queued && !admitting {
+                return Ok(Some(None));
+            }
+            if tokio::time::Instant::now() >= deadline || self.closing.is_cancelled() {
+                return Ok(None);
+            }
+            let poll = if admitting {
+                Duration::from_millis(50)
+            } else {
+                Duration::from_secs(1)
+            };
+            tokio::select! {
+                _ = admissions.changed() => {}
+                _ = tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + poll)) => {}
                 _ = self.closing.cancelled() => {}
             }
         }

@@ -10,6 +10,7 @@
 //!   asked to cancel through the store.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::{WorkflowError, Workflows};
 use crate::store::{
@@ -97,11 +98,18 @@ impl Mode {
 
     /// A retried run, reopened in the store: alone, drive it; shared, it
     /// was reopened unclaimed, so whichever worker has a free slot takes it.
+    /// A run reopened `queued` waits for the admitter either way.
     pub(crate) async fn reopened(
         self,
         wf: &Arc<Workflows>,
         run: RunRow,
     ) -> Result<(), WorkflowError> {
+        if run.status == RunStatus::Queued {
+            // Under flow control: the admitter lets it in (here or on any
+            // worker) once its limits allow.
+            wf.worker.queue.notify_one();
+            return Ok(());
+        }
         match self {
             Mode::Shared => {
                 wf.worker.wake.notify_one();
@@ -133,6 +141,33 @@ impl Mode {
                 wf.events.request_cancel(run_id, &failure).await?,
                 CancelRequest::Signalled
             )),
+        }
+    }
+
+    /// How often the admitter looks at the queue without being woken:
+    /// shared, as often as the claimer (another worker's note may be
+    /// missed); alone, never (every run ends here and wakes it).
+    pub(crate) fn admit_poll(self, worker: &super::maintenance::Worker) -> Option<Duration> {
+        match self {
+            Mode::Shared => Some(worker.poll()),
+            Mode::Alone => None,
+        }
+    }
+
+    /// A queued run the store just admitted. Alone, drive it. Shared, it is
+    /// `running` and unclaimed, and the store told every worker: this one's
+    /// claimer looks at once.
+    pub(crate) async fn admitted(self, wf: &Arc<Workflows>, run: RunRow) {
+        match self {
+            Mode::Shared => wf.worker.wake.notify_one(),
+            Mode::Alone => {
+                let run_id = run.run_id.clone();
+                let fence = Mode::Alone.first_fence(&wf.worker.id);
+                // Not a resume: its deadline counts from now, its admission.
+                if let Err(e) = wf.launch_stored(run, false, fence).await {
+                    tracing::warn!(run = %run_id, "cannot drive an admitted run: {e}");
+                }
+            }
         }
     }
 

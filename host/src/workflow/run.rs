@@ -205,6 +205,17 @@ impl Workflows {
                 workflow: workflow.to_owned(),
                 message,
             })?;
+        // Flow control: the run's keys and priority, from its input. A key
+        // that cannot be computed refuses the start, as a bad input does.
+        let flow = def
+            .flow
+            .as_ref()
+            .map(|flow| flow.of(&input))
+            .transpose()
+            .map_err(|message| WorkflowError::InvalidInput {
+                workflow: workflow.to_owned(),
+                message,
+            })?;
         // The nodes first: a run is stored only when it can run.
         let nodes = self.nodes_of(&def).map_err(|f| {
             WorkflowError::Definition(DefinitionError::Workflow {
@@ -216,7 +227,12 @@ impl Workflows {
         let run = RunRow {
             run_id: new_run_id(created_ms),
             workflow: workflow.to_owned(),
-            status: RunStatus::Running,
+            // Under flow control, queued until the admission pass below.
+            status: if flow.is_some() {
+                RunStatus::Queued
+            } else {
+                RunStatus::Running
+            },
             input,
             output: None,
             error: None,
@@ -227,6 +243,9 @@ impl Workflows {
             started_at: now_text(),
             finished_at: None,
             trigger,
+            flow,
+            queued_reason: None,
+            admitted_ms: None,
         };
         let new = NewRun {
             steps: def.spec.steps.iter().map(|s| s.id.clone()).collect(),
@@ -234,9 +253,11 @@ impl Workflows {
         };
         // On a shared store this worker takes the run itself while it has a
         // free slot; otherwise any worker claims it.
-        let lease = (self
-            .mode
-            .takes_new_run(self.busy(), self.options.max_concurrent_steps))
+        // A queued run is held by nobody until it is admitted.
+        let lease = (run.status == RunStatus::Running
+            && self
+                .mode
+                .takes_new_run(self.busy(), self.options.max_concurrent_steps))
         .then(|| Lease {
             worker: self.worker.id.clone(),
             duration: self.worker.lease,
@@ -314,6 +335,25 @@ impl Workflows {
                 started: first_started,
             });
         }
+        if run.status == RunStatus::Queued {
+            // Admitted now if its limits allow (and then driven, alone);
+            // else it waits, with its reason, for the admitter.
+            match self.admit().await {
+                // A rate window to wait for: no run's end will say when it
+                // frees, so the admitter's own pass sets its timer.
+                Ok(pass) if pass.next_window_ms.is_some() => self.worker.queue.notify_one(),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(run = %run.run_id, "cannot admit queued runs now: {e}");
+                    self.worker.queue.notify_one();
+                }
+            }
+            let run = self.stored_run(&run.run_id).await?;
+            return Ok(Started {
+                run: run.into(),
+                new: true,
+            });
+        }
         Ok(Started {
             run: run.into(),
             new: true,
@@ -382,8 +422,10 @@ impl Workflows {
             Ok((def, nodes)) => {
                 // A resumed run's deadline counts from its start; a retried
                 // run (finished, then reopened) gets a whole new one.
+                // A run that was queued counts from its admission.
                 let elapsed = if resumed {
-                    Duration::from_millis(u64::try_from(now_ms() - run.created_ms).unwrap_or(0))
+                    let from = run.admitted_ms.unwrap_or(run.created_ms);
+                    Duration::from_millis(u64::try_from(now_ms() - from).unwrap_or(0))
                 } else {
                     Duration::ZERO
                 };
@@ -489,6 +531,7 @@ impl Workflows {
         self.tasks.spawn(async move {
             let run_id = ctx.run_id.clone();
             let workflow = ctx.def.name.clone();
+            let flow = ctx.def.flow.is_some();
             let span = ctx.span.clone();
             let run_ctx = ctx.clone();
             let ending = engine::drive(ctx, rows).await;
@@ -550,6 +593,10 @@ impl Workflows {
             let _ = done_tx.send(Done::Ended(ended));
             // A slot is free.
             this.worker.wake.notify_one();
+            if flow {
+                // And a slot of its workflow's flow control.
+                this.worker.queue.notify_one();
+            }
         });
     }
 
@@ -565,10 +612,13 @@ impl Workflows {
             status,
             error: failure,
         };
-        match self.events.apply(run_id, &[abandon], None).await {
+        let ended = match self.events.apply(run_id, &[abandon], None).await {
             Ok(_) | Err(StoreError::Refused(_)) => Ok(()),
             Err(e) => Err(e),
-        }
+        };
+        // It may have held (or waited for) a slot of its flow control.
+        self.worker.queue.notify_one();
+        ended
     }
 
     /// Cancels `run_id` (its running nodes are interrupted and in-flight

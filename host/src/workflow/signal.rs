@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use super::definition::{Definition, Spec};
 use super::{WorkflowError, Workflows};
-use crate::store::{RunStatus, StepStatus};
+use crate::store::StepStatus;
 
 /// Longest payload kept, in bytes of JSON.
 pub const MAX_PAYLOAD: usize = 256 * 1024;
@@ -253,7 +253,7 @@ impl Workflows {
         })
     }
 
-    /// Run `run_id`, which must be running: else [`WorkflowError::NotWaiting`]
+    /// Run `run_id`, which must be running (or queued): else [`WorkflowError::NotWaiting`]
     /// saying its status and `why` (or [`WorkflowError::UnknownRun`]).
     async fn running_run(
         &self,
@@ -265,7 +265,8 @@ impl Workflows {
             .run(run_id)
             .await?
             .ok_or_else(|| WorkflowError::UnknownRun(run_id.to_owned()))?;
-        if run.status != RunStatus::Running {
+        // A queued run keeps its signals for when it runs.
+        if run.status.is_finished() {
             return Err(WorkflowError::NotWaiting {
                 run_id: run_id.to_owned(),
                 message: format!("it is {}; {why}", run.status.as_str()),

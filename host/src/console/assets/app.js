@@ -13,7 +13,7 @@
   const TOKEN_KEY = "wf-host.token";
   const WORKFLOW_KEY = "wf-host.workflow"; // the start form's last choice
   const PAGE_SIZE = 20;
-  const RUN_STATUSES = ["running", "succeeded", "failed", "cancelled"];
+  const RUN_STATUSES = ["queued", "running", "succeeded", "failed", "cancelled"];
   const STEP_STATUSES = ["pending", "running", "waiting", "succeeded", "failed", "skipped", "cancelled"];
   const SVG = "http://www.w3.org/2000/svg";
 
@@ -396,7 +396,7 @@
         { "data-run-id": run.run_id, "data-status": known(run.status, RUN_STATUSES) },
         el("td", null, el("a", { href: "#/runs/" + encodeURIComponent(run.run_id), class: "run-link", text: run.run_id })),
         el("td", { class: "workflow", text: run.workflow }),
-        el("td", null, badge(run.status, RUN_STATUSES)),
+        el("td", { title: run.queued_reason || "" }, badge(run.status, RUN_STATUSES)),
         el("td", { text: when(run.started_at) }),
         el("td", null, durationCell(run.started_at, run.finished_at)),
       ),
@@ -511,13 +511,14 @@
     const summary = [
       ["Workflow", run.workflow],
       ["Status", status],
+      ...(run.queued_reason ? [["Queued", run.queued_reason]] : []),
       ["Started", when(run.started_at)],
       ["Finished", when(run.finished_at)],
       ["Duration", durationCell(run.started_at, run.finished_at)],
       ["Definition", el("code", { text: String(run.definition_hash || "").slice(0, 12) })],
     ];
     $("run-summary").replaceChildren(...summary.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", null, v)]));
-    $("cancel-run").disabled = run.status !== "running";
+    $("cancel-run").disabled = run.status !== "running" && run.status !== "queued";
     $("retry-run").disabled = !(run.status === "failed" || run.status === "cancelled");
     const steps = run.steps || [];
     if (selectedStep !== null && !steps.some((s) => s.id === selectedStep)) selectedStep = null;

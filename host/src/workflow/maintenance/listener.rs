@@ -26,8 +26,11 @@ pub(super) async fn listener(
             Ok(Note::Signal(run_id)) => this.signal_local(&run_id),
             Ok(Note::Ready | Note::Reconnected) | Err(RecvError::Lagged(_)) => {
                 this.worker.wake.notify_one();
+                this.worker.queue.notify_one();
             }
-            Ok(Note::Finished(_) | Note::Event) => {}
+            // A run ended on some worker: its slot may admit a queued run.
+            Ok(Note::Finished(_)) => this.worker.queue.notify_one(),
+            Ok(Note::Event) => {}
             Err(RecvError::Closed) => return,
         }
     }

@@ -5,6 +5,12 @@
 //!   minute and after every batch of finished runs. Every store.
 //! - [`scheduler`]: fires the ticks of the config's schedules, each once
 //!   whichever workers are alive. Every store.
+//! - [`admitter`]: admits queued runs of workflows with flow control
+//!   (`concurrency`, `rate`) as their limits allow. It wakes when a run of
+//!   such a workflow ends or is queued (here, or on another worker: a
+//!   [`Note::Finished`](crate::store::Note::Finished)), when a rate window
+//!   frees a slot, and on a shared store every [`Worker::poll`] too, in case
+//!   a note was missed. Every store.
 //!
 //! And on a shared store (PostgreSQL), where every `wf-host serve` on one
 //! database is a worker and a run is driven by the worker that holds its
@@ -27,6 +33,7 @@
 //! so leases hold through the grace period). Each holds the engine weakly,
 //! so it never keeps a dropped engine alive.
 
+mod admitter;
 mod claimer;
 mod listener;
 mod pruner;
@@ -41,6 +48,7 @@ use tokio::sync::Notify;
 use super::Workflows;
 use crate::store::{WorkerRow, now_text};
 
+pub(crate) use admitter::start_admitter;
 pub(crate) use claimer::start_claimer;
 pub(crate) use pruner::start_pruner;
 pub(crate) use scheduler::start_scheduler;
@@ -55,6 +63,9 @@ pub(crate) struct Worker {
     pub lease: Duration,
     /// A run can be claimed, or a local run ended (a slot is free).
     pub wake: Arc<Notify>,
+    /// A queued run may be admitted: a run of a workflow with flow control
+    /// ended or was queued ([`admitter`]).
+    pub queue: Arc<Notify>,
 }
 
 impl Worker {
@@ -64,6 +75,7 @@ impl Worker {
             started_at: now_text(),
             lease,
             wake: Arc::default(),
+            queue: Arc::default(),
         }
     }
 

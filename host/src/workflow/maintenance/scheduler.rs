@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::super::schedule::{CatchUp, Due, Overlap, Schedule};
 use super::super::{WorkflowError, Workflows};
-use crate::store::{RunStatus, StoreError, now_ms};
+use crate::store::{StoreError, now_ms};
 
 /// Longest sleep between two looks at the schedules.
 const IDLE: Duration = Duration::from_secs(30);
@@ -130,7 +130,7 @@ impl Workflows {
                 .store
                 .run(last)
                 .await?
-                .is_some_and(|run| run.status == RunStatus::Running)
+                .is_some_and(|run| !run.status.is_finished())
         {
             return Ok(match schedule.overlap {
                 Overlap::Queue => Fired::Queued,
