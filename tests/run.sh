@@ -16,7 +16,8 @@ if ! compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql
 fi
 # curl, jq and openssl: the triggers guide (docs/triggers.md), which the doc
-# check follows, uses them as a reader would.
+# check follows, and the conformance suite's person (tests/conformance/person.sh,
+# curl as its browser) use them as a reader would.
 missing=""
 for tool in curl jq openssl; do
     command -v "$tool" >/dev/null || missing="$missing $tool"
