@@ -439,6 +439,39 @@ async fn auth_login_runs_the_code_flow_with_pkce_and_stores_tokens_privately() {
     assert_eq!(out["content"][0]["text"], "signed in");
 }
 
+/// A call the server refuses with 403 `insufficient_scope` fails alone,
+/// naming the scope and the command; the session serves on; the next
+/// `auth login`, with the config unchanged, asks for the scope.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_refused_for_scope_fails_alone_and_the_next_login_asks_for_it() {
+    let server = AuthServer::start().await;
+    // Not in the server's `scopes_supported`: no sign-in asks for it unasked.
+    *server.state.call_scope.lock().unwrap() = Some("mcp:admin".into());
+    let dir = ConfigDir::new();
+    let config = code_config(&dir, &server);
+    let (status, stderr) = login(&config, &[]).await;
+    assert!(status.success(), "stderr: {stderr}");
+    let pool = pool_from(&config);
+    let refused = echo(&pool, "refused").await.unwrap_err();
+    let message = refused.to_string();
+    assert!(
+        message.contains("wants scope `mcp:admin`")
+            && message.contains("run `wf-host auth login remote`"),
+        "{message}"
+    );
+    // The same session lists, and was never rebuilt.
+    assert!(!pool.list_tools("remote").await.unwrap().is_empty());
+    assert_eq!(pool.stats()[0].sessions_opened, 1, "{:?}", pool.stats());
+    pool.shutdown().await;
+
+    let (status, stderr) = login(&config, &[]).await;
+    assert!(status.success(), "stderr: {stderr}");
+    let pool = pool_from(&config);
+    let out = echo(&pool, "granted").await.unwrap();
+    assert_eq!(out["content"][0]["text"], "granted");
+    pool.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_access_token_is_refreshed_unattended() {
     let server = AuthServer::start().await;
