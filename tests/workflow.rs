@@ -2185,11 +2185,10 @@ async fn question_of(host: &Host, run_id: &str, step: &str) -> Value {
         let run = host.workflows.get(run_id, false).await.unwrap();
         let shown = serde_json::to_value(&run).unwrap();
         let steps = shown["steps"].as_array().cloned().unwrap_or_default();
-        if let Some(q) = steps
-            .iter()
-            .find(|s| s["id"] == step)
-            .and_then(|s| s["questions"].get(0))
-        {
+        let shown_step = steps.iter().find(|s| s["id"] == step);
+        if let Some(q) = shown_step.and_then(|s| s["questions"].get(0)) {
+            // Asked, the step waits for its answer.
+            assert_eq!(shown_step.unwrap()["status"], "waiting", "{shown}");
             return q.clone();
         }
         assert!(Instant::now() < deadline, "no question shown: {shown}");

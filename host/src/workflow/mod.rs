@@ -604,13 +604,27 @@ impl Workflows {
         };
         let mut steps = Vec::new();
         for row in self.store.steps(run_id).await? {
+            let asked: Vec<_> = if row.status == StepStatus::Running {
+                questions
+                    .extract_if(.., |q| q.step_id == row.step_id)
+                    .collect()
+            } else {
+                Vec::new()
+            };
             let calls = if calls {
                 Some(self.store.calls(run_id, &row.step_id).await?)
             } else {
                 None
             };
             steps.push(StepRecord {
-                status: row.status,
+                // A step its upstream asked a question waits for the answer.
+                // It is stored `running`: its node holds the call, and after
+                // a restart runs again (and is asked again).
+                status: if asked.is_empty() {
+                    row.status
+                } else {
+                    StepStatus::Waiting
+                },
                 attempts: row.attempts,
                 needs: needs.remove(&row.step_id).unwrap_or_default(),
                 started_at: row.started_at,
@@ -624,13 +638,7 @@ impl Workflows {
                 progress: (row.status == StepStatus::Running)
                     .then(|| progress.get(&row.step_id).cloned())
                     .flatten(),
-                questions: if row.status == StepStatus::Running {
-                    questions
-                        .extract_if(.., |q| q.step_id == row.step_id)
-                        .collect()
-                } else {
-                    Vec::new()
-                },
+                questions: asked,
                 id: row.step_id,
             });
         }

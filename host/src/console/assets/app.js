@@ -684,7 +684,8 @@
       el("h3", null, "Step ", el("code", { text: step.id })),
       el("dl", { class: "summary" }, ...facts.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", null, v)])),
     ];
-    if (step.status === "waiting") parts.push(signalBox(step));
+    // A wait step waits for a signal; a step asked a question waits for its answer.
+    if (step.status === "waiting" && (step.questions || []).length === 0) parts.push(signalBox(step));
     for (const asked of step.questions || []) parts.push(questionBox(step, asked));
     if (step.input !== undefined) parts.push(el("h4", { text: "Input" }), json(step.input));
     if (step.output !== undefined) parts.push(el("h4", { text: "Output" }), json(step.output));
