@@ -47,7 +47,12 @@ priority = '.p'
 {ranked}
 [workflows.paced]
 rate = {{ limit = 3, period = "2s" }}
-{paced}"#,
+{paced}
+[workflows.mixed]
+concurrency = {{ key = '.k', limit = 1 }}
+rate = {{ limit = 100, period = "1m" }}
+{mixed}"#,
+        mixed = step("mixed"),
         keyed = step("keyed"),
         ranked = step("ranked"),
         paced = step("paced"),
@@ -229,6 +234,29 @@ async fn a_concurrency_key_holds_runs_past_its_limit_and_lets_other_keys_through
         metrics.contains("wf_runs_queued{workflow=\"keyed\"} 0"),
         "{metrics}"
     );
+}
+
+/// A run held back by its full concurrency key does not hold back runs of
+/// other keys that share a `rate` with it (the rate is not full).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_full_key_holds_back_only_its_own_runs() {
+    let state = tempfile::tempdir().unwrap();
+    let db = state.path().join("state.db");
+    let serve = Serve::start(config, &["--state", db.to_str().unwrap()]);
+    let a1 = start(&serve, "mixed", json!({"k": "a", "ms": 1500})).await;
+    let a2 = start(&serve, "mixed", json!({"k": "a", "ms": 0})).await;
+    assert_eq!(a2["status"], "queued", "{a2}");
+    let b1 = start(&serve, "mixed", json!({"k": "b", "ms": 0})).await;
+    let ids: Vec<String> = [&a1, &a2, &b1]
+        .iter()
+        .map(|r| r["run_id"].as_str().unwrap().to_owned())
+        .collect();
+    wait_all(&serve, &ids, Duration::from_secs(30)).await;
+    let runs = stored_sqlite(&db, "mixed").await;
+    let of = |id: &str| runs.iter().find(|r| r.0 == id).unwrap().clone();
+    let (a1, b1) = (of(&ids[0]), of(&ids[2]));
+    // b was let in while a's first run still held a's slot.
+    assert!(b1.2 < a1.3, "b admitted at {}, a1 ended at {}", b1.2, a1.3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

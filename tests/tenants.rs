@@ -49,6 +49,13 @@ component = {call:?}
 allow = ["fixture.*"]
 redact = ["password"]
 
+# The host's own bookkeeping is not the workflow's to redact.
+[workflows.nap]
+redact = ["until"]
+[[workflows.nap.steps]]
+id = "nap"
+sleep = "10ms"
+
 [[workflows.chain.steps]]
 id = "env"
 component = {call:?}
@@ -157,6 +164,26 @@ async fn a_planted_secret_reaches_its_server_and_never_leaves_the_host() {
         step["calls"][0]["arguments"]["password"], "[redacted]",
         "{got}"
     );
+
+    // A sleep step's wake time is kept as it is, whatever `redact` names.
+    let nap = serve
+        .rpc(
+            "workflow.start",
+            json!({"workflow": "nap", "wait": true, "input": {}}),
+            None,
+        )
+        .await;
+    let nap = serve
+        .rpc(
+            "workflow.get",
+            json!({"run_id": nap["result"]["run_id"]}),
+            None,
+        )
+        .await;
+    let until = nap["result"]["steps"][0]["input"]["until"]
+        .as_str()
+        .unwrap();
+    assert!(until.starts_with("20"), "{nap}");
 
     // The failed run's events carry its error.
     let failed_id = failed["run_id"].as_str().unwrap();

@@ -67,11 +67,32 @@ const POLL: Duration = Duration::from_millis(100);
 #[derive(Clone)]
 pub struct WorkflowServer {
     workflows: Arc<Workflows>,
+    /// Served over HTTP (`/mcp`), where the router's token check names the
+    /// caller of every request; over stdio the client is local.
+    over_http: bool,
 }
 
 impl WorkflowServer {
     pub fn new(workflows: Arc<Workflows>) -> WorkflowServer {
-        WorkflowServer { workflows }
+        WorkflowServer {
+            workflows,
+            over_http: false,
+        }
+    }
+
+    /// Who sent a request: over HTTP, as the router's token check found (a
+    /// request it did not see gets no scope at all); over stdio (`wf-host
+    /// mcp`, a local client), a caller with every scope.
+    pub(crate) fn caller_of(&self, context: &RequestContext<RoleServer>) -> Arc<Caller> {
+        let found = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<Arc<Caller>>().cloned());
+        match found {
+            Some(caller) => caller,
+            None if self.over_http => Caller::nobody(),
+            None => Caller::everything(),
+        }
     }
 
     /// Whether an exposed workflow waits for signals: then the
@@ -183,7 +204,8 @@ impl WorkflowServer {
                 Some(refusal) => Err(McpError::invalid_request(refusal, None)),
                 None => Ok(()),
             },
-            Err(_) => Ok(()),
+            Err(WorkflowError::UnknownRun(_)) => Ok(()),
+            Err(e) => Err(McpError::internal_error(e.to_string(), None)),
         }
     }
 
@@ -194,7 +216,7 @@ impl WorkflowServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let name = request.name.as_ref();
-        let caller = caller_of(&context);
+        let caller = self.caller_of(&context);
         if name == SIGNAL_TOOL && self.offers_signal() {
             let run_id = request
                 .arguments
@@ -223,6 +245,10 @@ impl WorkflowServer {
                         None,
                     )
                 })?;
+                // Answers are signals: the token must be allowed to send them.
+                if let Err(e) = self.may(&caller, RunScope::Signal, &run_id).await {
+                    return Ok(error_result(None, format!("denied: {}", e.message)).into());
+                }
                 let answered = self
                     .answer_round(name, &run_id, request.input_responses.as_ref())
                     .await?;
@@ -466,7 +492,9 @@ impl WorkflowServer {
         if self.workflows.exposed_workflow(&record.workflow).is_none() {
             return Err(not_found());
         }
-        let text = serde_json::to_string(&record).unwrap_or_default();
+        let value = serde_json::to_value(&record).unwrap_or_default();
+        let value = crate::secrets::redact_json(&value).unwrap_or(value);
+        let text = value.to_string();
         Ok(ReadResourceResult::new(vec![
             ResourceContents::text(text, uri).with_mime_type("application/json"),
         ]))
@@ -659,6 +687,9 @@ fn run_meta(run_id: &str) -> rmcp::model::MetaObject {
 
 /// A finished run as a tool result.
 fn tool_result(exposed: &crate::workflow::Exposed, record: RunRecord) -> CallToolResult {
+    // Known secrets never leave in an answer, whatever a run holds (one
+    // stored before a reload named the secret, too).
+    let record = redacted(record);
     let run_id = record.run_id.as_str();
     if record.status != Status::Succeeded {
         let (code, message) = record
@@ -769,7 +800,7 @@ impl ServerHandler for WorkflowServer {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         // A token sees the workflows it may start.
-        let caller = caller_of(&context);
+        let caller = self.caller_of(&context);
         let mut tools = self.tools();
         tools.retain(|t| {
             (t.name == SIGNAL_TOOL && self.offers_signal()) || caller.may(RunScope::Start, &t.name)
@@ -789,7 +820,9 @@ impl ServerHandler for WorkflowServer {
         let is_workflow = !(request.name == SIGNAL_TOOL && self.offers_signal())
             && self.workflows.exposed_workflow(&request.name).is_some();
         if is_workflow
-            && let Some(refusal) = caller_of(&context).refusal(RunScope::Start, &request.name)
+            && let Some(refusal) = self
+                .caller_of(&context)
+                .refusal(RunScope::Start, &request.name)
         {
             return Ok(error_result(None, format!("denied: {refusal}")).into());
         }
@@ -805,7 +838,7 @@ impl ServerHandler for WorkflowServer {
         request: GetTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, McpError> {
-        self.may(&caller_of(&context), RunScope::Read, &request.task_id)
+        self.may(&self.caller_of(&context), RunScope::Read, &request.task_id)
             .await?;
         self.get_task_of(&request.task_id).await
     }
@@ -815,8 +848,12 @@ impl ServerHandler for WorkflowServer {
         request: UpdateTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        self.may(&caller_of(&context), RunScope::Signal, &request.task_id)
-            .await?;
+        self.may(
+            &self.caller_of(&context),
+            RunScope::Signal,
+            &request.task_id,
+        )
+        .await?;
         self.update_task_of(&request.task_id, &request.input_responses)
             .await
     }
@@ -826,8 +863,12 @@ impl ServerHandler for WorkflowServer {
         request: CancelTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        self.may(&caller_of(&context), RunScope::Cancel, &request.task_id)
-            .await?;
+        self.may(
+            &self.caller_of(&context),
+            RunScope::Cancel,
+            &request.task_id,
+        )
+        .await?;
         self.cancel_task_of(&request.task_id).await
     }
 
@@ -857,21 +898,24 @@ impl ServerHandler for WorkflowServer {
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
         if let Some(run_id) = request.uri.strip_prefix(RUN_URI_PREFIX) {
-            self.may(&caller_of(&context), RunScope::Read, run_id)
+            self.may(&self.caller_of(&context), RunScope::Read, run_id)
                 .await?;
         }
         self.read_run(&request.uri).await.map(Into::into)
     }
 }
 
-/// Who sent an MCP request: over HTTP, as the router's token check found;
-/// over stdio (`wf-host mcp`, a local client), a caller with every scope.
-fn caller_of(context: &RequestContext<RoleServer>) -> Arc<Caller> {
-    context
-        .extensions
-        .get::<axum::http::request::Parts>()
-        .and_then(|parts| parts.extensions.get::<Arc<Caller>>().cloned())
-        .unwrap_or_else(Caller::everything)
+/// `record`'s output and error with every known secret replaced.
+fn redacted(mut record: RunRecord) -> RunRecord {
+    if let Some(output) = &record.output
+        && let Some(clean) = crate::secrets::redact_json(output)
+    {
+        record.output = Some(clean);
+    }
+    if let Some(error) = &mut record.error {
+        error.message = crate::secrets::redact(&error.message).into_owned();
+    }
+    record
 }
 
 /// The trigger a named token's run is recorded with.
@@ -891,6 +935,9 @@ pub fn http_service(
         .with_legacy_session_mode(true)
         .disable_allowed_hosts()
         .with_cancellation_token(workflows.closing_token());
-    let server = WorkflowServer::new(workflows);
+    let server = WorkflowServer {
+        over_http: true,
+        ..WorkflowServer::new(workflows)
+    };
     StreamableHttpService::new(move || Ok(server.clone()), Arc::default(), config)
 }

@@ -263,6 +263,11 @@ impl Reloader {
         *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = seen.with_components(&config);
         let grants = Grants::new(config.rpc_allow()).map_err(|e| format!("[rpc] allow: {e}"))?;
         let tokens = Tokens::new(&config.rpc.tokens)?;
+        if !self.tokens_required && tokens.is_empty() && !self.tokens.load().is_empty() {
+            tracing::warn!(
+                "this config has no `[[rpc.tokens]]`: once it is in force, the server takes requests without a token (it listens on loopback and has no `--token`)"
+            );
+        }
         if self.tokens_required && tokens.is_empty() {
             return Err(
                 "the server listens beyond loopback without `--token`: the config must keep at least one `[[rpc.tokens]]` entry".into(),

@@ -287,6 +287,19 @@ pub fn remember(secret: &str) {
         return;
     }
     values.push(secret.to_owned());
+    // As a log line may show it: escaped for JSON, or by `{:?}`.
+    for escaped in [
+        serde_json::to_string(secret).unwrap_or_default(),
+        format!("{secret:?}"),
+    ] {
+        let inner = escaped
+            .strip_prefix('"')
+            .and_then(|e| e.strip_suffix('"'))
+            .unwrap_or_default();
+        if inner != secret && !inner.is_empty() && !values.iter().any(|v| v == inner) {
+            values.push(inner.to_owned());
+        }
+    }
     // Longest first, so a secret that contains another goes whole.
     values.sort_by_key(|v| std::cmp::Reverse(v.len()));
     let matcher = aho_corasick::AhoCorasick::builder()

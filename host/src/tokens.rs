@@ -130,6 +130,27 @@ impl Caller {
         })
     }
 
+    /// A caller with no scope at all.
+    pub fn nobody() -> Arc<Caller> {
+        let none = Patterns {
+            given: Vec::new(),
+            set: GlobSet::empty(),
+        };
+        Arc::new(Caller {
+            name: Some("(none)".to_owned()),
+            scopes: Some(Scopes {
+                start: none.clone(),
+                read: none.clone(),
+                cancel: none.clone(),
+                signal: none,
+                capabilities: Grants::none(),
+                console: false,
+                metrics: false,
+                reload: false,
+            }),
+        })
+    }
+
     /// Whether this caller has every scope.
     pub fn is_unlimited(&self) -> bool {
         self.scopes.is_none()

@@ -91,7 +91,7 @@ impl WorkflowServer {
         // Marked as a task's run: only those are tasks (a run started
         // otherwise, by a schedule or over RPC, is not this face's to cancel).
         let mut trigger = json!({"kind": TASK_TRIGGER});
-        if let Some(name) = &super::caller_of(context).name {
+        if let Some(name) = &self.caller_of(context).name {
             trigger["token"] = json!(name);
         }
         let run = match self

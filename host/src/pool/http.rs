@@ -267,7 +267,11 @@ impl HostClient {
                     match oauth.step_up(e.required_scope.as_deref()).await {
                         Ok(token) => resend(Some(token)).await,
                         // It takes a sign-in: this request fails, not the session.
-                        Err(_) => Err(StreamableHttpError::InsufficientScope(e)),
+                        Err(_) if oauth.signs_in() => {
+                            Err(StreamableHttpError::InsufficientScope(e))
+                        }
+                        // The token endpoint failed: that is the error.
+                        Err(f) => Err(f.into()),
                     }
                 }
                 other => other,

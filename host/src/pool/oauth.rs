@@ -248,6 +248,11 @@ impl OAuth {
         }
     }
 
+    /// Whether a person signs in for this connection's tokens.
+    pub(crate) fn signs_in(&self) -> bool {
+        self.settings.kind == AuthKind::AuthorizationCode
+    }
+
     /// What a call refused for want of `scope` fails with.
     pub(crate) fn scope_refusal(&self, scope: Option<&str>) -> String {
         let scope = scope.unwrap_or("more");

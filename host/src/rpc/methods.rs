@@ -227,6 +227,9 @@ pub async fn call(
                         break;
                     };
                     query.cursor = Some(cursor);
+                    // No more than would fill the answer: the cursor then
+                    // follows the last run read.
+                    query.limit = u32::try_from(limit - runs.len()).unwrap_or(1);
                     let (more, after) =
                         state.workflows.list(&query).await.map_err(workflow_error)?;
                     runs.extend(

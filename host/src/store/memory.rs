@@ -508,7 +508,7 @@ impl Store for MemoryStore {
             .collect())
     }
 
-    async fn queued_runs(&self, limit: u32) -> Result<Vec<RunRow>, StoreError> {
+    async fn queued_runs(&self, limit: u32, offset: u32) -> Result<Vec<RunRow>, StoreError> {
         let state = self.lock();
         let mut queued: Vec<&RunRow> = state
             .runs
@@ -520,7 +520,12 @@ impl Store for MemoryStore {
         queued.sort_by(|a, b| {
             (priority(b), a.created_ms, &a.run_id).cmp(&(priority(a), b.created_ms, &b.run_id))
         });
-        Ok(queued.into_iter().take(limit as usize).cloned().collect())
+        Ok(queued
+            .into_iter()
+            .skip(offset as usize)
+            .take(limit as usize)
+            .cloned()
+            .collect())
     }
 
     async fn flow_usage(

@@ -508,9 +508,9 @@ pub trait Store: Send + Sync {
     ) -> Result<(Vec<RunRow>, Option<String>), StoreError>;
     /// Runs still `running`: what a start-up resumes.
     async fn unfinished_runs(&self) -> Result<Vec<RunRow>, StoreError>;
-    /// Up to `limit` `queued` runs, in the order flow control admits them:
-    /// highest priority first, then oldest first.
-    async fn queued_runs(&self, limit: u32) -> Result<Vec<RunRow>, StoreError>;
+    /// Up to `limit` `queued` runs past the first `offset`, in the order
+    /// flow control admits them: highest priority first, then oldest first.
+    async fn queued_runs(&self, limit: u32, offset: u32) -> Result<Vec<RunRow>, StoreError>;
     /// How much of `flow`'s limits the runs of `workflow` use at `now_ms`
     /// (to say why a run waits; admission itself is
     /// [`Transition::RunAdmitted`]).

@@ -1101,12 +1101,13 @@ impl Store for PgStore {
             .collect()
     }
 
-    async fn queued_runs(&self, limit: u32) -> Result<Vec<RunRow>, StoreError> {
+    async fn queued_runs(&self, limit: u32, offset: u32) -> Result<Vec<RunRow>, StoreError> {
         sqlx::query(
             "SELECT * FROM runs WHERE status = 'queued'
-             ORDER BY priority DESC, created_ms, run_id LIMIT $1",
+             ORDER BY priority DESC, created_ms, run_id LIMIT $1 OFFSET $2",
         )
         .bind(i64::from(limit))
+        .bind(i64::from(offset))
         .fetch_all(&self.pool)
         .await?
         .iter()

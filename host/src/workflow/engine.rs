@@ -101,7 +101,9 @@ impl crate::capability::Elicitor for StepElicitor {
         // An answer left from an earlier question (sent as it timed out)
         // is not this one's.
         let _ = self.take_answer(&signal).await;
+        // Kept in the store: what an upstream asks holds no known secret.
         let asked = serde_json::to_value(&question).unwrap_or_default();
+        let asked = crate::secrets::redact_json(&asked).unwrap_or(asked);
         if let Err(e) = self
             .store
             .put_question(&self.run_id, &self.step_id, self.item, Some(&asked))
@@ -1178,8 +1180,14 @@ async fn sleep_step(
                 Err(f) => return Outcome::Failed(f),
             };
             let input = json!({ "until": until });
+            // The host's own bookkeeping: never the workflow's `redact`
+            // fields (its wake time must survive a restart).
+            let start = start_of(&step.spec.id, attempt.first, &input);
             if !attempt.recorded
-                && let Err(e) = step_started(ctx, &step.spec.id, attempt.first, &input).await
+                && let Err(e) = ctx
+                    .events
+                    .apply(&ctx.run_id, &[start], Some(&ctx.fence))
+                    .await
             {
                 return store_failure(e);
             }

@@ -78,6 +78,9 @@ impl Events {
         then: Option<FirstTransitions<'_>>,
         redact: &[String],
     ) -> Result<(Created, bool), StoreError> {
+        // The event shows the run's input; the run keeps it as given (a
+        // resumed run needs it).
+        let data = crate::secrets::redact_value(data, redact);
         let scrubs = then.and_then(|(_, moves)| scrub(moves, redact));
         let scrubbed: Vec<Transition<'_>>;
         let then = match (&scrubs, then) {
@@ -289,6 +292,16 @@ fn scrub(moves: &[Transition<'_>], redact: &[String]) -> Option<Vec<Scrub>> {
         let out = crate::secrets::redact_value(v.clone(), redact);
         (out != *v).then_some(out)
     };
+    // A wait step's input is the host's (`signal`, `timeout_at`) but for
+    // its `request`: the fields are redacted there only.
+    let waits = |v: Option<&Value>| {
+        let v = v?;
+        let mut out = crate::secrets::redact_value(v.clone(), &[]);
+        if let Some(request) = out.get_mut("request") {
+            *request = crate::secrets::redact_value(request.take(), redact);
+        }
+        (out != *v).then_some(out)
+    };
     let failure = |f: Option<&Failure>| {
         let f = f?;
         match crate::secrets::redact(&f.message) {
@@ -299,12 +312,14 @@ fn scrub(moves: &[Transition<'_>], redact: &[String]) -> Option<Vec<Scrub>> {
     let scrubs: Vec<Scrub> = moves
         .iter()
         .map(|m| match *m {
-            Transition::StepStarted { input: i, .. } | Transition::StepWaits { input: i, .. } => {
-                Scrub {
-                    input: input(i),
-                    ..Scrub::default()
-                }
-            }
+            Transition::StepStarted { input: i, .. } => Scrub {
+                input: input(i),
+                ..Scrub::default()
+            },
+            Transition::StepWaits { input: i, .. } => Scrub {
+                input: waits(i),
+                ..Scrub::default()
+            },
             Transition::StepFinished {
                 output, error, log, ..
             } => Scrub {

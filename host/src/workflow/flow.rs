@@ -20,8 +20,11 @@ use super::definition::Spec;
 use super::expr::{CompileError, Expr};
 use crate::store::{Flow, FlowLimit, FlowUsage, RunRow, RunStatus, StoreError, Transition, now_ms};
 
-/// How many queued runs one pass looks at.
-const PASS: u32 = 1000;
+/// How many queued runs one pass reads at a time.
+const PAGE: u32 = 1000;
+/// How many pages one pass reads at most: a queue longer than this many
+/// pages is taken up in later passes, as runs leave it.
+const MAX_PAGES: u32 = 50;
 
 /// A workflow's flow control, compiled.
 #[derive(Debug, Clone)]
@@ -182,7 +185,6 @@ impl Workflows {
         if self.tasks.is_closed() {
             return Ok(pass);
         }
-        let queued = self.store.queued_runs(PASS).await?;
         let mut per_workflow: std::collections::BTreeMap<String, i64> =
             self.names().into_iter().map(|name| (name, 0)).collect();
         // Keys that refused a run in this pass: (workflow, kind, key).
@@ -190,71 +192,93 @@ impl Workflows {
         // What the limits of a refused run use, by workflow and keys: read
         // once a pass, however many runs of theirs wait.
         let mut used: HashMap<(String, Option<String>, Option<String>), FlowUsage> = HashMap::new();
-        for run in queued {
-            let Some(flow) = run.flow.clone() else {
-                continue;
-            };
-            let keys = [("c", &flow.concurrency), ("r", &flow.rate)];
-            let blocked = keys.iter().any(|(kind, limit)| {
-                limit
-                    .as_ref()
-                    .is_some_and(|l| full.contains(&(run.workflow.clone(), *kind, l.key.clone())))
-            });
-            if !blocked {
-                let now = now_ms();
-                let admit = Transition::RunAdmitted { at_ms: now };
-                match self.events.apply(&run.run_id, &[admit], None).await {
-                    Ok(_) => {
-                        pass.admitted.push(run.run_id.clone());
-                        self.admitted(run, now).await;
-                        continue;
+        // The whole queue, a page at a time: runs of a full key ahead never
+        // hide the runs of other keys behind them. Admitted runs leave the
+        // queue, so the next page starts that many runs earlier.
+        let mut offset = 0;
+        for _ in 0..MAX_PAGES {
+            let queued = self.store.queued_runs(PAGE, offset).await?;
+            let (read, admitted_before) = (queued.len(), pass.admitted.len());
+            for run in queued {
+                let Some(flow) = run.flow.clone() else {
+                    continue;
+                };
+                let keys = [("c", &flow.concurrency), ("r", &flow.rate)];
+                let blocked = keys.iter().any(|(kind, limit)| {
+                    limit.as_ref().is_some_and(|l| {
+                        full.contains(&(run.workflow.clone(), *kind, l.key.clone()))
+                    })
+                });
+                if !blocked {
+                    let now = now_ms();
+                    let admit = Transition::RunAdmitted { at_ms: now };
+                    match self.events.apply(&run.run_id, &[admit], None).await {
+                        Ok(_) => {
+                            pass.admitted.push(run.run_id.clone());
+                            self.admitted(run, now).await;
+                            continue;
+                        }
+                        Err(StoreError::Refused(_)) => {}
+                        Err(e) => return Err(e),
                     }
-                    Err(StoreError::Refused(_)) => {}
-                    Err(e) => return Err(e),
+                }
+                *per_workflow.entry(run.workflow.clone()).or_default() += 1;
+                let group = (
+                    run.workflow.clone(),
+                    flow.concurrency.as_ref().map(|c| c.key.clone()),
+                    flow.rate.as_ref().map(|r| r.key.clone()),
+                );
+                let usage = match used.get(&group) {
+                    Some(usage) => *usage,
+                    None => {
+                        let usage = self
+                            .store
+                            .flow_usage(&run.workflow, &flow, now_ms())
+                            .await?;
+                        used.insert(group, usage);
+                        usage
+                    }
+                };
+                let Some(why) = reason(&flow, &usage) else {
+                    // Offered and refused, yet there is room now (a run ended
+                    // since): the next pass takes it. A run only held back
+                    // behind a full key waits for that key.
+                    if !blocked {
+                        self.worker.queue.notify_one();
+                    }
+                    continue;
+                };
+                // Only the keys that are full hold back the runs behind.
+                if let Some(c) = &flow.concurrency
+                    && usage.running >= u64::from(c.limit)
+                {
+                    full.insert((run.workflow.clone(), "c", c.key.clone()));
+                }
+                if let Some(r) = &flow.rate
+                    && usage.admitted >= u64::from(r.limit)
+                {
+                    full.insert((run.workflow.clone(), "r", r.key.clone()));
+                }
+                if flow
+                    .rate
+                    .as_ref()
+                    .is_some_and(|r| usage.admitted >= u64::from(r.limit))
+                    && let Some(at) = usage.window_frees_ms
+                {
+                    pass.next_window_ms = Some(pass.next_window_ms.map_or(at, |n| n.min(at)));
+                }
+                if run.queued_reason.as_deref() != Some(why.as_str()) {
+                    let queued = Transition::RunQueued { reason: &why };
+                    match self.events.apply(&run.run_id, &[queued], None).await {
+                        Ok(_) | Err(StoreError::Refused(_)) => {}
+                        Err(e) => return Err(e),
+                    }
                 }
             }
-            *per_workflow.entry(run.workflow.clone()).or_default() += 1;
-            let group = (
-                run.workflow.clone(),
-                flow.concurrency.as_ref().map(|c| c.key.clone()),
-                flow.rate.as_ref().map(|r| r.key.clone()),
-            );
-            let usage = match used.get(&group) {
-                Some(usage) => *usage,
-                None => {
-                    let usage = self
-                        .store
-                        .flow_usage(&run.workflow, &flow, now_ms())
-                        .await?;
-                    used.insert(group, usage);
-                    usage
-                }
-            };
-            let Some(why) = reason(&flow, &usage) else {
-                // Room now (a run ended since): the next pass takes it.
-                self.worker.queue.notify_one();
-                continue;
-            };
-            for (kind, limit) in keys {
-                if let Some(l) = limit {
-                    full.insert((run.workflow.clone(), kind, l.key.clone()));
-                }
+            if read < PAGE as usize {
+                break;
             }
-            if flow
-                .rate
-                .as_ref()
-                .is_some_and(|r| usage.admitted >= u64::from(r.limit))
-                && let Some(at) = usage.window_frees_ms
-            {
-                pass.next_window_ms = Some(pass.next_window_ms.map_or(at, |n| n.min(at)));
-            }
-            if run.queued_reason.as_deref() != Some(why.as_str()) {
-                let queued = Transition::RunQueued { reason: &why };
-                match self.events.apply(&run.run_id, &[queued], None).await {
-                    Ok(_) | Err(StoreError::Refused(_)) => {}
-                    Err(e) => return Err(e),
-                }
-            }
+            offset += u32::try_from(read - (pass.admitted.len() - admitted_before)).unwrap_or(PAGE);
         }
         for (workflow, count) in per_workflow {
             crate::metrics::metrics().runs_queued(&workflow, count);

@@ -488,7 +488,13 @@ impl Workflows {
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
         let progress = engine::StepProgress::default();
         let (signals_tx, signals) = watch::channel(0);
-        self.live.lock().unwrap_or_else(|e| e.into_inner()).insert(
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        // One driver per run in this process, whatever asked for another.
+        if live.contains_key(&run.run_id) {
+            tracing::debug!(run = %run.run_id, "already driven here; not launched again");
+            return;
+        }
+        live.insert(
             run.run_id.clone(),
             Live {
                 generation,
@@ -499,6 +505,7 @@ impl Workflows {
                 signals: signals_tx,
             },
         );
+        drop(live);
         let ctx = Arc::new(RunCtx {
             run_id: run.run_id.clone(),
             def,
@@ -659,6 +666,10 @@ impl Workflows {
             return Err(WorkflowError::ShuttingDown);
         }
         let run = self.stored_run(run_id).await?;
+        // A run under flow control goes back to the queue; the admitter
+        // drives it from there, whenever it admits it (maybe before the
+        // read below).
+        let queued = run.flow.is_some();
         let reopen = Transition::RunReopened {
             workflow: &run.workflow,
         };
@@ -672,7 +683,10 @@ impl Workflows {
             }
             Err(e) => return Err(e.into()),
         }
-        let run = self.stored_run(run_id).await?;
+        let mut run = self.stored_run(run_id).await?;
+        if queued {
+            run.status = RunStatus::Queued;
+        }
         self.mode.reopened(self, run).await?;
         self.get(run_id, false).await
     }
