@@ -118,7 +118,7 @@ impl State {
                 return refused(m);
             }
             if let Transition::RunAdmitted { at_ms } = m
-                && !self.flow_allows(&run.row, *at_ms)
+                && !self.flow_allows(&run.row, (*at_ms).max(super::now_ms()))
             {
                 return refused(m);
             }
@@ -251,7 +251,8 @@ impl State {
             Transition::RunQueued { reason } => run.row.queued_reason = Some(reason.to_owned()),
             Transition::RunAdmitted { at_ms } => {
                 run.row.status = RunStatus::Running;
-                run.row.admitted_ms = Some(at_ms);
+                // Dated when written, as the other stores do.
+                run.row.admitted_ms = Some(at_ms.max(super::now_ms()));
                 run.row.queued_reason = None;
             }
             Transition::RunAbandoned { status, error } => {

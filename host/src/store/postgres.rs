@@ -535,7 +535,8 @@ async fn apply_move(
                 .bind(guard.run_text())
                 .bind(reason)
         }
-        Transition::RunAdmitted { at_ms } => {
+        // The proposal's time (`at_ms`) is the worker's; see below.
+        Transition::RunAdmitted { .. } => {
             // Under READ COMMITTED two workers admitting runs of one key at
             // once would each count the other's admission as not yet made,
             // and both take the last slot. So every admission of a workflow
@@ -553,8 +554,14 @@ async fn apply_move(
             .bind(ADMIT_LOCK)
             .fetch_optional(&mut *tx)
             .await?;
+            // The admission is dated, and its rate window measured, on the
+            // database's clock once the lock is held (`DB_NOW_MS`): not
+            // before a run that ended meanwhile, and the same clock for
+            // every worker.
             sqlx::query(
-                "UPDATE runs SET status = 'running', admitted_ms = $3, queued_reason = NULL,
+                "UPDATE runs SET status = 'running',
+                                 admitted_ms = (extract(epoch FROM clock_timestamp()) * 1000)::bigint,
+                                 queued_reason = NULL,
                                  lease_owner = NULL, lease_until_ms = NULL
                  WHERE run_id = $1 AND status = ANY($2)
                    AND (flow_key IS NULL
@@ -566,11 +573,11 @@ async fn apply_move(
                         OR rate_limit > (SELECT count(*) FROM runs other
                                          WHERE other.workflow = runs.workflow
                                            AND other.rate_key = runs.rate_key
-                                           AND other.admitted_ms > $3 - runs.rate_period_ms))",
+                                           AND other.admitted_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+                                                                   - runs.rate_period_ms))",
             )
             .bind(run_id)
             .bind(guard.run_text())
-            .bind(at_ms)
         }
     };
     Ok(query.execute(&mut *tx).await?.rows_affected())

@@ -1279,7 +1279,12 @@ fn transition_write(run_id: &str, write: Transition<'_>, fence: Option<&Fence>, 
         // count and the update. ?6 the admission time.
         Transition::RunAdmitted { at_ms } => base(
             with_event!(
-                "UPDATE runs SET status = 'running', admitted_ms = ?6, queued_reason = NULL
+                // The time of the write, not of the pass that proposed it:
+                // a run that ended in between is not counted, so the
+                // admission must not be dated before that end.
+                "UPDATE runs SET status = 'running',
+                                 admitted_ms = MAX(?6, CAST(unixepoch('subsec') * 1000 AS INTEGER)),
+                                 queued_reason = NULL
                  WHERE run_id = ?1 AND instr(?5, ' ' || status || ' ') > 0
                    AND (flow_key IS NULL
                         OR flow_limit > (SELECT count(*) FROM runs other
@@ -1290,7 +1295,8 @@ fn transition_write(run_id: &str, write: Transition<'_>, fence: Option<&Fence>, 
                         OR rate_limit > (SELECT count(*) FROM runs other
                                          WHERE other.workflow = runs.workflow
                                            AND other.rate_key = runs.rate_key
-                                           AND other.admitted_ms > ?6 - runs.rate_period_ms))"
+                                           AND other.admitted_ms > MAX(?6, CAST(unixepoch('subsec') * 1000 AS INTEGER))
+                                                                   - runs.rate_period_ms))"
             ),
             states(guard.run_text()),
         )
