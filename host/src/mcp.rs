@@ -337,7 +337,7 @@ impl WorkflowServer {
                 .steps
                 .iter()
                 .flatten()
-                .filter(|s| s.status == StepStatus::Waiting)
+                .filter(|s| s.waits_for_signal())
                 .collect();
             // Questions upstream servers ask the run's calls (forms only).
             let questions: Vec<Relayed> = record

@@ -27,7 +27,6 @@ use rmcp::service::RequestContext;
 use serde_json::{Value, json};
 
 use super::{WorkflowServer, tool_result};
-use crate::store::StepStatus;
 use crate::workflow::{RunRecord, Status, StepRecord, WorkflowError};
 
 /// What a client is told to wait between two `tasks/get`.
@@ -184,7 +183,7 @@ impl WorkflowServer {
             })?;
             // A step that waits no more was answered already (a retried
             // round, a second poller).
-            if step.status != StepStatus::Waiting {
+            if !step.waits_for_signal() {
                 continue;
             }
             let Some(payload) = answer_payload(&answer) else {
@@ -258,10 +257,7 @@ impl WorkflowServer {
             updated,
         )
         .with_poll_interval_ms(POLL_INTERVAL_MS);
-        let waiting: Vec<&StepRecord> = steps
-            .iter()
-            .filter(|s| s.status == StepStatus::Waiting)
-            .collect();
+        let waiting: Vec<&StepRecord> = steps.iter().filter(|s| s.waits_for_signal()).collect();
         let payload = match run.status {
             Status::Running if !waiting.is_empty() => {
                 task = task.with_status_message(format!(

@@ -145,6 +145,14 @@ pub struct StepRecord {
     pub questions: Vec<crate::store::QuestionRow>,
 }
 
+impl StepRecord {
+    /// A wait step waiting for its signal (a step waiting for the answer to
+    /// an upstream question shows `waiting` too, with its `questions`).
+    pub fn waits_for_signal(&self) -> bool {
+        self.status == StepStatus::Waiting && self.questions.is_empty()
+    }
+}
+
 /// The log records one node attempt wrote (a `step.log` event).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StepLog {
