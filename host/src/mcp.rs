@@ -269,7 +269,7 @@ impl WorkflowServer {
                 let parent = crate::trace::TraceParent::from_meta(&context.meta);
                 match self
                     .workflows
-                    .start_by(name, input, None, token_trigger(&caller), &parent)
+                    .start_by(name, input, None, caller.trigger(), &parent)
                     .await
                 {
                     Ok(run) => run.run_id,
@@ -916,14 +916,6 @@ fn redacted(mut record: RunRecord) -> RunRecord {
         error.message = crate::secrets::redact(&error.message).into_owned();
     }
     record
-}
-
-/// The trigger a named token's run is recorded with.
-fn token_trigger(caller: &Caller) -> Option<Value> {
-    caller
-        .name
-        .as_ref()
-        .map(|name| json!({"kind": "token", "name": name}))
 }
 
 /// The streamable-HTTP service for `/mcp`. Sessions end when the workflows

@@ -266,10 +266,21 @@ fn checked(value: String, source: &str) -> Result<String, String> {
     Ok(value)
 }
 
-/// The secrets known so far, and a matcher for all of them.
+/// The secrets known so far, a matcher for all of them, and what each
+/// match becomes (built once, not per replacement).
 struct Known {
     values: Vec<String>,
-    matcher: Option<AhoCorasick>,
+    matcher: AhoCorasick,
+    with: Vec<&'static str>,
+}
+
+impl Known {
+    /// `text` with every secret replaced; `None` when it holds none.
+    fn replace(&self, text: &str) -> Option<String> {
+        self.matcher
+            .is_match(text)
+            .then(|| self.matcher.replace_all(text, &self.with))
+    }
 }
 
 static ACTIVE: AtomicBool = AtomicBool::new(false);
@@ -302,11 +313,25 @@ pub fn remember(secret: &str) {
     }
     // Longest first, so a secret that contains another goes whole.
     values.sort_by_key(|v| std::cmp::Reverse(v.len()));
-    let matcher = aho_corasick::AhoCorasick::builder()
+    let matcher = match aho_corasick::AhoCorasick::builder()
         .match_kind(aho_corasick::MatchKind::LeftmostLongest)
         .build(&values)
-        .ok();
-    *known = Some(Arc::new(Known { values, matcher }));
+    {
+        Ok(matcher) => matcher,
+        Err(e) => {
+            // The secrets known before stay redacted. Logged once the lock
+            // is let go: the log writer takes it too.
+            drop(known);
+            tracing::error!("cannot add a secret to the redactor: {e}");
+            return;
+        }
+    };
+    let with = vec![REDACTED; values.len()];
+    *known = Some(Arc::new(Known {
+        values,
+        matcher,
+        with,
+    }));
     ACTIVE.store(true, Ordering::Release);
 }
 
@@ -329,23 +354,18 @@ fn current() -> Option<Arc<Known>> {
 
 /// `text` with every known secret replaced by [`REDACTED`].
 pub fn redact(text: &str) -> Cow<'_, str> {
-    match current().and_then(|k| k.matcher.clone()) {
-        Some(m) if m.is_match(text) => {
-            Cow::Owned(m.replace_all(text, &vec![REDACTED; m.patterns_len()]))
-        }
-        _ => Cow::Borrowed(text),
+    match current().and_then(|k| k.replace(text)) {
+        Some(clean) => Cow::Owned(clean),
+        None => Cow::Borrowed(text),
     }
 }
 
 /// `value` with every known secret in its strings (and keys) replaced; `None`
 /// when there was nothing to replace.
 pub fn redact_json(value: &Value) -> Option<Value> {
-    let matcher = current()?.matcher.clone()?;
-    fn walk(v: &Value, m: &AhoCorasick) -> Option<Value> {
-        let replace = |s: &str| {
-            m.is_match(s)
-                .then(|| m.replace_all(s, &vec![REDACTED; m.patterns_len()]))
-        };
+    let known = current()?;
+    fn walk(v: &Value, m: &Known) -> Option<Value> {
+        let replace = |s: &str| m.replace(s);
         match v {
             Value::String(s) => replace(s).map(Value::String),
             Value::Array(items) => {
@@ -379,7 +399,7 @@ pub fn redact_json(value: &Value) -> Option<Value> {
             _ => None,
         }
     }
-    walk(value, &matcher)
+    walk(value, &known)
 }
 
 /// `value` with known secrets replaced, and the values of fields named in
@@ -414,10 +434,10 @@ pub struct Redacting<W>(pub W);
 
 impl<W: Write> Write for Redacting<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match current().and_then(|k| k.matcher.clone()) {
-            Some(m) if m.is_match(buf) => {
-                let out = m.replace_all_bytes(buf, &vec![REDACTED.as_bytes(); m.patterns_len()]);
-                self.0.write_all(&out)?;
+        match current() {
+            Some(k) if k.matcher.is_match(buf) => {
+                self.0
+                    .write_all(&k.matcher.replace_all_bytes(buf, &k.with))?;
             }
             _ => self.0.write_all(buf)?,
         }

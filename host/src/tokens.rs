@@ -158,29 +158,16 @@ impl Caller {
 
     /// Whether the caller may `scope` runs of `workflow`.
     pub fn may(&self, scope: RunScope, workflow: &str) -> bool {
-        let Some(s) = &self.scopes else { return true };
-        match scope {
-            RunScope::Start => &s.start,
-            RunScope::Read => &s.read,
-            RunScope::Cancel => &s.cancel,
-            RunScope::Signal => &s.signal,
-        }
-        .set
-        .is_match(workflow)
+        self.patterns(scope)
+            .is_none_or(|given| given.set.is_match(workflow))
     }
 
     /// Why the caller may not `scope` runs of `workflow`; `None` when it may.
     pub fn refusal(&self, scope: RunScope, workflow: &str) -> Option<String> {
-        if self.may(scope, workflow) {
+        let given = self.patterns(scope)?;
+        if given.set.is_match(workflow) {
             return None;
         }
-        let s = self.scopes.as_ref()?;
-        let given = match scope {
-            RunScope::Start => &s.start,
-            RunScope::Read => &s.read,
-            RunScope::Cancel => &s.cancel,
-            RunScope::Signal => &s.signal,
-        };
         Some(format!(
             "token `{}` may not {} runs of workflow `{workflow}`: its `{}` scope covers {}",
             self.name.as_deref().unwrap_or_default(),
@@ -188,6 +175,25 @@ impl Caller {
             scope.key(),
             given.shown()
         ))
+    }
+
+    /// The workflows `scope` covers; `None` for a caller with every scope.
+    fn patterns(&self, scope: RunScope) -> Option<&Patterns> {
+        let s = self.scopes.as_ref()?;
+        Some(match scope {
+            RunScope::Start => &s.start,
+            RunScope::Read => &s.read,
+            RunScope::Cancel => &s.cancel,
+            RunScope::Signal => &s.signal,
+        })
+    }
+
+    /// What a run started by this caller records: the named token that
+    /// started it (`--token` and an open server record nothing).
+    pub fn trigger(&self) -> Option<serde_json::Value> {
+        self.name
+            .as_ref()
+            .map(|name| serde_json::json!({"kind": "token", "name": name}))
     }
 
     /// Whether the caller may call `qualified` (`<connection>.<name>`)

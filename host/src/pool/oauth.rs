@@ -466,12 +466,10 @@ impl FileStore {
 
     /// The scopes refused calls asked for.
     async fn wanted_scopes(&self) -> Result<Vec<String>, AuthError> {
-        let _guard = FILE_LOCK.lock().await;
         Ok(self
-            .read()?
-            .get(&self.key)
-            .and_then(|e| e.get(WANTED_SCOPES))
-            .and_then(|w| serde_json::from_value(w.clone()).ok())
+            .recall(WANTED_SCOPES)
+            .await?
+            .and_then(|w| serde_json::from_value(w).ok())
             .unwrap_or_default())
     }
 

@@ -342,13 +342,15 @@ async fn workflow_start(
         return Err(denied(refusal));
     }
     // A named token is recorded with the run it starts.
-    let trigger = caller
-        .name
-        .as_ref()
-        .map(|name| json!({"kind": "token", "name": name}));
     let record = state
         .workflows
-        .start_by(&p.workflow, p.input, p.idempotency_key, trigger, parent)
+        .start_by(
+            &p.workflow,
+            p.input,
+            p.idempotency_key,
+            caller.trigger(),
+            parent,
+        )
         .await
         .map_err(workflow_error)?;
     let record = if p.wait {

@@ -125,28 +125,13 @@ impl Workflows {
         input: Value,
         idempotency_key: Option<String>,
     ) -> Result<RunRecord, WorkflowError> {
-        self.start_traced(workflow, input, idempotency_key, &TraceParent::none())
+        self.start_by(workflow, input, idempotency_key, None, &TraceParent::none())
             .await
     }
 
-    /// [`Workflows::start`], continuing the caller's trace: the run's span
-    /// is a child of `parent` when it is a valid context.
-    ///
-    /// # Errors
-    /// As [`Workflows::start`].
-    pub async fn start_traced(
-        self: &Arc<Self>,
-        workflow: &str,
-        input: Value,
-        idempotency_key: Option<String>,
-        parent: &TraceParent,
-    ) -> Result<RunRecord, WorkflowError> {
-        self.start_by(workflow, input, idempotency_key, None, parent)
-            .await
-    }
-
-    /// [`Workflows::start_traced`], recording `trigger` (e.g. the named token
-    /// that started it) with the run.
+    /// [`Workflows::start`], continuing the caller's trace (the run's span
+    /// is a child of `parent` when it is a valid context) and recording
+    /// `trigger` (e.g. the named token that started it) with the run.
     ///
     /// # Errors
     /// As [`Workflows::start`].
