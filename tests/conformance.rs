@@ -110,11 +110,6 @@ const KNOWN_GAPS: &[(&str, &str, &str)] = &[
         "the same issuer mismatch, found through a custom protected-resource metadata location",
         "issuer mismatch",
     ),
-    (
-        "auth/client-credentials-jwt",
-        "`private_key_jwt` client authentication is not supported (rmcp has it behind a feature that builds aws-lc-rs)",
-        "",
-    ),
 ];
 
 /// The `auth/*` client scenarios the pinned suite lists.

@@ -290,6 +290,75 @@ fn a_secret_that_cannot_be_had_refuses_the_config() {
     }
 }
 
+#[test]
+fn a_private_key_for_client_assertions_is_checked_when_the_config_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("client.pem");
+    let path = dir.path().join("wf.toml");
+    let write = |auth: &str| {
+        std::fs::write(
+            &path,
+            format!(
+                "[connections.api]\nurl = \"https://127.0.0.1:1/mcp\"\n[connections.api.auth]\nkind = \"client-credentials\"\nclient_id = \"wf\"\n{auth}\n"
+            ),
+        )
+        .unwrap();
+    };
+    // Not a key: refused without being quoted.
+    std::fs::write(&key, "hunter2-hunter2-hunter2\n").unwrap();
+    set_mode(&key, 0o600);
+    write(
+        "token_endpoint_auth = \"private_key_jwt\"\nprivate_key = { secret_file = \"client.pem\" }",
+    );
+    let err = refused(&path, &[]);
+    assert!(
+        err.contains("`private_key`") && err.contains("PKCS#8 PEM"),
+        "{err}"
+    );
+    assert!(!err.contains("hunter2"), "{err}");
+    // A key is never written into the config itself.
+    write(
+        "token_endpoint_auth = \"private_key_jwt\"\nprivate_key = \"-----BEGIN PRIVATE KEY-----\"",
+    );
+    let err = refused(&path, &[]);
+    assert!(err.contains("never the key itself"), "{err}");
+    // A key with no use, and a secret beside a key.
+    write("private_key = { secret_file = \"client.pem\" }\nclient_secret = { secret = \"X\" }");
+    let err = refused(&path, &[("X", PLANTED)]);
+    assert!(
+        err.contains("is for `token_endpoint_auth = \"private_key_jwt\"`"),
+        "{err}"
+    );
+    write("token_endpoint_auth = \"private_key_jwt\"\nclient_secret_env = \"X\"");
+    let err = refused(&path, &[("X", PLANTED)]);
+    assert!(err.contains("drop the client secret"), "{err}");
+    // A real key loads: `pin` goes past the config, to fail only for want
+    // of the server.
+    let pem = Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+        ])
+        .output()
+        .unwrap();
+    assert!(pem.status.success());
+    std::fs::write(&key, &pem.stdout).unwrap();
+    write(
+        "token_endpoint_auth = \"private_key_jwt\"\nprivate_key = { secret_file = \"client.pem\" }",
+    );
+    let out = Command::new(wf_host_bin())
+        .args(["pin", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("OAuth discovery failed"), "{err}");
+}
+
 /// `wf-host token new NAME`: the token (stdout's first line) and the
 /// `[[rpc.tokens]]` entry it printed, name and hash only.
 fn new_token(name: &str) -> (String, String) {

@@ -488,6 +488,9 @@ pub struct AuthConfig {
     /// How the client authenticates at the token endpoint.
     #[serde(default)]
     pub token_endpoint_auth: TokenEndpointAuth,
+    /// `private_key_jwt`: the client's PKCS#8 PEM private key, by reference
+    /// only (`{ secret_file = "client.pem" }` or `{ secret = "NAME" }`).
+    pub private_key: Option<ConfigValue>,
 }
 
 /// The OAuth grant a connection uses.
@@ -509,6 +512,8 @@ pub enum TokenEndpointAuth {
     ClientSecretBasic,
     /// In the request body.
     ClientSecretPost,
+    /// A JWT signed with `private_key` (RFC 7523); no secret is sent.
+    PrivateKeyJwt,
 }
 
 impl TokenEndpointAuth {
@@ -516,6 +521,7 @@ impl TokenEndpointAuth {
         match self {
             TokenEndpointAuth::ClientSecretBasic => "client_secret_basic",
             TokenEndpointAuth::ClientSecretPost => "client_secret_post",
+            TokenEndpointAuth::PrivateKeyJwt => "private_key_jwt",
         }
     }
 }
@@ -771,6 +777,10 @@ impl Config {
                 )?;
                 crate::secrets::remember(secret.expose());
             }
+            if let Some(key) = conn.auth.as_mut().and_then(|a| a.private_key.as_mut()) {
+                key.resolve(&base_dir, &format!("connection `{id}`: `auth.private_key`"))?;
+                crate::secrets::remember(key.expose());
+            }
         }
         Ok(())
     }
@@ -813,6 +823,14 @@ fn check_remote(id: &str, conn: &ConnectionConfig, base_dir: &Path) -> Result<()
                 ));
             }
         }
+        if auth.token_endpoint_auth == TokenEndpointAuth::PrivateKeyJwt {
+            return check_private_key_jwt(id, auth);
+        }
+        if auth.private_key.is_some() {
+            return Err(format!(
+                "connection `{id}`: `auth.private_key` is for `token_endpoint_auth = \"private_key_jwt\"`"
+            ));
+        }
         if auth.kind == AuthKind::ClientCredentials
             && (auth.client_id.is_none()
                 || (auth.client_secret.is_none() && auth.client_secret_env.is_none()))
@@ -823,6 +841,33 @@ fn check_remote(id: &str, conn: &ConnectionConfig, base_dir: &Path) -> Result<()
         }
     }
     Ok(())
+}
+
+/// `private_key_jwt`: a client id and a private key that signs, given by
+/// reference, and no secret besides.
+fn check_private_key_jwt(id: &str, auth: &AuthConfig) -> Result<(), String> {
+    let refuse = |why: &str| Err(format!("connection `{id}`: `auth`: {why}"));
+    if auth.kind != AuthKind::ClientCredentials {
+        return refuse("`private_key_jwt` is for kind `client-credentials`");
+    }
+    if auth.client_id.is_none() {
+        return refuse("`private_key_jwt` needs `client_id`");
+    }
+    if auth.client_secret.is_some() || auth.client_secret_env.is_some() {
+        return refuse("`private_key_jwt` signs with `private_key`; drop the client secret");
+    }
+    match &auth.private_key {
+        None => refuse(
+            "`private_key_jwt` needs `private_key = { secret_file = \"client.pem\" }` (or `{ secret = \"NAME\" }`)",
+        ),
+        Some(ConfigValue::Plain(_)) => refuse(
+            "`private_key` takes a reference, `{ secret_file = \"client.pem\" }` or `{ secret = \"NAME\" }`, never the key itself",
+        ),
+        Some(key) => match crate::jwt::Signer::from_pem(key.expose()) {
+            Ok(_) => Ok(()),
+            Err(e) => refuse(&format!("`private_key`: {e}")),
+        },
+    }
 }
 
 /// Whether `url` starts with `scheme` and names a host and a path beyond `/`.

@@ -44,6 +44,7 @@ pub mod diff;
 pub mod fixture;
 pub mod grants;
 pub mod host;
+pub mod jwt;
 pub mod mcp;
 pub mod metrics;
 pub mod pool;

@@ -29,11 +29,19 @@ field() {
 }
 
 client_secret=$(field client_secret)
+private_key=$(field private_key_pem)
 {
     echo '[connections.server]'
     echo "url = \"$url\""
     echo '[connections.server.auth]'
-    if [ -n "$client_secret" ]; then
+    if [ -n "$private_key" ]; then
+        # The key goes where a person keeps one: a file only they may read.
+        (umask 077 && printf '%s\n' "$private_key" > client.pem)
+        echo 'kind = "client-credentials"'
+        echo "client_id = \"$(field client_id)\""
+        echo 'token_endpoint_auth = "private_key_jwt"'
+        echo 'private_key = { secret_file = "client.pem" }'
+    elif [ -n "$client_secret" ]; then
         echo 'kind = "client-credentials"'
         echo "client_id = \"$(field client_id)\""
         echo 'client_secret = { secret = "CONFORMANCE_CLIENT_SECRET" }'

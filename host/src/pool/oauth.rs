@@ -3,7 +3,10 @@
 //! S256, the `resource` parameter, refresh).
 //!
 //! - `client-credentials`: unattended; a token is fetched, and fetched again
-//!   when it expires or the server rejects it.
+//!   when it expires or the server rejects it. The client authenticates with
+//!   its secret, or (`private_key_jwt`) with an assertion signed by its
+//!   private key ([`crate::jwt`]); that token request is the host's own, as
+//!   rmcp's builds a second TLS and crypto stack (aws-lc-rs).
 //! - `authorization-code`: a user signs in once with `wf-host auth login`
 //!   ([`login`]); sessions then refresh unattended, and when refresh is
 //!   impossible a call fails naming the command to run.
@@ -14,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use oauth2::TokenResponse;
@@ -26,6 +29,7 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::config::{AuthKind, ConnectionConfig, Secret, TokenEndpointAuth};
+use crate::jwt::{self, Signer};
 
 /// How long `wf-host auth login` waits for the browser's redirect.
 const LOGIN_TIMEOUT: Duration = Duration::from_secs(600);
@@ -43,6 +47,8 @@ pub(crate) struct AuthSettings {
     pub scopes: Vec<String>,
     pub client_metadata_url: Option<String>,
     pub token_endpoint_auth: TokenEndpointAuth,
+    /// `private_key_jwt`: the PEM private key.
+    pub private_key: Option<Secret>,
     pub tokens: PathBuf,
 }
 
@@ -72,6 +78,7 @@ impl AuthSettings {
             scopes: auth.scopes.clone(),
             client_metadata_url: auth.client_metadata_url.clone(),
             token_endpoint_auth: auth.token_endpoint_auth,
+            private_key: auth.private_key.as_ref().map(|k| Secret::new(k.expose())),
             tokens: tokens.to_owned(),
         })
     }
@@ -102,6 +109,8 @@ pub(crate) struct OAuth {
     /// The token file entry, where `authorization-code` remembers the scopes
     /// refused calls asked for, for the next `wf-host auth login`.
     store: FileStore,
+    /// `private_key_jwt`: the host's own token requests.
+    assertion: Option<AssertionClient>,
 }
 
 impl OAuth {
@@ -121,11 +130,17 @@ impl OAuth {
                 "`auth.client_secret_env`: the host has no variable `{name}`"
             ));
         }
-        let (mut manager, key, _) = discover(url, http, settings, None).await?;
+        let (mut manager, key, metadata) = discover(url, http.clone(), settings, None).await?;
         let store = FileStore::new(&settings.tokens, key);
         manager.set_credential_store(store.clone());
         let mut signed_in = true;
+        let mut assertion = None;
         match settings.kind {
+            AuthKind::ClientCredentials
+                if settings.token_endpoint_auth == TokenEndpointAuth::PrivateKeyJwt =>
+            {
+                assertion = Some(AssertionClient::new(settings, &metadata, url, http)?);
+            }
             AuthKind::ClientCredentials => {
                 let config = cc_config(settings, url, &[]);
                 manager
@@ -155,6 +170,7 @@ impl OAuth {
             manager: tokio::sync::Mutex::new(manager),
             extra_scopes: Mutex::default(),
             store,
+            assertion,
         })
     }
 
@@ -164,6 +180,9 @@ impl OAuth {
     pub(crate) async fn token(&self) -> Result<Option<String>, OAuthFailure> {
         if !self.signed_in {
             return Ok(None);
+        }
+        if let Some(assertion) = &self.assertion {
+            return assertion.token(None, &self.scopes()).await.map(Some);
         }
         let manager = self.manager.lock().await;
         match manager.get_access_token().await {
@@ -195,6 +214,9 @@ impl OAuth {
                 &self.connection,
                 &wants("the server wants OAuth and no one signed in"),
             )));
+        }
+        if let Some(assertion) = &self.assertion {
+            return assertion.token(rejected, &self.scopes()).await;
         }
         let manager = self.manager.lock().await;
         // Another request may have renewed it while we waited.
@@ -235,6 +257,9 @@ impl OAuth {
                         }
                     }
                 }
+                if let Some(assertion) = &self.assertion {
+                    return assertion.fetch(&self.scopes()).await;
+                }
                 let manager = self.manager.lock().await;
                 self.fetch(&manager).await
             }
@@ -273,12 +298,7 @@ impl OAuth {
     async fn fetch(&self, manager: &AuthorizationManager) -> Result<String, OAuthFailure> {
         match self.settings.kind {
             AuthKind::ClientCredentials => {
-                let extra = self
-                    .extra_scopes
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .clone();
-                let config = cc_config(&self.settings, &self.resource, &extra);
+                let config = cc_config(&self.settings, &self.resource, &self.extra_scopes());
                 let token = manager
                     .exchange_client_credentials(&config)
                     .await
@@ -295,6 +315,228 @@ impl OAuth {
 
     fn failure(&self, e: &AuthError) -> OAuthFailure {
         OAuthFailure(format!("OAuth: {e}"))
+    }
+
+    /// Scopes refused calls asked for since (client credentials).
+    fn extra_scopes(&self) -> Vec<String> {
+        self.extra_scopes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Every scope a client-credentials token request asks for.
+    fn scopes(&self) -> Vec<String> {
+        merge_scopes(&self.settings.scopes, &self.extra_scopes())
+    }
+}
+
+/// The configured scopes, then the others wanted, once each.
+fn merge_scopes(configured: &[String], extra: &[String]) -> Vec<String> {
+    let mut scopes = configured.to_vec();
+    scopes.extend(extra.iter().filter(|s| !configured.contains(s)).cloned());
+    scopes
+}
+
+/// The largest token endpoint answer read.
+const TOKEN_ANSWER_LIMIT: usize = 64 * 1024;
+
+/// `private_key_jwt` token requests (RFC 7523 section 2.2, as SEP-1046 has
+/// them): `client_credentials` with a signed assertion and no `client_id`,
+/// and the token kept in memory until it nears its expiry.
+struct AssertionClient {
+    http: reqwest::Client,
+    client_id: String,
+    signer: Signer,
+    token_endpoint: String,
+    /// The authorization server's issuer identifier: the assertion's `aud`.
+    audience: String,
+    resource: String,
+    /// The token and when to stop using it; held across a token request so
+    /// that concurrent callers wait for one.
+    cached: tokio::sync::Mutex<Option<(String, Option<Instant>)>>,
+}
+
+impl AssertionClient {
+    fn new(
+        settings: &AuthSettings,
+        metadata: &AuthorizationMetadata,
+        resource: &str,
+        http: reqwest::Client,
+    ) -> Result<AssertionClient, String> {
+        let key = settings
+            .private_key
+            .as_ref()
+            .ok_or("`auth.private_key` is not set")?;
+        let signer =
+            Signer::from_pem(key.expose()).map_err(|e| format!("`auth.private_key`: {e}"))?;
+        let listed = |field: &str| {
+            metadata
+                .additional_fields
+                .get(field)
+                .and_then(serde_json::Value::as_array)
+                .map(|values| {
+                    values
+                        .iter()
+                        .filter_map(serde_json::Value::as_str)
+                        .map(str::to_owned)
+                        .collect::<Vec<_>>()
+                })
+        };
+        if let Some(methods) = listed("token_endpoint_auth_methods_supported")
+            && !methods.iter().any(|m| m == "private_key_jwt")
+        {
+            return Err(format!(
+                "OAuth: the authorization server does not take `private_key_jwt` (it takes {})",
+                methods.join(", ")
+            ));
+        }
+        if let Some(algs) = listed("token_endpoint_auth_signing_alg_values_supported")
+            && !algs.iter().any(|a| a == signer.alg())
+        {
+            return Err(format!(
+                "OAuth: the authorization server does not take {} client assertions (it takes {}); `auth.private_key` needs another kind of key",
+                signer.alg(),
+                algs.join(", ")
+            ));
+        }
+        let audience = metadata
+            .issuer
+            .clone()
+            .ok_or("OAuth: the authorization server's metadata names no `issuer`, which a client assertion is addressed to")?;
+        let endpoint = reqwest::Url::parse(&metadata.token_endpoint)
+            .map_err(|e| format!("OAuth: the token endpoint is not a URL: {e}"))?;
+        let loopback = |u: &reqwest::Url| {
+            u.host_str().is_some_and(|host| {
+                host == "localhost"
+                    || host
+                        .trim_matches(['[', ']'])
+                        .parse::<std::net::IpAddr>()
+                        .is_ok_and(|ip| ip.is_loopback())
+            })
+        };
+        let resource_url = reqwest::Url::parse(resource).map_err(|e| format!("OAuth: {e}"))?;
+        if endpoint.scheme() != "https"
+            && !(endpoint.scheme() == "http" && loopback(&endpoint) && loopback(&resource_url))
+        {
+            return Err(format!(
+                "OAuth: the token endpoint `{endpoint}` is not https (plain http is taken on loopback only)"
+            ));
+        }
+        Ok(AssertionClient {
+            http,
+            client_id: settings.client_id.clone().unwrap_or_default(),
+            signer,
+            token_endpoint: metadata.token_endpoint.clone(),
+            audience,
+            resource: resource.to_owned(),
+            cached: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    /// The kept token, unless it is `rejected` or near its expiry; else a
+    /// new one.
+    async fn token(
+        &self,
+        rejected: Option<&str>,
+        scopes: &[String],
+    ) -> Result<String, OAuthFailure> {
+        let mut cached = self.cached.lock().await;
+        if let Some((token, until)) = cached.as_ref()
+            && Some(token.as_str()) != rejected
+            && until.is_none_or(|until| Instant::now() < until)
+        {
+            return Ok(token.clone());
+        }
+        let (token, until) = self.request(scopes).await?;
+        *cached = Some((token.clone(), until));
+        Ok(token)
+    }
+
+    /// A new token, whatever is kept (after a refusal for scope).
+    async fn fetch(&self, scopes: &[String]) -> Result<String, OAuthFailure> {
+        let mut cached = self.cached.lock().await;
+        let (token, until) = self.request(scopes).await?;
+        *cached = Some((token.clone(), until));
+        Ok(token)
+    }
+
+    async fn request(&self, scopes: &[String]) -> Result<(String, Option<Instant>), OAuthFailure> {
+        let failed = |why: String| OAuthFailure(format!("OAuth (private_key_jwt): {why}"));
+        let assertion = self
+            .signer
+            .assertion(&self.client_id, &self.audience)
+            .map_err(failed)?;
+        // No `client_id`: the assertion's subject names the client
+        // (RFC 7523 section 3).
+        let form = {
+            let mut form = form_urlencoded::Serializer::new(String::new());
+            form.append_pair("grant_type", "client_credentials")
+                .append_pair("client_assertion_type", jwt::ASSERTION_TYPE)
+                .append_pair("client_assertion", &assertion)
+                .append_pair("resource", &self.resource);
+            if !scopes.is_empty() {
+                form.append_pair("scope", &scopes.join(" "));
+            }
+            form.finish()
+        };
+        let asked = Instant::now();
+        let mut answer = self
+            .http
+            .post(&self.token_endpoint)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("accept", "application/json")
+            .body(form)
+            .send()
+            .await
+            .map_err(|e| failed(format!("the token request failed: {e}")))?;
+        let status = answer.status();
+        let mut body = Vec::new();
+        while let Some(chunk) = answer
+            .chunk()
+            .await
+            .map_err(|e| failed(format!("the token answer broke off: {e}")))?
+        {
+            if body.len() + chunk.len() > TOKEN_ANSWER_LIMIT {
+                return Err(failed(format!(
+                    "the token answer is over {} KiB",
+                    TOKEN_ANSWER_LIMIT / 1024
+                )));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        let text = |field: &str| json.get(field).and_then(serde_json::Value::as_str);
+        if !status.is_success() {
+            let why = match (text("error"), text("error_description")) {
+                (Some(error), Some(description)) => format!("{error}: {description}"),
+                (Some(error), None) => error.to_owned(),
+                _ => format!("HTTP {status}"),
+            };
+            return Err(failed(format!(
+                "the authorization server refused the client assertion ({why})"
+            )));
+        }
+        let token = text("access_token")
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| failed("the token answer holds no `access_token`".to_owned()))?;
+        if text("token_type").is_some_and(|t| !t.eq_ignore_ascii_case("bearer")) {
+            return Err(failed(format!(
+                "the token is of type `{}`, not Bearer",
+                text("token_type").unwrap_or_default()
+            )));
+        }
+        crate::secrets::remember(token);
+        // Renewed before it expires: at half its life, or a minute before.
+        let until = json
+            .get("expires_in")
+            .and_then(serde_json::Value::as_u64)
+            .map(|secs| {
+                let life = Duration::from_secs(secs);
+                asked + life.saturating_sub((life / 2).min(Duration::from_secs(60)))
+            });
+        tracing::debug!(client_id = %self.client_id, alg = self.signer.alg(), "fetched an OAuth access token (private_key_jwt)");
+        Ok((token.to_owned(), until))
     }
 }
 
@@ -317,13 +559,7 @@ fn relogin(connection: &str, why: &str) -> String {
 }
 
 fn cc_config(settings: &AuthSettings, resource: &str, extra: &[String]) -> ClientCredentialsConfig {
-    let mut scopes = settings.scopes.clone();
-    scopes.extend(
-        extra
-            .iter()
-            .filter(|s| !settings.scopes.contains(s))
-            .cloned(),
-    );
+    let scopes = merge_scopes(&settings.scopes, extra);
     ClientCredentialsConfig::ClientSecret {
         client_id: settings.client_id.clone().unwrap_or_default(),
         client_secret: settings
@@ -336,16 +572,14 @@ fn cc_config(settings: &AuthSettings, resource: &str, extra: &[String]) -> Clien
     }
 }
 
-/// A manager for `url` with its discovered metadata, and the token store key
-/// (issuer and resource).
-/// Also says whether the authorization server takes a client metadata
-/// document's URL as a client id (SEP-991).
+/// A manager for `url` with its discovered metadata, the token store key
+/// (issuer and resource), and the metadata.
 async fn discover(
     url: &str,
     http: reqwest::Client,
     settings: &AuthSettings,
     challenge: Option<&str>,
-) -> Result<(AuthorizationManager, String, bool), String> {
+) -> Result<(AuthorizationManager, String, AuthorizationMetadata), String> {
     crate::tls::install_tls_provider();
     let mut manager = AuthorizationManager::new(url)
         .await
@@ -370,13 +604,8 @@ async fn discover(
         .issuer
         .clone()
         .unwrap_or_else(|| metadata.token_endpoint.clone());
-    let cimd = metadata
-        .additional_fields
-        .get("client_id_metadata_document_supported")
-        .and_then(serde_json::Value::as_bool)
-        .unwrap_or(false);
-    manager.set_metadata(metadata);
-    Ok((manager, format!("{issuer} {url}"), cimd))
+    manager.set_metadata(metadata.clone());
+    Ok((manager, format!("{issuer} {url}"), metadata))
 }
 
 /// The token file: `{ "<issuer> <resource>": credentials }`, mode 0600. An
@@ -600,9 +829,16 @@ pub async fn login(
         .await
         .map_err(|e| format!("connection `{connection}`: {e}"))?;
     let challenge = challenge.as_ref().and_then(serde_json::Value::as_str);
-    let (mut manager, key, cimd) = discover(url, http, &settings, challenge)
+    let (mut manager, key, metadata) = discover(url, http, &settings, challenge)
         .await
         .map_err(|e| format!("connection `{connection}`: {e}"))?;
+    // Whether the authorization server takes a client metadata document's
+    // URL as a client id (SEP-991).
+    let cimd = metadata
+        .additional_fields
+        .get("client_id_metadata_document_supported")
+        .and_then(serde_json::Value::as_bool)
+        .unwrap_or(false);
     let store = FileStore::new(tokens, key);
     let remembered = store
         .wanted_scopes()
