@@ -7,6 +7,23 @@
 //! (Debian's `postgresql` package, as the tests do) and real worker processes.
 //! Every worker and the load generator share this machine's cores, so read the
 //! scaling as a lower bound.
+//!
+//! On PostgreSQL it also counts the database's work per run, over the whole
+//! measurement (the warm-up, the loaded runs and the runs one at a time):
+//! statements (`pg_stat_statements`; with the extended protocol each is one
+//! round trip, `BEGIN` and `COMMIT` included) and committed transactions
+//! (`pg_stat_database`). `WF_BENCH_STATEMENTS=1` prints the statements by
+//! calls per run.
+//!
+//! `WF_BENCH_HOST=<path>` runs the workers from another build of `wf-host`.
+//!
+//! `WF_BENCH_CPU=0.3` (a share of one CPU) runs the PostgreSQL rows again
+//! with each worker capped to that share (a cgroup's CPU quota), on a CPU of
+//! its own apart from the database's (the database on CPU 0, the workers and
+//! the load on the others), and reports runs per second per worker-CPU: on
+//! a machine with few cores this shows how workers scale when they do not
+//! take CPU from the database or from each other. It needs a writable
+//! cgroup-v1 `cpu` hierarchy (or refuses, saying so) and `taskset`.
 
 // The tests' throwaway PostgreSQL; the bench uses only part of it.
 #[allow(dead_code)]
@@ -27,11 +44,39 @@ const IDLE_RUNS: usize = 100;
 struct Worker {
     child: Child,
     url: String,
+    /// The cgroup that caps its CPU, removed when it ends.
+    cgroup: Option<PathBuf>,
 }
 
+/// Where the workers' CPU caps go (cgroup v1).
+const CPU_CGROUPS: &str = "/sys/fs/cgroup/cpu";
+
 impl Worker {
+    /// A worker held to `cap` of one CPU, on the CPUs after the first.
+    fn capped(config: &Path, state: &str, cap: f64, n: usize) -> Worker {
+        let mut worker = Worker::start(config, state);
+        let group = PathBuf::from(CPU_CGROUPS).join(format!("wf-bench-{}-{n}", std::process::id()));
+        let cpus = others();
+        std::fs::create_dir(&group)
+            .unwrap_or_else(|e| panic!("WF_BENCH_CPU needs a writable {CPU_CGROUPS}: {e}"));
+        let period = 100_000;
+        std::fs::write(group.join("cpu.cfs_period_us"), period.to_string()).unwrap();
+        std::fs::write(
+            group.join("cpu.cfs_quota_us"),
+            ((cap * f64::from(period)) as u64).to_string(),
+        )
+        .unwrap();
+        worker.cgroup = Some(group.clone());
+        std::fs::write(group.join("cgroup.procs"), worker.child.id().to_string()).unwrap();
+        pin(worker.child.id(), &cpus);
+        worker
+    }
+
     fn start(config: &Path, state: &str) -> Worker {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_wf-host"))
+        // WF_BENCH_HOST: another build's binary, to compare two in one session.
+        let bin = std::env::var_os("WF_BENCH_HOST")
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_wf-host").into());
+        let mut child = Command::new(bin)
             .args(["serve", "--listen", "127.0.0.1:0", "--config"])
             .arg(config)
             .args(["--state", state])
@@ -50,7 +95,11 @@ impl Worker {
             }
         };
         std::thread::spawn(move || for _ in lines {});
-        Worker { child, url }
+        Worker {
+            child,
+            url,
+            cgroup: None,
+        }
     }
 }
 
@@ -58,7 +107,29 @@ impl Drop for Worker {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(group) = &self.cgroup {
+            let _ = std::fs::remove_dir(group);
+        }
     }
+}
+
+/// The CPUs after the first, as `taskset` takes them (counted once, before
+/// this process is pinned to them).
+fn others() -> String {
+    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cpus = *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    assert!(cpus >= 2, "WF_BENCH_CPU needs 2 CPUs or more");
+    format!("1-{}", cpus - 1)
+}
+
+/// Every thread of `pid` (and of what it starts later) on `cpus`.
+fn pin(pid: u32, cpus: &str) {
+    let status = Command::new("taskset")
+        .args(["-a", "-c", "-p", cpus, &pid.to_string()])
+        .stdout(Stdio::null())
+        .status()
+        .expect("run taskset");
+    assert!(status.success(), "taskset {cpus} {pid} failed");
 }
 
 fn config(dir: &Path) -> PathBuf {
@@ -109,6 +180,10 @@ fn ms(text: &str) -> f64 {
 struct Result {
     label: String,
     runs_per_s: f64,
+    /// PostgreSQL: statements per run, and the runs measured (the
+    /// transactions are counted once the workers have gone: a backend's
+    /// counts reach the statistics at the latest when it exits).
+    statements: Option<(f64, f64)>,
     p50_ms: f64,
     p99_ms: f64,
     /// Claim-to-start with one run at a time (no queue behind other runs).
@@ -150,7 +225,11 @@ async fn idle_latency(client: &reqwest::Client, urls: &[String]) -> Vec<f64> {
 
 /// Starts `RUNS` runs through the workers in turn from `CLIENTS` concurrent
 /// clients, waits for all, and measures.
-async fn measure(label: &str, workers: &[Worker]) -> Result {
+async fn measure(label: &str, workers: &[Worker], db: Option<&postgres::TestPostgres>) -> Result {
+    if let Some(db) = db {
+        db.psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+        db.psql("SELECT pg_stat_statements_reset()");
+    }
     let client = reqwest::Client::new();
     let urls: Vec<String> = workers.iter().map(|w| w.url.clone()).collect();
     // Warm every worker (component compile, pool of instances).
@@ -204,14 +283,44 @@ async fn measure(label: &str, workers: &[Worker]) -> Result {
     let elapsed = started.elapsed();
     let (p50_ms, p99_ms) = percentiles(latencies);
     let (idle_p50_ms, idle_p99_ms) = percentiles(idle_latency(&client, &urls).await);
+    let runs = (urls.len() + RUNS + IDLE_RUNS) as f64;
+    let statements = db.map(|db| {
+        let statements: f64 = db
+            .psql(
+                "SELECT sum(calls) FROM pg_stat_statements
+                 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+                   AND query NOT LIKE '%pg_stat%'",
+            )
+            .parse()
+            .unwrap();
+        if std::env::var_os("WF_BENCH_STATEMENTS").is_some() {
+            eprintln!("{label}: statements per run (calls, execution time)");
+            let top = db.psql(&format!(
+                "SELECT round(calls / {runs}, 2) || ' calls, ' || round((total_exec_time / {runs} * 1000)::numeric, 1) || ' µs: ' || regexp_replace(left(query, 140), '\\s+', ' ', 'g')
+                 FROM pg_stat_statements
+                 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+                 ORDER BY calls DESC LIMIT 25"
+            ));
+            eprintln!("{top}");
+        }
+        (statements / runs, runs)
+    });
     Result {
         label: label.to_owned(),
         runs_per_s: RUNS as f64 / elapsed.as_secs_f64(),
+        statements,
         p50_ms,
         p99_ms,
         idle_p50_ms,
         idle_p99_ms,
     }
+}
+
+/// Transactions committed in the bench's database so far.
+fn commits(db: &postgres::TestPostgres) -> u64 {
+    db.psql("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+        .parse()
+        .unwrap()
 }
 
 #[tokio::main]
@@ -226,38 +335,76 @@ async fn main() {
     {
         let state = dir.path().join("state.db").display().to_string();
         let workers = vec![Worker::start(&config, &state)];
-        results.push(measure("SQLite, 1 worker", &workers).await);
+        results.push(measure("SQLite, 1 worker", &workers, None).await);
     }
     let pg = postgres::TestPostgres::start();
     for n in 1..=3 {
-        let url = pg.another_database();
-        let workers: Vec<Worker> = (0..n).map(|_| Worker::start(&config, &url)).collect();
-        results.push(
-            measure(
-                &format!("PostgreSQL, {n} worker{}", if n > 1 { "s" } else { "" }),
-                &workers,
-            )
-            .await,
-        );
+        let db = pg.another();
+        let workers: Vec<Worker> = (0..n).map(|_| Worker::start(&config, &db.url())).collect();
+        // After the workers' start: their migrations are not the load.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let before = commits(&db);
+        let mut result = measure(
+            &format!("PostgreSQL, {n} worker{}", if n > 1 { "s" } else { "" }),
+            &workers,
+            Some(&db),
+        )
+        .await;
         drop(workers);
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        if let Some((statements, runs)) = result.statements {
+            result.statements = Some((statements, (commits(&db) - before) as f64 / runs));
+        }
+        results.push(result);
+    }
+    let capped = std::env::var("WF_BENCH_CPU").ok().map(|cap| {
+        cap.parse::<f64>()
+            .expect("WF_BENCH_CPU is a share of one CPU, e.g. 0.3")
+    });
+    let mut per_cpu = Vec::new();
+    if let Some(cap) = capped {
+        // The database on CPU 0 (its backends inherit it), the workers and
+        // this load on the others.
+        let cpus = others();
+        pin(pg.server_pid().expect("the server runs"), "0");
+        pin(std::process::id(), &cpus);
+        for n in 1..=3 {
+            let db = pg.another();
+            let workers: Vec<Worker> = (0..n)
+                .map(|i| Worker::capped(&config, &db.url(), cap, i))
+                .collect();
+            let result = measure(&format!("PostgreSQL, {n} × {cap} CPU"), &workers, None).await;
+            per_cpu.push((n, result.runs_per_s, result.runs_per_s / (n as f64 * cap)));
+        }
     }
     let base = results[1].runs_per_s;
     println!("{RUNS} runs of a three-step echo workflow, {CLIENTS} clients");
     println!(
-        "| setup | runs/s | vs PostgreSQL, 1 worker | claim-to-start p50 / p99 under load | one run at a time p50 / p99 |"
+        "| setup | runs/s | vs PostgreSQL, 1 worker | statements / transactions per run | claim-to-start p50 / p99 under load | one run at a time p50 / p99 |"
     );
-    println!("|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|");
     for r in &results {
         println!(
-            "| {} | {:.0} | {:.2}× | {:.1} / {:.1} ms | {:.1} / {:.1} ms |",
+            "| {} | {:.0} | {:.2}× | {} | {:.1} / {:.1} ms | {:.1} / {:.1} ms |",
             r.label,
             r.runs_per_s,
             r.runs_per_s / base,
+            r.statements
+                .map_or("".to_owned(), |(s, t)| format!("{s:.1} / {t:.1}")),
             r.p50_ms,
             r.p99_ms,
             r.idle_p50_ms,
             r.idle_p99_ms
         );
+    }
+    if let Some(cap) = capped {
+        println!();
+        println!("Each worker capped to {cap} CPU, the database on a CPU of its own:");
+        println!("| workers | runs/s | runs/s per worker-CPU | vs 1 worker |");
+        println!("|---|---|---|---|");
+        let base = per_cpu[0].1;
+        for (n, runs, per) in &per_cpu {
+            println!("| {n} | {runs:.0} | {per:.0} | {:.2}× |", runs / base);
+        }
     }
 }

@@ -75,13 +75,28 @@ impl TestPostgres {
 
     /// The URL of another fresh database on the same server.
     pub fn another_database(&self) -> String {
-        TestPostgres::on(self.server.clone()).url()
+        self.another().url()
+    }
+
+    /// Another fresh database on the same server.
+    pub fn another(&self) -> TestPostgres {
+        TestPostgres::on(self.server.clone())
     }
 
     /// Runs `sql` in this test's database with `psql`; returns its output
     /// (unaligned, tuples only).
     pub fn psql(&self, sql: &str) -> String {
         self.server.psql(&self.database, sql)
+    }
+
+    /// The server's postmaster process (its backends are its children).
+    pub fn server_pid(&self) -> Option<u32> {
+        self.server
+            .postmaster
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(|p| p.pid)
     }
 
     /// Stops the server at once (as a crash would), keeping its data.
@@ -200,6 +215,8 @@ impl Server {
             .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
             .args(["-c", "max_connections=200"])
             .args(["-c", "shared_buffers=16MB"])
+            // Statement counts, for the workers bench (round trips per run).
+            .args(["-c", "shared_preload_libraries=pg_stat_statements"])
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("server log"))
             .stderr(log);

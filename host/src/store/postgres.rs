@@ -360,6 +360,141 @@ async fn apply_moves(
     append_events(tx, run_id, events, &at).await
 }
 
+/// Whether [`apply_in_one_trip`] writes `write`: the fenced moves of a
+/// driven run, which are every write of its steps while it runs.
+fn one_trip(write: &Transition<'_>) -> bool {
+    matches!(
+        write,
+        Transition::StepStarted { .. }
+            | Transition::StepWaits { .. }
+            | Transition::StepAttempt { .. }
+            | Transition::StepFinished { .. }
+            | Transition::RunFinished { .. }
+    )
+}
+
+/// The fenced `moves` of `run_id` and their events in one call of
+/// `wf_apply_moves` (migration 0006): one statement, one round trip, and,
+/// outside a transaction, its own commit. The same writes as
+/// [`apply_moves`] (each guarded; one refused, none written), with the
+/// fence checked first instead of after a refusal.
+async fn apply_in_one_trip(
+    db: impl sqlx::PgExecutor<'_>,
+    run_id: &str,
+    moves: &[Transition<'_>],
+    fence: &Fence,
+) -> Result<Vec<EventRow>, StoreError> {
+    let text = |value: Option<&Value>| value.map(json_text);
+    let encoded: Vec<Value> = moves
+        .iter()
+        .map(|write| {
+            let guard = match write {
+                Transition::RunFinished { .. } => write.guard().run_text(),
+                _ => write.guard().steps_text(),
+            };
+            let to = match write {
+                Transition::RunFinished { status, .. } => Some(status.as_str()),
+                _ => write.step_to().map(StepStatus::as_str),
+            };
+            let (what, attempt, input, output, error) = match *write {
+                Transition::StepStarted { attempt, input, .. }
+                | Transition::StepWaits { attempt, input, .. } => {
+                    ("start", Some(attempt), text(input), None, None)
+                }
+                Transition::StepAttempt { attempt, .. } => {
+                    ("attempt", Some(attempt), None, None, None)
+                }
+                Transition::StepFinished { output, error, .. } => {
+                    ("finish", None, None, text(output), error)
+                }
+                Transition::RunFinished { output, error, .. } => {
+                    ("run_finish", None, None, text(output), error)
+                }
+                _ => unreachable!("one_trip lets only these through"),
+            };
+            serde_json::json!({
+                "move": what,
+                "step": write.step_id(),
+                "to": to,
+                "attempt": attempt.map(|a| a.to_string()),
+                "input": input,
+                "output": output,
+                "code": error.map(|e| e.code.as_str()),
+                "message": error.map(|e| e.message.as_str()),
+                "guard": guard,
+            })
+        })
+        .collect();
+    let mut events = Vec::with_capacity(moves.len() + 1);
+    for write in moves {
+        if let Some(log) = write.log() {
+            events.push((STEP_LOG, log.clone()));
+        }
+        events.push((write.kind(), write.data()));
+    }
+    let kinds: Vec<&str> = events.iter().map(|(kind, _)| *kind).collect();
+    let data: Vec<String> = events.iter().map(|(_, data)| json_text(data)).collect();
+    let at = now_text();
+    let ids: Vec<i64> =
+        sqlx::query_scalar("SELECT wf_apply_moves($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10)")
+            .bind(run_id)
+            .bind(&*fence.worker)
+            .bind(fence.epoch)
+            .bind(Value::Array(encoded).to_string())
+            .bind(&kinds)
+            .bind(&data)
+            .bind(&at)
+            .bind(now_ms())
+            .bind(EVENT_LOCK)
+            .bind(CHANNEL)
+            .fetch_one(db)
+            .await
+            .map_err(
+                |e| match e.as_database_error().and_then(|d| d.code()).as_deref() {
+                    Some("WF001") => StoreError::LeaseLost(run_id.to_owned()),
+                    Some("WF002") => {
+                        let refused = e
+                            .as_database_error()
+                            .and_then(|d| d.message().parse::<usize>().ok())
+                            .and_then(|i| moves.get(i));
+                        match refused {
+                            Some(write) => StoreError::Refused(write.refusal(run_id)),
+                            None => StoreError::from(e),
+                        }
+                    }
+                    _ => StoreError::from(e),
+                },
+            )?;
+    events_with_ids(run_id, ids, events, &at)
+}
+
+/// The rows of `events` appended at `at` with `ids` (ascending).
+fn events_with_ids(
+    run_id: &str,
+    ids: Vec<i64>,
+    events: Vec<(&str, Value)>,
+    at: &str,
+) -> Result<Vec<EventRow>, StoreError> {
+    if ids.len() != events.len() {
+        return Err(StoreError::Corrupt(format!(
+            "{} events appended, not {}",
+            ids.len(),
+            events.len()
+        )));
+    }
+    Ok(ids
+        .into_iter()
+        .zip(events)
+        .map(|(id, (kind, data))| EventRow {
+            id,
+            run_id: run_id.to_owned(),
+            kind: kind.to_owned(),
+            data,
+            at: at.to_owned(),
+        })
+        .collect())
+}
+
 /// One move's update; how many rows its guarded statement changed.
 async fn apply_move(
     tx: &mut sqlx::PgConnection,
@@ -614,47 +749,20 @@ async fn append_events(
     events: Vec<(&str, Value)>,
     at: &str,
 ) -> Result<Vec<EventRow>, StoreError> {
-    sqlx::query("SELECT pg_advisory_xact_lock($1), pg_notify($2, 'event')")
-        .bind(EVENT_LOCK)
-        .bind(CHANNEL)
-        .execute(&mut *tx)
-        .await?;
     let kinds: Vec<&str> = events.iter().map(|(kind, _)| *kind).collect();
     let data: Vec<String> = events.iter().map(|(_, data)| json_text(data)).collect();
-    // One statement for them all; each row draws its id in `n` order, so
-    // the ids, sorted, are the events' in order (RETURNING has none).
-    let mut ids: Vec<i64> = sqlx::query_scalar(
-        "INSERT INTO events (run_id, kind, data, at)
-         SELECT $1, e.kind, e.data, $4
-         FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS e (kind, data, n)
-         ORDER BY e.n
-         RETURNING id",
-    )
-    .bind(run_id)
-    .bind(&kinds)
-    .bind(&data)
-    .bind(at)
-    .fetch_all(&mut *tx)
-    .await?;
-    if ids.len() != events.len() {
-        return Err(StoreError::Corrupt(format!(
-            "{} events appended, not {}",
-            ids.len(),
-            events.len()
-        )));
-    }
-    ids.sort_unstable();
-    Ok(ids
-        .into_iter()
-        .zip(events)
-        .map(|(id, (kind, data))| EventRow {
-            id,
-            run_id: run_id.to_owned(),
-            kind: kind.to_owned(),
-            data,
-            at: at.to_owned(),
-        })
-        .collect())
+    // The lock, the note and one insert for them all (migration 0006); each
+    // row draws its id in order, so the ids, ascending, are the events'.
+    let ids: Vec<i64> = sqlx::query_scalar("SELECT wf_append_events($1, $2, $3, $4, $5, $6)")
+        .bind(run_id)
+        .bind(&kinds)
+        .bind(&data)
+        .bind(at)
+        .bind(EVENT_LOCK)
+        .bind(CHANNEL)
+        .fetch_one(&mut *tx)
+        .await?;
+    events_with_ids(run_id, ids, events, at)
 }
 
 /// `pg_notify` on the channel; delivered when the transaction commits.
@@ -781,7 +889,11 @@ impl Store for PgStore {
             // savepoint, so that their failure leaves the run stored.
             if let Some((fence, moves)) = then.filter(|(_, moves)| !moves.is_empty()) {
                 let mut starts = tx.begin().await?;
-                let then = apply_moves(&mut starts, &run.run_id, moves, Some(fence)).await;
+                let then = if moves.iter().all(one_trip) {
+                    apply_in_one_trip(&mut *starts, &run.run_id, moves, fence).await
+                } else {
+                    apply_moves(&mut starts, &run.run_id, moves, Some(fence)).await
+                };
                 if then.is_ok() {
                     starts.commit().await?;
                 } else {
@@ -1163,6 +1275,11 @@ impl Store for PgStore {
     ) -> Result<Vec<EventRow>, StoreError> {
         if moves.is_empty() {
             return Ok(Vec::new());
+        }
+        if let Some(fence) = fence
+            && moves.iter().all(one_trip)
+        {
+            return apply_in_one_trip(&self.pool, run_id, moves, fence).await;
         }
         let mut tx = self.pool.begin().await?;
         let events = apply_moves(&mut tx, run_id, moves, fence).await?;
