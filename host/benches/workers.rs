@@ -59,6 +59,8 @@ impl Worker {
         let cpus = others();
         std::fs::create_dir(&group)
             .unwrap_or_else(|e| panic!("WF_BENCH_CPU needs a writable {CPU_CGROUPS}: {e}"));
+        // Removed with the worker from here on, whatever fails next.
+        worker.cgroup = Some(group.clone());
         let period = 100_000;
         std::fs::write(group.join("cpu.cfs_period_us"), period.to_string()).unwrap();
         std::fs::write(
@@ -66,7 +68,6 @@ impl Worker {
             ((cap * f64::from(period)) as u64).to_string(),
         )
         .unwrap();
-        worker.cgroup = Some(group.clone());
         std::fs::write(group.join("cgroup.procs"), worker.child.id().to_string()).unwrap();
         pin(worker.child.id(), &cpus);
         worker
@@ -357,10 +358,12 @@ async fn main() {
         }
         results.push(result);
     }
-    let capped = std::env::var("WF_BENCH_CPU").ok().map(|cap| {
-        cap.parse::<f64>()
-            .expect("WF_BENCH_CPU is a share of one CPU, e.g. 0.3")
-    });
+    let capped = std::env::var("WF_BENCH_CPU")
+        .ok()
+        .map(|cap| match cap.parse::<f64>() {
+            Ok(cap) if (0.01..=1.0).contains(&cap) => cap,
+            _ => panic!("WF_BENCH_CPU is a share of one CPU from 0.01 to 1, e.g. 0.3"),
+        });
     let mut per_cpu = Vec::new();
     if let Some(cap) = capped {
         // The database on CPU 0 (its backends inherit it), the workers and

@@ -51,8 +51,10 @@ impl Signer {
         }
         Err(
             "not a PKCS#8 PEM private key of a kind that signs client assertions \
-             (EC P-256, EC P-384, RSA or Ed25519; `openssl genpkey -algorithm EC \
-             -pkeyopt ec_paramgen_curve:P-256` makes one)"
+             (EC P-256, EC P-384, RSA of 2048 bits or more, or Ed25519; \
+             `openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256` makes one, \
+             and `openssl pkcs8 -topk8 -nocrypt` turns a `BEGIN EC PRIVATE KEY` or \
+             `BEGIN RSA PRIVATE KEY` file into PKCS#8)"
                 .to_owned(),
         )
     }

@@ -204,6 +204,11 @@ impl Server {
             let _ = std::os::unix::fs::chown(&log_path, Some(user.uid), Some(user.gid));
         }
         let mut cmd = command(&self.bin.join("postgres"), self.user);
+        // Statement counts, for the workers bench (round trips per run),
+        // where the server has the module (Debian's package does).
+        if self.bin.join("../lib/pg_stat_statements.so").exists() {
+            cmd.args(["-c", "shared_preload_libraries=pg_stat_statements"]);
+        }
         cmd.arg("-D")
             .arg(self.dir.path().join("data"))
             .arg("-k")
@@ -215,8 +220,6 @@ impl Server {
             .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
             .args(["-c", "max_connections=200"])
             .args(["-c", "shared_buffers=16MB"])
-            // Statement counts, for the workers bench (round trips per run).
-            .args(["-c", "shared_preload_libraries=pg_stat_statements"])
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("server log"))
             .stderr(log);

@@ -45,6 +45,22 @@ fn system_roots() -> &'static [CertificateDer<'static>] {
 /// # Errors
 /// A message naming the TLS key that is wrong.
 pub(crate) fn client(files: &TlsFiles) -> Result<reqwest::Client, String> {
+    client_with(files, reqwest::redirect::Policy::default())
+}
+
+/// [`client`] that follows no redirect: for requests that carry a
+/// credential, which a redirect would hand to another host.
+///
+/// # Errors
+/// A message naming the TLS key that is wrong.
+pub(crate) fn client_without_redirects(files: &TlsFiles) -> Result<reqwest::Client, String> {
+    client_with(files, reqwest::redirect::Policy::none())
+}
+
+fn client_with(
+    files: &TlsFiles,
+    redirects: reqwest::redirect::Policy,
+) -> Result<reqwest::Client, String> {
     install_tls_provider();
     let material = tls::load(files)?;
     let mut roots = rustls::RootCertStore::empty();
@@ -75,6 +91,7 @@ pub(crate) fn client(files: &TlsFiles) -> Result<reqwest::Client, String> {
         .tls_backend_preconfigured(tls)
         .connect_timeout(CONNECT_TIMEOUT)
         .pool_idle_timeout(POOL_IDLE)
+        .redirect(redirects)
         .build()
         .map_err(|e| format!("cannot build the HTTP client: {e}"))
 }

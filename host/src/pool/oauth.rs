@@ -124,6 +124,7 @@ impl OAuth {
         url: &str,
         settings: &AuthSettings,
         http: reqwest::Client,
+        tls: &crate::tls::TlsFiles,
     ) -> Result<OAuth, String> {
         if let Some(name) = &settings.missing_env {
             return Err(format!(
@@ -139,6 +140,9 @@ impl OAuth {
             AuthKind::ClientCredentials
                 if settings.token_endpoint_auth == TokenEndpointAuth::PrivateKeyJwt =>
             {
+                // Its own client, which follows no redirect: a redirected
+                // token request would carry the assertion to another host.
+                let http = super::http::client_without_redirects(tls)?;
                 assertion = Some(AssertionClient::new(settings, &metadata, url, http)?);
             }
             AuthKind::ClientCredentials => {
@@ -340,6 +344,8 @@ fn merge_scopes(configured: &[String], extra: &[String]) -> Vec<String> {
 
 /// The largest token endpoint answer read.
 const TOKEN_ANSWER_LIMIT: usize = 64 * 1024;
+/// How long a token request may take, answer included.
+const TOKEN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// `private_key_jwt` token requests (RFC 7523 section 2.2, as SEP-1046 has
 /// them): `client_credentials` with a signed assertion and no `client_id`,
@@ -420,7 +426,7 @@ impl AssertionClient {
             && !(endpoint.scheme() == "http" && loopback(&endpoint) && loopback(&resource_url))
         {
             return Err(format!(
-                "OAuth: the token endpoint `{endpoint}` is not https (plain http is taken on loopback only)"
+                "OAuth: the token endpoint `{endpoint}` is not https (plain http is taken only when it and the MCP server are both on loopback)"
             ));
         }
         Ok(AssertionClient {
@@ -487,10 +493,16 @@ impl AssertionClient {
             .header("content-type", "application/x-www-form-urlencoded")
             .header("accept", "application/json")
             .body(form)
+            .timeout(TOKEN_TIMEOUT)
             .send()
             .await
             .map_err(|e| failed(format!("the token request failed: {e}")))?;
         let status = answer.status();
+        if status.is_redirection() {
+            return Err(failed(format!(
+                "the token endpoint answered {status}, a redirect, which a token request does not follow"
+            )));
+        }
         let mut body = Vec::new();
         while let Some(chunk) = answer
             .chunk()
@@ -526,14 +538,15 @@ impl AssertionClient {
                 text("token_type").unwrap_or_default()
             )));
         }
-        crate::secrets::remember(token);
         // Renewed before it expires: at half its life, or a minute before.
+        // (Not added to the redactor, like every access token: it never
+        // reaches a log, and the redactor only grows.)
         let until = json
             .get("expires_in")
             .and_then(serde_json::Value::as_u64)
-            .map(|secs| {
+            .and_then(|secs| {
                 let life = Duration::from_secs(secs);
-                asked + life.saturating_sub((life / 2).min(Duration::from_secs(60)))
+                asked.checked_add(life.saturating_sub((life / 2).min(Duration::from_secs(60))))
             });
         tracing::debug!(client_id = %self.client_id, alg = self.signer.alg(), "fetched an OAuth access token (private_key_jwt)");
         Ok((token.to_owned(), until))

@@ -215,7 +215,7 @@ async fn open(
             let http = super::http::client(tls)?;
             let oauth = match auth {
                 Some(auth) => Some(Arc::new(
-                    super::oauth::OAuth::start(settings.id.clone(), url, auth, http.clone())
+                    super::oauth::OAuth::start(settings.id.clone(), url, auth, http.clone(), tls)
                         .await?,
                 )),
                 None => None,
