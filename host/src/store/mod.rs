@@ -16,6 +16,29 @@ pub mod transition;
 
 pub use transition::{Guard, RUN_STARTED, STEP_LOG, Transition};
 
+/// A backend's migrations, embedded in the binary: (version, description,
+/// SQL), in the order of their files `NNNN_description.sql`. Listed by hand
+/// rather than with `sqlx::migrate!`, whose proc-macro has sqlx and both
+/// drivers (SQLite's C source with them) built a second time, for the
+/// compiler; a test holds the lists to the directories.
+fn embedded(migrations: &[(i64, &'static str, &'static str)]) -> sqlx::migrate::Migrator {
+    use sqlx::SqlSafeStr;
+    sqlx::migrate::Migrator::with_migrations(
+        migrations
+            .iter()
+            .map(|&(version, description, sql)| {
+                sqlx::migrate::Migration::new(
+                    version,
+                    description.into(),
+                    sqlx::migrate::MigrationType::Simple,
+                    sql.into_sql_str(),
+                    false,
+                )
+            })
+            .collect(),
+    )
+}
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -781,4 +804,40 @@ pub fn now_ms() -> i64 {
 /// RFC 3339 with milliseconds, UTC.
 pub fn now_text() -> String {
     humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+}
+
+#[cfg(test)]
+mod migration_tests {
+    /// Each backend's list is its directory: every file, in order, with
+    /// the version and description `sqlx::migrate!` would have read.
+    #[test]
+    fn the_embedded_migrations_are_the_files() {
+        for (dir, listed) in [
+            ("postgres", super::postgres::MIGRATIONS),
+            ("sqlite", super::sqlite::MIGRATIONS),
+        ] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("migrations")
+                .join(dir);
+            let mut files: Vec<String> = std::fs::read_dir(&path)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            files.sort();
+            let expected: Vec<(i64, String, String)> = files
+                .iter()
+                .map(|name| {
+                    let (version, rest) = name.split_once('_').unwrap();
+                    let description = rest.trim_end_matches(".sql").replace('_', " ");
+                    let sql = std::fs::read_to_string(path.join(name)).unwrap();
+                    (version.parse().unwrap(), description, sql)
+                })
+                .collect();
+            let listed: Vec<(i64, String, String)> = listed
+                .iter()
+                .map(|&(v, d, sql)| (v, d.to_owned(), sql.to_owned()))
+                .collect();
+            assert_eq!(listed, expected, "migrations/{dir}");
+        }
+    }
 }

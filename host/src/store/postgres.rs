@@ -13,7 +13,7 @@
 //! ([`Store::listen`]). Migrations are embedded and run at open.
 
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -39,7 +39,41 @@ use super::{
 // on a key derived from the database's name) before it looks at
 // `_sqlx_migrations`, and releases it when done: workers that start at once
 // migrate one after the other, and all but the first find nothing to do.
-static MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
+static MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| super::embedded(MIGRATIONS));
+
+/// `migrations/postgres`, file by file (see [`super::embedded`]).
+pub(super) const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "runs",
+        include_str!("../../migrations/postgres/0001_runs.sql"),
+    ),
+    (
+        2,
+        "events",
+        include_str!("../../migrations/postgres/0002_events.sql"),
+    ),
+    (
+        3,
+        "workers",
+        include_str!("../../migrations/postgres/0003_workers.sql"),
+    ),
+    (
+        4,
+        "triggers",
+        include_str!("../../migrations/postgres/0004_triggers.sql"),
+    ),
+    (
+        5,
+        "flow",
+        include_str!("../../migrations/postgres/0005_flow.sql"),
+    ),
+    (
+        6,
+        "one round trip",
+        include_str!("../../migrations/postgres/0006_one_round_trip.sql"),
+    ),
+];
 
 /// The channel every worker listens on. Payloads: `ready`,
 /// `finished:<run_id>`, `cancel:<run_id>`, `event`.

@@ -6,6 +6,7 @@
 //! upgrades in place.
 
 use std::path::Path;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -24,6 +25,38 @@ use super::{
     NewRun, NewRunWrite, QuestionRow, RunRow, RunStatus, STEP_LOG, ScheduleRow, SignalRow, StepRow,
     StepStatus, Store, StoreError, Transition, WaitingStep, now_ms, now_text,
 };
+
+/// The file's schema, step by step.
+static MIGRATOR: LazyLock<sqlx::migrate::Migrator> = LazyLock::new(|| super::embedded(MIGRATIONS));
+
+/// `migrations/sqlite`, file by file (see [`super::embedded`]).
+pub(super) const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "runs",
+        include_str!("../../migrations/sqlite/0001_runs.sql"),
+    ),
+    (
+        2,
+        "events",
+        include_str!("../../migrations/sqlite/0002_events.sql"),
+    ),
+    (
+        3,
+        "workers",
+        include_str!("../../migrations/sqlite/0003_workers.sql"),
+    ),
+    (
+        4,
+        "triggers",
+        include_str!("../../migrations/sqlite/0004_triggers.sql"),
+    ),
+    (
+        5,
+        "flow",
+        include_str!("../../migrations/sqlite/0005_flow.sql"),
+    ),
+];
 
 /// `PRAGMA application_id` of a wf-host state file: "wfhs".
 const APPLICATION_ID: i64 = 0x7766_6873;
@@ -230,7 +263,7 @@ impl SqliteStore {
         if check != "ok" {
             return Err(open_err(format!("it is corrupt: {check}")));
         }
-        sqlx::migrate!("./migrations/sqlite")
+        MIGRATOR
             .run(&self.writes)
             .await
             .map_err(|e| open_err(format!("cannot migrate it: {e}")))?;
