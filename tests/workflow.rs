@@ -2178,6 +2178,103 @@ allow = ["remote.task_sleep"]
     serve.kill();
 }
 
+/// A step whose call waits on an upstream task lets go of its node
+/// (parks): with one step slot, the calls of three runs all reach the
+/// server while the first task still works, and meanwhile no node instance
+/// is alive. When a task ends, its node runs again: its earlier call (`echo`)
+/// and the task's call are answered from before, not made again, and the
+/// journal holds each call once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_waiting_on_an_upstream_task_holds_no_node_and_no_step_slot() {
+    let options = Options {
+        max_concurrent_steps: 1,
+        ..Options::default()
+    };
+    let host = Host::open(
+        r#"[workflows.long]
+component = "{call}"
+allow = ["fixture.task_sleep", "fixture.echo"]
+"#,
+        options,
+    )
+    .await
+    .unwrap();
+    let mut runs = Vec::new();
+    for i in 0..3 {
+        let input = json!({
+            "before": [{"capability": "fixture.echo", "arguments": {"text": format!("run {i}")}}],
+            "capability": "fixture.task_sleep",
+            "arguments": {"ms": 8000},
+        });
+        let started = host.workflows.start("long", input, None).await.unwrap();
+        runs.push(started.run_id);
+    }
+    let calls_of = |tool: &str| host.witness().iter().filter(|c| c["tool"] == tool).count();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let running = host.host.runtime().stats().running;
+        if calls_of("task_sleep") == 3 && running == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} tasks made, {running} nodes running",
+            calls_of("task_sleep")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for id in &runs {
+        let run = host.workflows.get(id, false).await.unwrap();
+        assert!(
+            !run.status.is_finished(),
+            "a task ended before all were made: {run:?}"
+        );
+    }
+    for (i, id) in runs.iter().enumerate() {
+        let run = host.finish(id).await;
+        assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
+        let output = run.output.as_ref().unwrap();
+        assert_eq!(
+            text_of(&output["result"]),
+            "slept 8000ms as a task",
+            "{output}"
+        );
+        assert_eq!(
+            text_of(&output["before"][0]),
+            format!("run {i}"),
+            "{output}"
+        );
+        let calls = serde_json::to_value(step(&run, "main").calls.as_ref().unwrap()).unwrap();
+        let journaled: Vec<_> = calls
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| (c["attempt"].clone(), c["seq"].clone(), c["name"].clone()))
+            .collect();
+        assert_eq!(
+            journaled,
+            [
+                (json!(1), json!(1), json!("fixture.echo")),
+                (json!(1), json!(2), json!("fixture.task_sleep")),
+            ],
+            "{calls}"
+        );
+    }
+    assert_eq!(calls_of("echo"), 3, "an earlier call was made again");
+    assert_eq!(calls_of("task_sleep"), 3, "a task's call was made again");
+    let log = host
+        .pool
+        .call_tool("fixture", "call_log", serde_json::Map::new(), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        log["structuredContent"]["cancelled"],
+        json!([]),
+        "a parked step cancelled its task: {log}"
+    );
+    host.close().await;
+}
+
 /// Waits until step `step` of run `run_id` shows an open question; returns it.
 async fn question_of(host: &Host, run_id: &str, step: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -253,6 +253,12 @@ pub trait TaskLedger: Send + Sync {
     async fn task_of(&self, key: &str) -> Option<String>;
     /// Keeps the task a call with `key` made on `connection`.
     async fn task_started(&self, key: &str, connection: &str, task_id: &str);
+    /// Whether a call dropped before its task ended leaves the task running
+    /// upstream: its step let go of its node while the task works, and
+    /// follows the task on without it.
+    fn keeps_task(&self) -> bool {
+        false
+    }
 }
 
 /// Where a call's progress reports go.
@@ -288,6 +294,15 @@ pub struct JournalEntry {
     pub result: Value,
 }
 
+/// A call answered without being made again ([`CallJournal::replayed`]).
+#[derive(Debug, Clone)]
+pub struct Replayed {
+    pub result: Result<Value, CapabilityError>,
+    /// Not in the journal yet (the call the node waited on): record it, as
+    /// taking `duration`.
+    pub record: Option<std::time::Duration>,
+}
+
 /// Where a run's capability calls are recorded (a workflow step attempt's
 /// journal), and the prefix of their idempotency keys.
 #[async_trait]
@@ -297,6 +312,18 @@ pub trait CallJournal: Send + Sync {
     fn key_prefix(&self) -> &str;
     /// Records a finished call. Called before the node sees the result.
     async fn record(&self, entry: JournalEntry);
+    /// A call is about to be made (its arguments as the journal keeps them).
+    fn calling(&self, seq: u32, name: &str, arguments: &Value) {
+        let _ = (seq, name, arguments);
+    }
+    /// The answer this call already has, when the node runs again after it
+    /// let go of its instance (see the engine's parking): the node's earlier
+    /// calls, and the call it waited on, are answered without being made
+    /// again. `None`: make the call.
+    fn replayed(&self, seq: u32, name: &str, arguments: &Value) -> Option<Replayed> {
+        let _ = (seq, name, arguments);
+        None
+    }
     /// The latest progress a running call reported. Must return at once.
     fn progress(&self, progress: Progress) {
         let _ = progress;
@@ -645,17 +672,31 @@ impl CapabilityCtx {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             + 1;
         let started = std::time::Instant::now();
-        let result = call(Some(format!("{}/{seq}", journal.key_prefix()))).await;
         let arguments = arguments.map_or(Value::Null, |text| {
             serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
         });
+        let (result, duration) = match journal.replayed(seq, name, &arguments) {
+            Some(Replayed {
+                result,
+                record: None,
+            }) => return result,
+            Some(Replayed {
+                result,
+                record: Some(duration),
+            }) => (result, duration),
+            None => {
+                journal.calling(seq, name, &arguments);
+                let result = call(Some(format!("{}/{seq}", journal.key_prefix()))).await;
+                (result, started.elapsed())
+            }
+        };
         journal
             .record(JournalEntry {
                 seq,
                 name: name.to_owned(),
                 arguments,
                 error_code: result.as_ref().err().map(CapabilityError::code),
-                duration: started.elapsed(),
+                duration,
                 result: match &result {
                     Ok(value) => value.clone(),
                     Err(e) => {

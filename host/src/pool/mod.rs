@@ -634,6 +634,7 @@ async fn follow_task(
     let mut guard = CancelTaskOnDrop {
         peer: Some((peer.clone(), task_id.clone())),
         keep: tasks.keep.clone(),
+        ledger: tasks.ledger.as_ref().map(|(_, ledger)| ledger.clone()),
     };
     loop {
         tokio::time::sleep(
@@ -782,10 +783,13 @@ fn to_elicit_result(answer: Answer) -> rmcp::model::ElicitResult {
 }
 
 /// Cancels a task (`tasks/cancel`) whose call ended before it did, unless
-/// the host is stopping (the next start follows it again).
+/// the host is stopping (the next start follows it again) or the call's
+/// step let go of its node to follow the task without it
+/// ([`crate::capability::TaskLedger::keeps_task`]).
 struct CancelTaskOnDrop {
     peer: Option<(rmcp::Peer<rmcp::RoleClient>, String)>,
     keep: Arc<std::sync::atomic::AtomicBool>,
+    ledger: Option<Arc<dyn crate::capability::TaskLedger>>,
 }
 
 impl Drop for CancelTaskOnDrop {
@@ -793,7 +797,8 @@ impl Drop for CancelTaskOnDrop {
         let Some((peer, task_id)) = self.peer.take() else {
             return;
         };
-        if self.keep.load(Ordering::Acquire) {
+        if self.keep.load(Ordering::Acquire) || self.ledger.as_ref().is_some_and(|l| l.keeps_task())
+        {
             return;
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {

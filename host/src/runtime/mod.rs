@@ -499,6 +499,11 @@ impl Runtime {
         self.pagemap_scan
     }
 
+    /// Where the nodes' capability calls go.
+    pub fn backend(&self) -> &Arc<dyn CapabilityBackend> {
+        &self.backend
+    }
+
     /// The runtime's default limits.
     pub fn limits(&self) -> Limits {
         self.limits

@@ -24,8 +24,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::definition::{Definition, Spec, Step};
 use super::events::Events;
+use super::parking::{Answered, PARK_AFTER, Parked, Parking};
 use crate::capability::{CallJournal, JournalEntry, Progress, truncate_utf8};
-use crate::runtime::{Node, RunError, RunOptions, Runtime};
+use crate::runtime::{Node, RunError, RunOptions, RunReport, Runtime};
 use crate::store::{
     CallRow, Failure, Fence, RunStatus, STEP_LOG, StepRow, StepStatus, Store, StoreError,
     Transition, now_text,
@@ -47,6 +48,8 @@ struct StepJournal {
     signals: tokio::sync::watch::Receiver<u64>,
     /// The workflow's `redact` fields.
     redact: Arc<Spec>,
+    /// This node run's calls, for a step that parks ([`super::parking`]).
+    parking: Arc<Parking>,
 }
 
 /// The signal that answers the question step `step_id` (item `item`) was
@@ -165,6 +168,7 @@ impl crate::capability::Elicitor for StepElicitor {
 struct RunTasks {
     store: Arc<dyn Store>,
     run_id: String,
+    parking: Arc<Parking>,
 }
 
 #[async_trait::async_trait]
@@ -187,6 +191,11 @@ impl crate::capability::TaskLedger for RunTasks {
         {
             tracing::warn!(run = %self.run_id, "cannot keep the call's upstream task: {e}");
         }
+        self.parking.task_started(key, connection, task_id);
+    }
+
+    fn keeps_task(&self) -> bool {
+        self.parking.keeps_task()
     }
 }
 
@@ -226,10 +235,25 @@ impl CallJournal for StepJournal {
         Some(Arc::new(RunTasks {
             store: self.store.clone(),
             run_id: self.run_id.clone(),
+            parking: self.parking.clone(),
         }))
     }
 
+    fn calling(&self, seq: u32, name: &str, arguments: &Value) {
+        self.parking.calling(seq, name, arguments);
+    }
+
+    fn replayed(
+        &self,
+        seq: u32,
+        name: &str,
+        arguments: &Value,
+    ) -> Option<crate::capability::Replayed> {
+        self.parking.replayed(seq, name, arguments)
+    }
+
     async fn record(&self, entry: JournalEntry) {
+        self.parking.recorded(&entry);
         if entry.seq > MAX_JOURNALED_CALLS {
             if entry.seq == MAX_JOURNALED_CALLS + 1 {
                 tracing::warn!(run = %self.run_id, step = %self.step_id,
@@ -1361,6 +1385,109 @@ async fn step_input(step: &Step, data: &Value, item: Option<usize>) -> Result<Va
     })
 }
 
+/// The journal of a node run of `step` (item `item`) in `attempt`, given
+/// `answers` when the run before it parked.
+fn step_journal(
+    ctx: &RunCtx,
+    step: &Step,
+    item: u32,
+    attempt: u32,
+    answers: Vec<Answered>,
+) -> StepJournal {
+    let prefix = format!("{}/{}/{item}", ctx.run_id, step.spec.id);
+    StepJournal {
+        store: ctx.store.clone(),
+        run_id: ctx.run_id.clone(),
+        step_id: step.spec.id.clone(),
+        item,
+        attempt,
+        parking: Arc::new(Parking::new(prefix.clone(), answers)),
+        prefix,
+        progress: ctx.progress.clone(),
+        events: ctx.events.clone(),
+        fence: ctx.fence.clone(),
+        signals: ctx.signals.clone(),
+        redact: ctx.def.spec.clone(),
+    }
+}
+
+/// A parked step ([`super::parking`]): its node run was stopped while its
+/// call waited on an upstream task; the step follows that task itself,
+/// holding no instance and no step slot, and gives back the answers the next
+/// run of the node gets. The call is made again with its idempotency key,
+/// which finds the task kept under it, so the pool follows the task (it
+/// calls the tool again only when the server no longer knows the task).
+/// A stop drops the call, which cancels the task upstream (not on a host
+/// shutdown: the next start follows it).
+async fn follow_parked(
+    ctx: &RunCtx,
+    step: &Step,
+    journal: &StepJournal,
+    parked: Parked,
+    stop: &CancellationToken,
+) -> Result<Vec<Answered>, Outcome> {
+    use crate::capability::{
+        CallExtras, IDEMPOTENCY_META_KEY, split_qualified, tool_result_to_outcome,
+    };
+    tracing::info!(run = %ctx.run_id, step = %step.spec.id, item = journal.item,
+        connection = %parked.connection, task = %parked.task_id,
+        "the step's call waits on an upstream task; its node is let go until the task ends");
+    ctx.events
+        .emit(
+            &ctx.run_id,
+            "step.parked",
+            json!({"step": step.spec.id, "item": journal.item, "call": parked.name,
+                   "connection": parked.connection, "task": parked.task_id}),
+        )
+        .await;
+    journal.progress(Progress {
+        progress: 0.0,
+        total: None,
+        message: Some(format!(
+            "waiting for task `{}` of `{}`",
+            parked.task_id, parked.name
+        )),
+    });
+    let _asleep = ctx.asleep.enter();
+    // The follow's own ledger: it keeps no task when dropped.
+    let follower = Arc::new(step_journal(
+        ctx,
+        step,
+        journal.item,
+        journal.attempt,
+        Vec::new(),
+    ));
+    let follow = async {
+        let (connection, tool) = split_qualified(&parked.name)?;
+        let Value::Object(arguments) = parked.arguments.clone() else {
+            return Err(crate::capability::CapabilityError::InvalidArguments(
+                "arguments must be a JSON object".into(),
+            ));
+        };
+        let mut extras = CallExtras::default();
+        extras.meta.insert(
+            IDEMPOTENCY_META_KEY.into(),
+            Value::String(parked.key.clone()),
+        );
+        extras.tasks = follower.tasks().map(|ledger| (parked.key.clone(), ledger));
+        extras.elicit = follower.elicitor();
+        let follower = follower.clone();
+        extras.progress = Some(Arc::new(move |p: Progress| follower.progress(p)));
+        ctx.runtime
+            .backend()
+            .call_tool_with(connection, tool, arguments, extras)
+            .await
+            .and_then(tool_result_to_outcome)
+    };
+    let result = tokio::select! {
+        result = follow => result,
+        _ = stop.cancelled() => return Err(Outcome::Interrupted),
+    };
+    tracing::info!(run = %ctx.run_id, step = %step.spec.id, item = journal.item,
+        task = %parked.task_id, ok = result.is_ok(), "the upstream task ended; the node runs again");
+    Ok(parked.answers(result))
+}
+
 /// Runs the node on one input, retrying as the step's policy says.
 ///
 /// An attempt's log records become a `step.log` event. With `deferred`, the
@@ -1381,9 +1508,22 @@ async fn run_item(
     let text = input.to_string();
     let mut tries = 0u32;
     let mut attempt = attempts.load(Ordering::Relaxed);
+    // The answers a run of the node after a parked one is given.
+    let mut answers: Vec<Answered> = Vec::new();
     loop {
-        tries += 1;
-        let result = {
+        // A run after a parked one goes on with the same attempt.
+        if answers.is_empty() {
+            tries += 1;
+        }
+        let item_no = item.unwrap_or(0) as u32;
+        let journal = Arc::new(step_journal(
+            ctx,
+            step,
+            item_no,
+            attempt,
+            std::mem::take(&mut answers),
+        ));
+        let ran = {
             let permit = tokio::select! {
                 permit = ctx.slots.acquire() => permit,
                 _ = stop.cancelled() => return Err(Outcome::Interrupted),
@@ -1393,38 +1533,49 @@ async fn run_item(
                 Some(i) => format!("{}/{}/{i}", ctx.run_id, step.spec.id),
                 None => format!("{}/{}", ctx.run_id, step.spec.id),
             };
-            let item = item.unwrap_or(0) as u32;
-            let journal = StepJournal {
-                store: ctx.store.clone(),
-                run_id: ctx.run_id.clone(),
-                step_id: step.spec.id.clone(),
-                item,
-                attempt,
-                prefix: format!("{}/{}/{item}", ctx.run_id, step.spec.id),
-                progress: ctx.progress.clone(),
-                events: ctx.events.clone(),
-                fence: ctx.fence.clone(),
-                signals: ctx.signals.clone(),
-                redact: ctx.def.spec.clone(),
-            };
+            let cancel = stop.child_token();
             let opts = RunOptions {
                 run_id,
                 limits: Some(step.limits),
-                cancel: stop.child_token(),
+                cancel: cancel.clone(),
                 grants: step.grants.clone(),
-                journal: Some(Arc::new(journal)),
+                journal: Some(journal.clone()),
                 span: span.clone(),
             };
-            let report = ctx.runtime.run(node, &text, opts).await;
-            if !report.logs.is_empty() {
-                let data = json!({"step": step.spec.id, "item": item, "attempt": attempt, "records": report.logs});
-                match deferred.as_deref_mut() {
-                    Some(slot) => *slot = Some(data),
-                    None => ctx.events.emit(&ctx.run_id, STEP_LOG, data).await,
+            let run = ctx.runtime.run(node, &text, opts);
+            tokio::pin!(run);
+            tokio::select! {
+                report = &mut run => (report, None),
+                parked = journal.parking.parks(PARK_AFTER) => {
+                    // Stopped like a cancel; its call's task is kept.
+                    cancel.cancel();
+                    (run.await, Some(parked))
                 }
             }
-            report.result
         };
+        let report = match ran {
+            // Parked (not stopped by the run's own cancel or deadline): its
+            // logs are what the next run logs again.
+            (
+                RunReport {
+                    result: Err(RunError::Cancelled),
+                    ..
+                },
+                Some(parked),
+            ) if !stop.is_cancelled() => {
+                answers = follow_parked(ctx, step, &journal, parked, stop).await?;
+                continue;
+            }
+            (report, _) => report,
+        };
+        if !report.logs.is_empty() {
+            let data = json!({"step": step.spec.id, "item": item_no, "attempt": attempt, "records": report.logs});
+            match deferred.as_deref_mut() {
+                Some(slot) => *slot = Some(data),
+                None => ctx.events.emit(&ctx.run_id, STEP_LOG, data).await,
+            }
+        }
+        let result = report.result;
         let failure = match result {
             Ok(output) => {
                 return serde_json::from_str(&output)

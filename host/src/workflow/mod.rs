@@ -14,6 +14,7 @@ mod flow;
 mod maintenance;
 mod mcp;
 mod mode;
+mod parking;
 mod run;
 pub mod schedule;
 pub mod signal;

@@ -1,0 +1,353 @@
+//! A step that lets go of its node while an upstream task works.
+//!
+//! A node's tool call that the server makes a task (the tasks extension)
+//! can take minutes or hours. The node has nothing else to do meanwhile: its
+//! one call is pending. So once the call has followed its task for
+//! [`PARK_AFTER`], the step *parks*: the node run is stopped (its instance,
+//! memory and step slot freed; the task is left running upstream), the step
+//! follows the task on its own, and when the task ends the node runs again
+//! from the start. That run gets the answers of its earlier calls and of the
+//! call it waited on from memory, without making them again, and goes on
+//! from there as if it had never stopped.
+//!
+//! The answers are kept only while they fit in [`MAX_REMEMBERED`]; a node
+//! whose calls so far answered more keeps its instance, as before. If the
+//! node runs again differently (another call where an answered one was), its
+//! calls from there on are made for real, and a warning says so.
+//!
+//! What is durable is what was before: the task's id is kept with the call's
+//! idempotency key ([`crate::capability::TaskLedger`]), so after a crash the
+//! step runs again and its call follows the same task.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::capability::{CapabilityError, JournalEntry, Replayed};
+
+/// How long a call follows its task with its node held before the step
+/// parks: a task that ends sooner costs no second run of the node.
+pub(super) const PARK_AFTER: Duration = Duration::from_secs(1);
+
+/// The most bytes of answers (and their arguments) a node run keeps for a
+/// run after parking.
+const MAX_REMEMBERED: usize = 4 << 20;
+
+/// A call of a node run and its answer.
+#[derive(Debug, Clone)]
+pub(super) struct Answered {
+    seq: u32,
+    name: String,
+    arguments: Value,
+    result: Result<Value, CapabilityError>,
+    /// Not journaled yet: the call the parked run waited on, and how long
+    /// that took.
+    unrecorded: Option<Duration>,
+}
+
+/// The call a parked step waits on, and what its node run had answered
+/// before it.
+#[derive(Debug)]
+pub(super) struct Parked {
+    pub seq: u32,
+    /// Its idempotency key: the key its task is kept under.
+    pub key: String,
+    pub connection: String,
+    pub task_id: String,
+    /// `<connection>.<tool>`.
+    pub name: String,
+    pub arguments: Value,
+    /// When the call was made.
+    pub since: Instant,
+    earlier: Vec<Answered>,
+}
+
+impl Parked {
+    /// The answers a run of the node after this one is given: its earlier
+    /// calls', and `result` for the call it waited on.
+    pub fn answers(self, result: Result<Value, CapabilityError>) -> Vec<Answered> {
+        let mut answers = self.earlier;
+        answers.push(Answered {
+            seq: self.seq,
+            name: self.name,
+            arguments: self.arguments,
+            result,
+            unrecorded: Some(self.since.elapsed()),
+        });
+        answers
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// This run's calls and their answers, in order; `None` once past
+    /// [`MAX_REMEMBERED`] (the run cannot park).
+    answered: Option<Vec<Answered>>,
+    bytes: usize,
+    /// The call in flight: its seq, name, arguments and start.
+    calling: Option<(u32, String, Value, Instant)>,
+    /// The task the call in flight made: its key, connection and id.
+    task: Option<(String, String, String)>,
+    /// The answers this run is given (from the run before it parked), by
+    /// seq order; dropped at the first call that differs.
+    replay: std::collections::VecDeque<Answered>,
+}
+
+/// One node run's calls, as far as parking needs them: what they answered,
+/// the call in flight and the task it made.
+pub(super) struct Parking {
+    state: Mutex<State>,
+    changed: tokio::sync::Notify,
+    /// Set when the run parks: its call's task is left running.
+    parked: AtomicBool,
+    /// Which run and step, for the warning on a divergence.
+    label: String,
+}
+
+impl Parking {
+    /// A node run given `replay`: the answers of the run before it, when
+    /// that one parked (empty otherwise).
+    pub fn new(label: String, replay: Vec<Answered>) -> Parking {
+        Parking {
+            state: Mutex::new(State {
+                answered: Some(Vec::new()),
+                replay: replay.into(),
+                ..State::default()
+            }),
+            changed: tokio::sync::Notify::new(),
+            parked: AtomicBool::new(false),
+            label,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The answer for call `seq`, when the run before had it and the node
+    /// makes the same call.
+    pub fn replayed(&self, seq: u32, name: &str, arguments: &Value) -> Option<Replayed> {
+        let mut state = self.lock();
+        let next = state.replay.front()?;
+        if next.seq != seq || next.name != name || next.arguments != *arguments {
+            tracing::warn!(run = %self.label, seq, call = name,
+                "the node ran differently after its step parked; its calls from here on are made again");
+            state.replay.clear();
+            return None;
+        }
+        let answer = state.replay.pop_front()?;
+        let replayed = Replayed {
+            result: answer.result.clone(),
+            record: answer.unrecorded,
+        };
+        if answer.unrecorded.is_none() {
+            // Journaled before: remembered here, as `recorded` would.
+            remember(&mut state, answer);
+        }
+        Some(replayed)
+    }
+
+    /// Call `seq` is about to be made.
+    pub fn calling(&self, seq: u32, name: &str, arguments: &Value) {
+        let mut state = self.lock();
+        if state.answered.is_some() {
+            state.calling = Some((seq, name.to_owned(), arguments.clone(), Instant::now()));
+            state.task = None;
+        }
+    }
+
+    /// A call ended (it is being journaled): remembered with its answer.
+    pub fn recorded(&self, entry: &JournalEntry) {
+        let mut state = self.lock();
+        if state
+            .calling
+            .as_ref()
+            .is_some_and(|(seq, ..)| *seq == entry.seq)
+        {
+            state.calling = None;
+            state.task = None;
+        }
+        if state.answered.is_none() {
+            return;
+        }
+        let result = match entry.error_code {
+            None => Ok(entry.result.clone()),
+            Some(_) => Err(CapabilityError::from_json(&entry.result["error"])),
+        };
+        let answer = Answered {
+            seq: entry.seq,
+            name: entry.name.clone(),
+            arguments: entry.arguments.clone(),
+            result,
+            unrecorded: None,
+        };
+        remember(&mut state, answer);
+    }
+
+    /// The call with `key` made a task.
+    pub fn task_started(&self, key: &str, connection: &str, task_id: &str) {
+        let mut state = self.lock();
+        let seq = key.rsplit('/').next().and_then(|s| s.parse::<u32>().ok());
+        if state
+            .calling
+            .as_ref()
+            .is_some_and(|(calling, ..)| Some(*calling) == seq)
+        {
+            state.task = Some((key.to_owned(), connection.to_owned(), task_id.to_owned()));
+            drop(state);
+            self.changed.notify_one();
+        }
+    }
+
+    /// Whether the run parked (its call's task is to be left running).
+    pub fn keeps_task(&self) -> bool {
+        self.parked.load(Ordering::Acquire)
+    }
+
+    /// Resolves once a call of the run has followed its task for `after`
+    /// and is still waiting on it (and the run's answers fit): the run is
+    /// then parked, and is to be stopped. Pending otherwise.
+    pub async fn parks(&self, after: Duration) -> Parked {
+        loop {
+            let notified = self.changed.notified();
+            let waiting = self.lock().task.clone();
+            let Some(task) = waiting else {
+                notified.await;
+                continue;
+            };
+            tokio::time::sleep(after).await;
+            let mut state = self.lock();
+            if state.task.as_ref() != Some(&task) || state.answered.is_none() {
+                continue;
+            }
+            let Some((seq, name, arguments, since)) = state.calling.clone() else {
+                continue;
+            };
+            let (key, connection, task_id) = task;
+            self.parked.store(true, Ordering::Release);
+            return Parked {
+                seq,
+                key,
+                connection,
+                task_id,
+                name,
+                arguments,
+                since,
+                earlier: state.answered.take().unwrap_or_default(),
+            };
+        }
+    }
+}
+
+/// Keeps `answer` for a run after parking, unless the run's answers would
+/// then exceed [`MAX_REMEMBERED`] (it can no longer park).
+fn remember(state: &mut State, answer: Answered) {
+    let size = answer.name.len()
+        + answer.arguments.to_string().len()
+        + match &answer.result {
+            Ok(value) => value.to_string().len(),
+            Err(e) => e.message().len(),
+        };
+    state.bytes += size;
+    if state.bytes > MAX_REMEMBERED {
+        state.answered = None;
+        return;
+    }
+    if let Some(answered) = &mut state.answered {
+        answered.push(answer);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A short [`PARK_AFTER`], in real time.
+    const AFTER: Duration = Duration::from_millis(50);
+
+    fn entry(seq: u32, name: &str, result: Value) -> JournalEntry {
+        JournalEntry {
+            seq,
+            name: name.into(),
+            arguments: json!({"n": seq}),
+            error_code: None,
+            duration: Duration::ZERO,
+            result,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_call_following_its_task_parks_with_the_answers_before_it() {
+        let parking = Parking::new("r/s".into(), Vec::new());
+        parking.calling(1, "c.one", &json!({"n": 1}));
+        parking.recorded(&entry(1, "c.one", json!("first")));
+        parking.calling(2, "c.long", &json!({"n": 2}));
+        parking.task_started("r/s/0/2", "c", "t-1");
+        let parked = parking.parks(AFTER).await;
+        assert!(parking.keeps_task());
+        assert_eq!(
+            (parked.seq, parked.task_id.as_str(), parked.name.as_str()),
+            (2, "t-1", "c.long")
+        );
+        assert_eq!(parked.key, "r/s/0/2");
+
+        // The next run is answered both calls, and journals only the second.
+        let again = Parking::new("r/s".into(), parked.answers(Ok(json!("done"))));
+        let first = again.replayed(1, "c.one", &json!({"n": 1})).unwrap();
+        assert_eq!(first.result, Ok(json!("first")));
+        assert_eq!(first.record, None);
+        let second = again.replayed(2, "c.long", &json!({"n": 2})).unwrap();
+        assert_eq!(second.result, Ok(json!("done")));
+        assert!(second.record.is_some());
+        assert!(again.replayed(3, "c.more", &json!({})).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_task_that_ends_in_time_parks_nothing() {
+        let parking = Parking::new("r/s".into(), Vec::new());
+        parking.calling(1, "c.long", &json!({"n": 1}));
+        parking.task_started("r/s/0/1", "c", "t-1");
+        let parks = parking.parks(AFTER);
+        let ended = async {
+            tokio::time::sleep(AFTER / 2).await;
+            parking.recorded(&entry(1, "c.long", json!("done")));
+            tokio::time::sleep(AFTER * 10).await;
+        };
+        tokio::select! {
+            _ = parks => panic!("parked after the call ended"),
+            () = ended => {}
+        }
+        assert!(!parking.keeps_task());
+    }
+
+    #[test]
+    fn a_node_that_runs_differently_makes_its_calls_again() {
+        let answers = vec![Answered {
+            seq: 1,
+            name: "c.one".into(),
+            arguments: json!({"n": 1}),
+            result: Ok(json!("first")),
+            unrecorded: None,
+        }];
+        let again = Parking::new("r/s".into(), answers);
+        assert!(again.replayed(1, "c.other", &json!({"n": 1})).is_none());
+        // And no later answer is used either.
+        assert!(again.replayed(1, "c.one", &json!({"n": 1})).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_run_whose_answers_are_too_big_never_parks() {
+        let parking = Parking::new("r/s".into(), Vec::new());
+        parking.calling(1, "c.big", &json!({"n": 1}));
+        parking.recorded(&entry(1, "c.big", json!("x".repeat(MAX_REMEMBERED))));
+        parking.calling(2, "c.long", &json!({"n": 2}));
+        parking.task_started("r/s/0/2", "c", "t-1");
+        tokio::select! {
+            _ = parking.parks(AFTER) => panic!("parked without its answers"),
+            () = tokio::time::sleep(AFTER * 10) => {}
+        }
+    }
+}
