@@ -15,7 +15,12 @@
 //!    `echo.wasm` with no call (d), the pool's `CapabilityBackend::call_tool`
 //!    with its catalog and schema checks (e), `call.wasm` against an in-process
 //!    backend that answers at once (f) or from another task (g), and the
-//!    backend call as seen from inside (a) (a').
+//!    backend call as seen from inside (a) (a'), and (a) with the run on a
+//!    thread of its own that it never leaves (h).
+//! 4. (a) and (b) again against every server, the Python and Node ones
+//!    included: what a node adds to a real server's round trip. Here the
+//!    bare client speaks the revision the pool negotiates (2026-07-28 where
+//!    the server has it), so both sides pay the same per-request work.
 //!
 //! `WF_BENCH_PART=3` skips parts 1 and 2. For profiling part 3,
 //! `WF_BENCH_ONLY=<0..6>` runs one of its modes ((a) is 0) and
@@ -35,7 +40,7 @@ use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, ProtocolVersion,
 };
 use rmcp::transport::TokioChildProcess;
-use rmcp::{ClientHandler, ServiceExt};
+use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, ServiceExt};
 use serde_json::{Map, Value, json};
 use wf_host::capability::{CapabilityBackend, CapabilityEntry, CapabilityError};
 use wf_host::config::ConnectionConfig;
@@ -56,7 +61,13 @@ const NODE_PER_ROUND: usize = 400;
 const WARMUP: usize = 200;
 
 const POOLED_GOAL: f64 = 20.0;
-const NODE_GOAL: f64 = 1.3;
+/// Part 3: what a node adds to the fixture's round trip, (a) − (b), in µs.
+const NODE_GOAL_US: f64 = 50.0;
+/// Part 4: (a) / (b) against the Python and Node SDK servers.
+const SDK_NODE_GOAL: f64 = 1.1;
+/// Part 4: rounds and samples per round, mode and server.
+const SERVER_ROUNDS: usize = 10;
+const SERVER_PER_ROUND: usize = 100;
 /// Generous: a cold Python interpreter importing `mcp` takes seconds on a busy
 /// machine.
 const FRESH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -127,6 +138,7 @@ fn main() {
                 pooled_vs_fresh(&pool, &servers).await;
             }
             node_vs_bare(&pool).await;
+            node_vs_bare_per_server(&pool, &servers).await;
             pool.shutdown().await;
         })
         .await
@@ -451,8 +463,10 @@ async fn node_vs_bare(pool: &Pool) {
         pool: pool.clone(),
         inside: std::sync::Mutex::default(),
     });
-    let runtime = Runtime::new(RuntimeConfig::default(), timed.clone())
-        .expect("runtime with the pool as backend");
+    let runtime = Arc::new(
+        Runtime::new(RuntimeConfig::default(), timed.clone())
+            .expect("runtime with the pool as backend"),
+    );
     let node = runtime
         .load(&call_wasm)
         .unwrap_or_else(|e| panic!("{e}; build the guests with ./plugins/build.sh"));
@@ -498,6 +512,28 @@ async fn node_vs_bare(pool: &Pool) {
         let output: Value = serde_json::from_str(&output).expect("call.wasm output is JSON");
         assert!(is_echo(&output), "call.wasm output: {output}");
         elapsed
+    };
+    // (h): (a) with the run on a thread of its own, a current-thread tokio
+    // runtime, so it resumes where its instance is warm after the wait;
+    // the pool stays on the bench's runtime. Includes the hop there and back.
+    let pinned = RunThread::start();
+    let run_pinned = || {
+        let (runtime, node, options) = (runtime.clone(), node.clone(), options.clone());
+        let handle = pinned.handle.clone();
+        async move {
+            let start = Instant::now();
+            let report = handle
+                .spawn(async move { runtime.run(&node, input, options).await })
+                .await
+                .expect("the pinned run");
+            let elapsed = start.elapsed();
+            let output = report
+                .result
+                .unwrap_or_else(|e| panic!("call.wasm (pinned) failed: {e}"));
+            let output: Value = serde_json::from_str(&output).expect("call.wasm output is JSON");
+            assert!(is_echo(&output), "call.wasm (pinned) output: {output}");
+            elapsed
+        }
     };
     let run_echo = || async {
         let start = Instant::now();
@@ -545,6 +581,7 @@ async fn node_vs_bare(pool: &Pool) {
         run_backend().await;
         run_in_process(&instant, &instant_node).await;
         run_in_process(&hop, &hop_node).await;
+        run_pinned().await;
     }
     timed.inside.lock().unwrap().clear();
     let names = [
@@ -555,6 +592,7 @@ async fn node_vs_bare(pool: &Pool) {
         "(e) CapabilityBackend::call_tool",
         "(f) Runtime::run call.wasm, no I/O",
         "(g) (f), answer from another task",
+        "(h) (a), run pinned to its thread",
     ];
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); names.len()];
     // For profiling: `WF_BENCH_ONLY=<mode index>` runs one mode, and
@@ -582,7 +620,8 @@ async fn node_vs_bare(pool: &Pool) {
                     3 => run_echo().await,
                     4 => run_backend().await,
                     5 => run_in_process(&instant, &instant_node).await,
-                    _ => run_in_process(&hop, &hop_node).await,
+                    6 => run_in_process(&hop, &hop_node).await,
+                    _ => run_pinned().await,
                 };
                 samples[mode].push(d);
             }
@@ -602,16 +641,22 @@ async fn node_vs_bare(pool: &Pool) {
     for (name, s) in names.iter().zip(&stats) {
         s.print(name);
     }
+    drop(pinned);
     let inside = Stats::of(&mut timed.inside.lock().unwrap());
     inside.print("(a') the backend call inside (a)");
-    let ratio = stats[0].median_us / stats[1].median_us;
+    let added = stats[0].median_us - stats[1].median_us;
     println!(
-        "    ratio (a) / (b), median: {ratio:.2}x   goal <= {NODE_GOAL}x: {}",
-        verdict(ratio <= NODE_GOAL)
+        "    (a) - (b), medians: {added:+.1} µs   goal <= {NODE_GOAL_US:.0} µs: {}   ratio (a) / (b): {:.2}x",
+        verdict(added <= NODE_GOAL_US),
+        stats[0].median_us / stats[1].median_us
     );
     println!(
         "    ratio (c) / (b), median: {:.2}x",
         stats[2].median_us / stats[1].median_us
+    );
+    println!(
+        "    (h) - (b), the run pinned to its thread, medians: {:+.1} µs",
+        stats[7].median_us - stats[1].median_us
     );
     let [a, b, c, d, e, f, g] = [0, 1, 2, 3, 4, 5, 6].map(|i| stats[i].median_us);
     println!("    split of (a), medians:");
@@ -638,6 +683,144 @@ async fn node_vs_bare(pool: &Pool) {
         inside.median_us - e,
         g - f
     );
+}
+
+/// A thread that runs a current-thread tokio runtime until dropped.
+struct RunThread {
+    handle: tokio::runtime::Handle,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RunThread {
+    fn start() -> RunThread {
+        let (handle_tx, handle_rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("the run thread's runtime");
+            handle_tx.send(rt.handle().clone()).expect("bench waits");
+            let _ = rt.block_on(stopped);
+        });
+        let handle = handle_rx.recv().expect("the run thread started");
+        RunThread {
+            handle,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for RunThread {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Part 4: (a) and (b) of part 3 against every server, the SDK servers
+/// included: a node's `<server>.echo` through the pool against a bare rmcp
+/// client on one persistent session to a server of its own, interleaved.
+async fn node_vs_bare_per_server(pool: &Pool, servers: &[Server]) {
+    let runtime = Runtime::new(RuntimeConfig::default(), Arc::new(pool.clone()))
+        .expect("runtime with the pool as backend");
+    let node = runtime
+        .load(&repo_root().join("plugins/call.wasm"))
+        .unwrap_or_else(|e| panic!("{e}; build the guests with ./plugins/build.sh"));
+    println!();
+    println!(
+        "4. echo from a node vs a bare client, per server ({SERVER_ROUNDS} interleaved rounds x {SERVER_PER_ROUND})"
+    );
+    for server in servers {
+        let capability = format!("{}.echo", server.name);
+        let input = json!({"capability": capability, "arguments": {"text": "hi"}}).to_string();
+        let options = RunOptions {
+            grants: Arc::new(Grants::new([capability.as_str()]).expect("valid grant")),
+            ..Default::default()
+        };
+        let mut cmd = tokio::process::Command::new(&server.program);
+        cmd.args(&server.args).kill_on_drop(true);
+        let (transport, _) = TokioChildProcess::builder(cmd)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn the {} server: {e}", server.name));
+        // At the revision the pool negotiates: a server of 2026-07-28 does
+        // more per request (self-contained request metadata).
+        let bare = BenchClient
+            .serve_with_lifecycle(
+                transport,
+                ClientLifecycleMode::Auto {
+                    preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+                    legacy_version: Some(ProtocolVersion::LATEST_WITH_INITIALIZE),
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("initialize the {} server: {e}", server.name));
+        let peer = bare.peer().clone();
+        let revision = peer
+            .peer_info()
+            .map(|info| info.protocol_version.to_string())
+            .unwrap_or_default();
+        let run_node = || async {
+            let start = Instant::now();
+            let report = runtime.run(&node, &input, options.clone()).await;
+            let elapsed = start.elapsed();
+            let output = report
+                .result
+                .unwrap_or_else(|e| panic!("call.wasm -> {capability} failed: {e}"));
+            let output: Value = serde_json::from_str(&output).expect("call.wasm output is JSON");
+            assert!(is_echo(&output), "call.wasm -> {capability}: {output}");
+            elapsed
+        };
+        let run_bare = || async {
+            let start = Instant::now();
+            let result = peer.call_tool(echo_params()).await;
+            let elapsed = start.elapsed();
+            let result = serde_json::to_value(result.expect("bare echo")).unwrap_or_default();
+            assert!(is_echo(&result), "bare echo on {}: {result}", server.name);
+            elapsed
+        };
+        for _ in 0..WARMUP {
+            run_node().await;
+            run_bare().await;
+        }
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for round in 0..SERVER_ROUNDS {
+            for k in 0..2 {
+                for _ in 0..SERVER_PER_ROUND {
+                    if (round + k) % 2 == 0 {
+                        a.push(run_node().await);
+                    } else {
+                        b.push(run_bare().await);
+                    }
+                }
+            }
+        }
+        let _ = bare.cancel().await;
+        let (a, b) = (Stats::of(&mut a), Stats::of(&mut b));
+        println!("  [{}] protocol {revision}", server.name);
+        a.print("(a) Runtime::run call.wasm via pool");
+        b.print("(b) bare rmcp peer.call_tool");
+        let (added, ratio) = (a.median_us - b.median_us, a.median_us / b.median_us);
+        let goal = if server.name == "fixture" {
+            format!(
+                "goal (a) - (b) <= {NODE_GOAL_US:.0} µs: {}",
+                verdict(added <= NODE_GOAL_US)
+            )
+        } else {
+            format!(
+                "goal (a) / (b) <= {SDK_NODE_GOAL}x: {}",
+                verdict(ratio <= SDK_NODE_GOAL)
+            )
+        };
+        println!("    (a) - (b): {added:+.1} µs   (a) / (b): {ratio:.2}x   {goal}");
+    }
 }
 
 struct Stats {
