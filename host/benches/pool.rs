@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, ProtocolVersion,
 };
+use rmcp::service::{Peer, RoleClient};
 use rmcp::transport::TokioChildProcess;
 use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, ServiceExt};
 use serde_json::{Map, Value, json};
@@ -46,7 +47,7 @@ use wf_host::capability::{CapabilityBackend, CapabilityEntry, CapabilityError};
 use wf_host::config::ConnectionConfig;
 use wf_host::grants::Grants;
 use wf_host::pool::{Pool, PoolConfig};
-use wf_host::runtime::{Node, RunOptions, Runtime, RuntimeConfig};
+use wf_host::runtime::{Node, RunError, RunOptions, Runtime, RuntimeConfig};
 
 /// Parts 1 and 2: rounds, pooled samples per round and server.
 const ROUNDS: usize = 5;
@@ -310,6 +311,23 @@ async fn fresh_call(server: &Server) -> Result<(Duration, Duration), String> {
         .map_err(|_| format!("no answer within {}s", FRESH_TIMEOUT.as_secs()))?
 }
 
+/// Panics unless a run of `call.wasm` (`what`) answered the echo of `hi`.
+fn assert_call_echo(result: Result<String, RunError>, what: &str) {
+    let output = result.unwrap_or_else(|e| panic!("{what} failed: {e}"));
+    let output: Value = serde_json::from_str(&output).expect("call.wasm output is JSON");
+    assert!(is_echo(&output), "{what} output: {output}");
+}
+
+/// One `echo` on a bare client's session to `server`, timed and checked.
+async fn bare_echo(peer: &Peer<RoleClient>, server: &str) -> Duration {
+    let start = Instant::now();
+    let result = peer.call_tool(echo_params()).await;
+    let elapsed = start.elapsed();
+    let result = serde_json::to_value(result.expect("bare echo")).unwrap_or_default();
+    assert!(is_echo(&result), "bare echo on {server}: {result}");
+    elapsed
+}
+
 async fn pooled_call(pool: &Pool, connection: &str) -> Duration {
     let start = Instant::now();
     let result = pool.call_tool(connection, "echo", hi(), None).await;
@@ -506,11 +524,7 @@ async fn node_vs_bare(pool: &Pool) {
         let start = Instant::now();
         let report = runtime.run(&node, input, options.clone()).await;
         let elapsed = start.elapsed();
-        let output = report
-            .result
-            .unwrap_or_else(|e| panic!("call.wasm failed: {e}"));
-        let output: Value = serde_json::from_str(&output).expect("call.wasm output is JSON");
-        assert!(is_echo(&output), "call.wasm output: {output}");
+        assert_call_echo(report.result, "call.wasm");
         elapsed
     };
     // (h): (a) with the run on a thread of its own, a current-thread tokio
@@ -527,11 +541,7 @@ async fn node_vs_bare(pool: &Pool) {
                 .await
                 .expect("the pinned run");
             let elapsed = start.elapsed();
-            let output = report
-                .result
-                .unwrap_or_else(|e| panic!("call.wasm (pinned) failed: {e}"));
-            let output: Value = serde_json::from_str(&output).expect("call.wasm output is JSON");
-            assert!(is_echo(&output), "call.wasm (pinned) output: {output}");
+            assert_call_echo(report.result, "call.wasm (pinned)");
             elapsed
         }
     };
@@ -549,11 +559,7 @@ async fn node_vs_bare(pool: &Pool) {
         let start = Instant::now();
         let report = runtime.run(node, input, options.clone()).await;
         let elapsed = start.elapsed();
-        let output = report
-            .result
-            .unwrap_or_else(|e| panic!("call.wasm (instant backend) failed: {e}"));
-        let output: Value = serde_json::from_str(&output).expect("call.wasm output is JSON");
-        assert!(is_echo(&output), "call.wasm output: {output}");
+        assert_call_echo(report.result, "call.wasm (instant backend)");
         elapsed
     };
     let run_backend = || async {
@@ -564,14 +570,7 @@ async fn node_vs_bare(pool: &Pool) {
         assert!(is_echo(&result), "backend echo: {result}");
         elapsed
     };
-    let run_bare = || async {
-        let start = Instant::now();
-        let result = peer.call_tool(echo_params()).await;
-        let elapsed = start.elapsed();
-        let result = serde_json::to_value(result.expect("bare echo")).unwrap_or_default();
-        assert!(is_echo(&result), "bare echo: {result}");
-        elapsed
-    };
+    let run_bare = || bare_echo(&peer, "fixture");
 
     for _ in 0..WARMUP {
         run_node().await;
@@ -771,21 +770,10 @@ async fn node_vs_bare_per_server(pool: &Pool, servers: &[Server]) {
             let start = Instant::now();
             let report = runtime.run(&node, &input, options.clone()).await;
             let elapsed = start.elapsed();
-            let output = report
-                .result
-                .unwrap_or_else(|e| panic!("call.wasm -> {capability} failed: {e}"));
-            let output: Value = serde_json::from_str(&output).expect("call.wasm output is JSON");
-            assert!(is_echo(&output), "call.wasm -> {capability}: {output}");
+            assert_call_echo(report.result, &format!("call.wasm -> {capability}"));
             elapsed
         };
-        let run_bare = || async {
-            let start = Instant::now();
-            let result = peer.call_tool(echo_params()).await;
-            let elapsed = start.elapsed();
-            let result = serde_json::to_value(result.expect("bare echo")).unwrap_or_default();
-            assert!(is_echo(&result), "bare echo on {}: {result}", server.name);
-            elapsed
-        };
+        let run_bare = || bare_echo(&peer, server.name);
         for _ in 0..WARMUP {
             run_node().await;
             run_bare().await;
