@@ -534,6 +534,25 @@ impl LogBuffer {
     }
 }
 
+/// The length of `value` as compact JSON text (what `to_string` gives),
+/// counted without building the text.
+pub(crate) fn json_len(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing a `Value` into a sink that never fails cannot fail.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
 /// Cuts `text` to at most `cap` bytes at a character boundary, and says how
 /// many bytes went: `… [N more bytes truncated]`.
 pub(crate) fn truncate_utf8(mut text: String, cap: usize) -> String {
@@ -838,6 +857,17 @@ impl wit::Host for CapabilityCtx {
 #[cfg(test)]
 mod tests {
     use serde_json::json;
+
+    #[test]
+    fn json_len_is_the_length_of_the_compact_text() {
+        for value in [
+            json!(null),
+            json!("héllo \"quoted\" \u{1}"),
+            json!({"a": [1, 2.5, -3], "b": {"c": true}, "é": "x".repeat(10_000)}),
+        ] {
+            assert_eq!(super::json_len(&value), value.to_string().len(), "{value}");
+        }
+    }
 
     #[test]
     fn apply_defaults_fills_only_what_is_left_out() {

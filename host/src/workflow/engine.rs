@@ -285,7 +285,8 @@ impl CallJournal for StepJournal {
             error_code: entry.error_code.map(str::to_owned),
             duration_us: entry.duration.as_micros() as u64,
             at: now_text(),
-            result: (result.to_string().len() <= crate::store::MAX_CALL_RESULT).then_some(result),
+            result: (crate::capability::json_len(&result) <= crate::store::MAX_CALL_RESULT)
+                .then_some(result),
         };
         if let Err(e) = self.store.record_call(&row, &self.fence).await {
             tracing::warn!(run = %self.run_id, step = %self.step_id, "cannot journal a call: {e}");

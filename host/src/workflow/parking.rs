@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::capability::{CapabilityError, JournalEntry, Replayed};
+use crate::capability::{CapabilityError, JournalEntry, Replayed, json_len};
 
 /// How long a call follows its task with its node held before the step
 /// parks: a task that ends sooner costs no second run of the node.
@@ -245,9 +245,9 @@ impl Parking {
 /// then exceed [`MAX_REMEMBERED`] (it can no longer park).
 fn remember(state: &mut State, answer: Answered) {
     let size = answer.name.len()
-        + answer.arguments.to_string().len()
+        + json_len(&answer.arguments)
         + match &answer.result {
-            Ok(value) => value.to_string().len(),
+            Ok(value) => json_len(value),
             Err(e) => e.message().len(),
         };
     state.bytes += size;

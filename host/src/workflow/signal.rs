@@ -106,7 +106,7 @@ impl Workflows {
         };
         let step = def.step(step_id).expect("found in the definition");
         Definition::check_payload(step, &payload).map_err(WorkflowError::InvalidPayload)?;
-        if payload.to_string().len() > MAX_PAYLOAD {
+        if crate::capability::json_len(&payload) > MAX_PAYLOAD {
             return Err(WorkflowError::InvalidPayload(format!(
                 "the payload is larger than {MAX_PAYLOAD} bytes of JSON"
             )));
@@ -232,7 +232,7 @@ impl Workflows {
                 )));
             }
         };
-        if payload.to_string().len() > MAX_PAYLOAD {
+        if crate::capability::json_len(&payload) > MAX_PAYLOAD {
             return Err(invalid(format!(
                 "the answer is larger than {MAX_PAYLOAD} bytes of JSON"
             )));
