@@ -787,6 +787,10 @@ async fn prune_keeps_running_runs_and_the_newest_finished_ones(b: Backend) {
             .await
             .unwrap();
     }
+    // A queued run (flow control) has not finished either.
+    let mut queued = new_run("r5", 5);
+    queued.run.status = RunStatus::Queued;
+    store.create_run(&queued, None).await.unwrap();
     for id in ["r1", "r2", "r3"] {
         store
             .run_finished(id, RunStatus::Succeeded, Some(&json!(1)), None, &fence("w"))
@@ -801,7 +805,8 @@ async fn prune_keeps_running_runs_and_the_newest_finished_ones(b: Backend) {
         store.steps("r1").await.unwrap().is_empty(),
         "its steps go too"
     );
-    // Everything finished before now goes; the running run stays.
+    // Everything finished before now goes; the running and the queued run
+    // stay.
     assert_eq!(store.prune(100, now_ms() + 1).await.unwrap(), 2);
     let left: Vec<_> = store
         .list_runs(&ListQuery {
@@ -814,7 +819,7 @@ async fn prune_keeps_running_runs_and_the_newest_finished_ones(b: Backend) {
         .into_iter()
         .map(|r| r.run_id)
         .collect();
-    assert_eq!(left, ["r4"]);
+    assert_eq!(left, ["r5", "r4"]);
 }
 
 async fn an_idempotency_key_finds_the_first_run(b: Backend) {

@@ -73,6 +73,11 @@ pub(super) const MIGRATIONS: &[(i64, &str, &str)] = &[
         "one round trip",
         include_str!("../../migrations/postgres/0006_one_round_trip.sql"),
     ),
+    (
+        7,
+        "prune index",
+        include_str!("../../migrations/postgres/0007_prune_index.sql"),
+    ),
 ];
 
 /// The channel every worker listens on. Payloads: `ready`,

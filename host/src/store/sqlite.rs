@@ -56,6 +56,11 @@ pub(super) const MIGRATIONS: &[(i64, &str, &str)] = &[
         "flow",
         include_str!("../../migrations/sqlite/0005_flow.sql"),
     ),
+    (
+        6,
+        "prune index",
+        include_str!("../../migrations/sqlite/0006_prune_index.sql"),
+    ),
 ];
 
 /// `PRAGMA application_id` of a wf-host state file: "wfhs".
