@@ -6,11 +6,13 @@
 //! A write is one or more statements with numbered parameters (`?1`, `?2`…),
 //! and the statements of any writes joined to it ([`Write::then`]), each part
 //! numbering its own parameters. A write is atomic: its statements commit
-//! together or not at all. In a group, each write runs in a savepoint of its
-//! own, so a write that fails is rolled back alone and only its caller gets
-//! the error. A part of a write may be guarded ([`Write::guard`]): when its
-//! first statement changes no row, the whole write fails as refused (a
-//! transition whose from-states did not hold). Every caller is answered after the commit, with the rows of its
+//! together or not at all. A group runs as one transaction; when one of its
+//! writes fails, that try is rolled back and the group runs again with each
+//! write in a savepoint of its own, so a write that fails is rolled back
+//! alone and only its caller gets the error. A part of a write may be
+//! guarded ([`Write::guard`]): when its first statement changes no row, the
+//! whole write fails as refused (a transition whose from-states did not
+//! hold). Every caller is answered after the commit, with the rows of its
 //! own statements.
 //!
 //! Why a thread with its own synchronous connection: through sqlx, each
@@ -306,6 +308,21 @@ fn commit(
     split: &mut Statements,
     group: &[Queued],
 ) -> rusqlite::Result<Vec<Result<Vec<Done>, StoreError>>> {
+    if group.len() > 1 {
+        // First without savepoints: a savepoint copies every page a write
+        // touches into its journal again (an eighth of the writer's time
+        // under a `workflow.start` load). Writes seldom fail; when one does,
+        // nothing of this try is kept, and the group goes again below, each
+        // write in a savepoint of its own.
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let results: Result<Vec<_>, Failed> =
+            group.iter().map(|q| run(&tx, split, &q.write)).collect();
+        if let Ok(results) = results {
+            tx.commit()?;
+            return Ok(results.into_iter().map(Ok).collect());
+        }
+        tx.rollback()?;
+    }
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let mut results = Vec::with_capacity(group.len());
     if let [alone] = group {
