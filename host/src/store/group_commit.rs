@@ -308,46 +308,39 @@ fn commit(
     split: &mut Statements,
     group: &[Queued],
 ) -> rusqlite::Result<Vec<Result<Vec<Done>, StoreError>>> {
-    if group.len() > 1 {
-        // First without savepoints: a savepoint copies every page a write
-        // touches into its journal again (an eighth of the writer's time
-        // under a `workflow.start` load). Writes seldom fail; when one does,
-        // nothing of this try is kept, and the group goes again below, each
-        // write in a savepoint of its own.
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let results: Result<Vec<_>, Failed> =
-            group.iter().map(|q| run(&tx, split, &q.write)).collect();
-        if let Ok(results) = results {
+    // First without savepoints: a savepoint copies every page a write
+    // touches into its journal again (an eighth of the writer's time under
+    // a `workflow.start` load). Writes seldom fail; when one does, nothing
+    // of this try is kept.
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    match group
+        .iter()
+        .map(|q| run(&tx, split, &q.write))
+        .collect::<Result<Vec<_>, Failed>>()
+    {
+        Ok(results) => {
             tx.commit()?;
             return Ok(results.into_iter().map(Ok).collect());
         }
-        tx.rollback()?;
+        // A lone write's error is its own (the transaction rolls back as
+        // it drops).
+        Err(e) if group.len() == 1 => return Ok(vec![Err(e.into())]),
+        Err(_) => tx.rollback()?,
     }
+    // Again, each write in a savepoint of its own.
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let mut results = Vec::with_capacity(group.len());
-    if let [alone] = group {
-        // A lone write needs no savepoint: on an error, the transaction
-        // rolls back as it drops.
-        match run(&tx, split, &alone.write) {
-            Ok(done) => results.push(Ok(done)),
-            Err(e) => {
-                results.push(Err(e.into()));
-                return Ok(results);
+    for queued in group {
+        tx.prepare_cached("SAVEPOINT write")?.execute([])?;
+        match run(&tx, split, &queued.write) {
+            Ok(done) => {
+                tx.prepare_cached("RELEASE write")?.execute([])?;
+                results.push(Ok(done));
             }
-        }
-    } else {
-        for queued in group {
-            tx.prepare_cached("SAVEPOINT write")?.execute([])?;
-            match run(&tx, split, &queued.write) {
-                Ok(done) => {
-                    tx.prepare_cached("RELEASE write")?.execute([])?;
-                    results.push(Ok(done));
-                }
-                Err(e) => {
-                    tx.prepare_cached("ROLLBACK TO write")?.execute([])?;
-                    tx.prepare_cached("RELEASE write")?.execute([])?;
-                    results.push(Err(e.into()));
-                }
+            Err(e) => {
+                tx.prepare_cached("ROLLBACK TO write")?.execute([])?;
+                tx.prepare_cached("RELEASE write")?.execute([])?;
+                results.push(Err(e.into()));
             }
         }
     }
