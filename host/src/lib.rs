@@ -41,6 +41,7 @@ pub mod capability;
 pub mod config;
 pub mod console;
 pub mod diff;
+pub mod domain;
 pub mod fixture;
 pub mod grants;
 pub mod host;

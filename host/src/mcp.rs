@@ -47,7 +47,7 @@ use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 
-use crate::store::StepStatus;
+use crate::domain::StepStatus;
 use crate::tokens::{Caller, RunScope};
 use crate::workflow::{RunRecord, Status, WorkflowError, Workflows};
 

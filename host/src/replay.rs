@@ -17,8 +17,9 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use crate::capability::{CapabilityBackend, CapabilityEntry, CapabilityError};
+use crate::domain::{CallRow, StepStatus};
 use crate::runtime::{RunOptions, Runtime, RuntimeConfig};
-use crate::store::{CallRow, StepStatus, Store};
+use crate::store::Store;
 use crate::workflow::{Definition, Spec};
 
 /// One call as the journal has it, or as the new build made it.

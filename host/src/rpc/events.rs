@@ -18,7 +18,7 @@ use futures::Stream;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::App;
-use crate::store::EventRow;
+use crate::domain::EventRow;
 use crate::tokens::{Caller, RunScope};
 use crate::workflow::{WorkflowError, Workflows};
 
@@ -211,7 +211,7 @@ impl<'a> Visible<'a> {
             return shown;
         }
         let workflow = match row.data.get("workflow").and_then(|w| w.as_str()) {
-            Some(w) if row.kind == crate::store::RUN_STARTED => Some(w.to_owned()),
+            Some(w) if row.kind == crate::domain::RUN_STARTED => Some(w.to_owned()),
             _ => self.workflows.workflow_of(&row.run_id).await.ok(),
         };
         let shown = workflow.is_some_and(|w| self.caller.may(RunScope::Read, &w));

@@ -50,8 +50,8 @@ const WAL_KEEP_BYTES: i64 = 64 << 20;
 const STATEMENT_CACHE: usize = 128;
 
 /// A parameter of a write.
-#[derive(Debug)]
-pub(super) enum Arg {
+#[derive(Debug, Clone)]
+pub enum Arg {
     Text(String),
     Int(i64),
     Null,
@@ -107,6 +107,9 @@ struct Part {
     /// A guarded part: its first statement must change a row, or the whole
     /// write fails with [`StoreError::Refused`] and this message.
     refused: Option<String>,
+    /// When its first statement changes no row, the write stops there
+    /// (what it wrote before stays): its result has fewer statements.
+    stops: bool,
 }
 
 impl Write {
@@ -116,6 +119,7 @@ impl Write {
                 sql,
                 args: Vec::new(),
                 refused: None,
+                stops: false,
             }],
         }
     }
@@ -125,6 +129,13 @@ impl Write {
     /// (`refusal`).
     pub(super) fn guard(mut self, refusal: String) -> Write {
         self.parts.last_mut().expect("a write has a part").refused = Some(refusal);
+        self
+    }
+
+    /// Stops the write after the last part's first statement when it
+    /// changes no row: the write's result then ends with that statement's.
+    pub(super) fn stops(mut self) -> Write {
+        self.parts.last_mut().expect("a write has a part").stops = true;
         self
     }
 
@@ -377,13 +388,17 @@ fn run(conn: &Connection, split: &mut Statements, write: &Write) -> Result<Vec<D
     for part in &write.parts {
         for (n, &sql) in split.of(part.sql).iter().enumerate() {
             let mut statement = conn.prepare_cached(sql)?;
-            // `?N` is argument N of the statement's part; a statement need
-            // not use every one.
+            // `?N` (or `$N`) is argument N of the statement's part; a
+            // statement need not use every one.
             for i in 1..=statement.parameter_count() {
-                let arg = part
-                    .args
-                    .get(i - 1)
-                    .ok_or(rusqlite::Error::InvalidParameterCount(i, part.args.len()))?;
+                let number = statement
+                    .parameter_name(i)
+                    .and_then(|name| name.get(1..))
+                    .and_then(|digits| digits.parse::<usize>().ok())
+                    .unwrap_or(i);
+                let arg = part.args.get(number.wrapping_sub(1)).ok_or(
+                    rusqlite::Error::InvalidParameterCount(number, part.args.len()),
+                )?;
                 statement.raw_bind_parameter(i, arg)?;
             }
             let mut rows = statement.raw_query();
@@ -392,13 +407,14 @@ fn run(conn: &Connection, split: &mut Statements, write: &Write) -> Result<Vec<D
                 ints.push(row.get::<_, i64>(0).unwrap_or_default());
             }
             drop(rows);
-            if n == 0
-                && let Some(refusal) = &part.refused
-                && conn.changes() == 0
-            {
+            let unchanged = n == 0 && conn.changes() == 0;
+            if unchanged && let Some(refusal) = &part.refused {
                 return Err(Failed::Refused(refusal.clone()));
             }
             done.push(ints);
+            if unchanged && part.stops {
+                return Ok(done);
+            }
         }
     }
     Ok(done)

@@ -13,11 +13,12 @@ use async_trait::async_trait;
 use serde_json::Value;
 
 use super::rows::{cursor_of, parse_cursor};
+use crate::domain::{Attempts, Effects, RunSet, RunTo, Stamp, StepSet, Target};
+
 use super::{
     AttemptWorker, CallRow, Counts, Created, EventRow, Fence, FirstTransitions, Flow, FlowLimit,
-    FlowUsage, Lease, ListQuery, NewRun, NewRunWrite, QuestionRow, RunRow, RunStatus, STEP_LOG,
-    ScheduleRow, SignalRow, StepRow, StepStatus, Store, StoreError, Transition, WaitingStep,
-    now_ms, now_text,
+    FlowUsage, Lease, ListQuery, NewRun, NewRunWrite, QuestionRow, RunRow, RunStatus, ScheduleRow,
+    SignalRow, StepRow, StepStatus, Store, StoreError, Transition, WaitingStep, now_ms, now_text,
 };
 
 /// The in-memory store.
@@ -90,7 +91,12 @@ impl MemoryStore {
 impl State {
     /// Whether every move of `moves` is allowed, one after the other, from
     /// the run's state: [`StoreError::Refused`] for the first that is not.
-    fn check(&self, run_id: &str, moves: &[Transition<'_>]) -> Result<(), StoreError> {
+    fn check(
+        &self,
+        run_id: &str,
+        moves: &[Transition<'_>],
+        effects: &[Effects<'_>],
+    ) -> Result<(), StoreError> {
         let refused = |m: &Transition<'_>| Err(StoreError::Refused(m.refusal(run_id)));
         let Some(run) = self.runs.get(run_id) else {
             return match moves.first() {
@@ -117,8 +123,9 @@ impl State {
             if !allowed {
                 return refused(m);
             }
-            if let Transition::RunAdmitted { at_ms } = m
-                && !self.flow_allows(&run.row, (*at_ms).max(super::now_ms()))
+            if let Target::Run { set, .. } = &effects[i].target
+                && effects[i].admits
+                && !self.flow_allows(&run.row, set.admitted.unwrap_or(0).max(now_ms()))
             {
                 return refused(m);
             }
@@ -162,113 +169,26 @@ impl State {
         usage
     }
 
-    /// Applies `write` to the run (checked with [`State::check`]).
-    fn apply(&mut self, run_id: &str, write: Transition<'_>, fence: Option<&Fence>, at: &str) {
+    /// Applies a move's `effects` to the run (checked with
+    /// [`State::check`]), at `at`.
+    fn apply(&mut self, run_id: &str, effects: &Effects<'_>, fence: Option<&Fence>, at: &str) {
         let Some(run) = self.runs.get_mut(run_id) else {
             return;
         };
-        let worker = || fence.map(|f| f.worker.to_string()).unwrap_or_default();
-        match write {
-            Transition::StepStarted {
-                step_id,
-                attempt,
-                input,
-            }
-            | Transition::StepWaits {
-                step_id,
-                attempt,
-                input,
-            } => {
+        let worker = fence.map_or("", |f| &*f.worker);
+        match &effects.target {
+            Target::Step { step_id, set } => {
                 if let Some(step) = run.step(step_id) {
-                    step.status = write.step_to().unwrap_or(StepStatus::Running);
-                    step.attempts = attempt;
-                    step.input = input.cloned();
-                    step.output = None;
-                    step.error = None;
-                    step.started_at = Some(at.to_owned());
-                    step.finished_at = None;
-                    step.workers.push(AttemptWorker {
-                        attempt,
-                        worker: worker(),
-                    });
+                    set_step(step, set, worker, at);
                 }
             }
-            Transition::StepAttempt { step_id, attempt } => {
-                if let Some(step) = run.step(step_id) {
-                    step.attempts = step.attempts.max(attempt);
-                    step.workers.push(AttemptWorker {
-                        attempt,
-                        worker: worker(),
-                    });
-                }
-            }
-            Transition::StepFinished {
-                step_id,
-                status,
-                output,
-                error,
-                log: _,
-            } => {
-                if let Some(step) = run.step(step_id) {
-                    step.status = status;
-                    step.output = output.cloned();
-                    step.error = error.cloned();
-                    step.finished_at = Some(at.to_owned());
-                }
-            }
-            Transition::RunFinished {
-                status,
-                output,
-                error,
-            } => {
+            Target::Run { set, steps } => {
                 let before = run.finished_key();
-                run.row.status = status;
-                run.row.output = output.cloned();
-                run.row.error = error.cloned();
-                run.row.finished_at = Some(at.to_owned());
-                run.finished_ms = Some(now_ms());
+                set_run(run, set, at);
                 reindex(&mut self.finished, before, run.finished_key());
-            }
-            Transition::RunReopened { .. } => {
-                let guard = write.guard();
-                reindex(&mut self.finished, run.finished_key(), None);
-                run.row.status = match run.row.flow {
-                    Some(_) => RunStatus::Queued,
-                    None => RunStatus::Running,
-                };
-                run.row.output = None;
-                run.row.error = None;
-                run.row.finished_at = None;
-                run.finished_ms = None;
-                for step in &mut run.steps {
-                    if guard.steps.contains(&step.status) {
-                        step.status = StepStatus::Pending;
-                        step.error = None;
-                        step.finished_at = None;
-                    }
-                }
-            }
-            Transition::RunQueued { reason } => run.row.queued_reason = Some(reason.to_owned()),
-            Transition::RunAdmitted { at_ms } => {
-                run.row.status = RunStatus::Running;
-                // Dated when written, as the other stores do.
-                run.row.admitted_ms = Some(at_ms.max(super::now_ms()));
-                run.row.queued_reason = None;
-            }
-            Transition::RunAbandoned { status, error } => {
-                let guard = write.guard();
-                let before = run.finished_key();
-                run.row.status = status;
-                run.row.error = Some(error.clone());
-                run.row.finished_at = Some(at.to_owned());
-                run.finished_ms = Some(now_ms());
-                reindex(&mut self.finished, before, run.finished_key());
-                for step in &mut run.steps {
-                    if guard.steps.contains(&step.status) {
-                        step.status = StepStatus::Cancelled;
-                        step.error = Some(error.clone());
-                        step.finished_at = Some(at.to_owned());
-                    }
+                let moving = steps.as_ref().map_or(&[][..], |_| effects.guard.steps);
+                for step in run.steps.iter_mut().filter(|s| moving.contains(&s.status)) {
+                    set_step(step, steps.as_ref().expect("moving"), worker, at);
                 }
             }
         }
@@ -282,14 +202,14 @@ impl State {
         fence: Option<&Fence>,
         at: &str,
     ) -> Result<Vec<EventRow>, StoreError> {
-        self.check(run_id, moves)?;
+        let effects: Vec<Effects<'_>> = moves.iter().map(Transition::effects).collect();
+        self.check(run_id, moves, &effects)?;
         let mut appended = Vec::with_capacity(moves.len() + 1);
-        for &write in moves {
-            if let Some(log) = write.log() {
-                appended.push(self.append(run_id, STEP_LOG, log, at)?);
+        for effects in effects {
+            self.apply(run_id, &effects, fence, at);
+            for (kind, data) in &effects.events {
+                appended.push(self.append(run_id, kind, data, at)?);
             }
-            self.apply(run_id, write, fence, at);
-            appended.push(self.append(run_id, write.kind(), &write.data(), at)?);
         }
         Ok(appended)
     }
@@ -355,6 +275,75 @@ fn moved(b: &Transition<'_>, id: &str, from: StepStatus) -> StepStatus {
         (None, Some(to)) if b.allows_step(from) => to,
         _ => from,
     }
+}
+
+/// Sets on `step` what `set` says, at `at`; `worker` runs the attempt.
+fn set_step(step: &mut StepRow, set: &StepSet<'_>, worker: &str, at: &str) {
+    if let Some(status) = set.status {
+        step.status = status;
+    }
+    match set.attempts {
+        Some(Attempts::Is(n)) => step.attempts = n,
+        Some(Attempts::AtLeast(n)) => step.attempts = step.attempts.max(n),
+        None => {}
+    }
+    if let Some(input) = set.input {
+        step.input = input.cloned();
+    }
+    if let Some(output) = set.output {
+        step.output = output.cloned();
+    }
+    if let Some(error) = set.error {
+        step.error = error.cloned();
+    }
+    if let Some(started) = set.started {
+        step.started_at = stamp(started, at);
+    }
+    if let Some(finished) = set.finished {
+        step.finished_at = stamp(finished, at);
+    }
+    if let Some(attempt) = set.worker_of {
+        step.workers.push(AttemptWorker {
+            attempt,
+            worker: worker.to_owned(),
+        });
+    }
+}
+
+/// Sets on `run` what `set` says, at `at`. It has no lease to release.
+fn set_run(run: &mut RunEntry, set: &RunSet<'_>, at: &str) {
+    let row = &mut run.row;
+    match set.status {
+        Some(RunTo::Is(status)) => row.status = status,
+        Some(RunTo::RunningUnlessFlow) => {
+            row.status = match row.flow {
+                Some(_) => RunStatus::Queued,
+                None => RunStatus::Running,
+            }
+        }
+        None => {}
+    }
+    if let Some(output) = set.output {
+        row.output = output.cloned();
+    }
+    if let Some(error) = set.error {
+        row.error = error.cloned();
+    }
+    if let Some(finished) = set.finished {
+        row.finished_at = stamp(finished, at);
+        run.finished_ms = (finished == Stamp::Now).then(now_ms);
+    }
+    if let Some(reason) = set.queued_reason {
+        row.queued_reason = reason.map(str::to_owned);
+    }
+    if let Some(at_ms) = set.admitted {
+        // Dated when written, as the SQL stores do.
+        row.admitted_ms = Some(at_ms.max(now_ms()));
+    }
+}
+
+fn stamp(stamp: Stamp, at: &str) -> Option<String> {
+    (stamp == Stamp::Now).then(|| at.to_owned())
 }
 
 /// Moves a run's entry in the finished index from `before` to `after`.

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use serde_json::Value;
-use sqlx::{ColumnIndex, Decode, Row, Type};
 
+use super::cells::Cells;
 use super::{
     AttemptWorker, Failure, Flow, FlowLimit, RunRow, RunStatus, StepRow, StepStatus, StoreError,
 };
@@ -49,46 +49,12 @@ pub(super) fn parse_cursor(cursor: &str) -> Result<(i64, String), StoreError> {
         .ok_or_else(|| StoreError::BadCursor(cursor.to_owned()))
 }
 
-/// A row of a database whose text and integer columns decode as Rust's.
-pub(super) trait SqlRow: Row
-where
-    for<'a> &'a str: ColumnIndex<Self>,
-{
-    fn text(&self, column: &str) -> Result<String, StoreError>;
-    fn text_opt(&self, column: &str) -> Result<Option<String>, StoreError>;
-    fn int(&self, column: &str) -> Result<i64, StoreError>;
-}
-
-impl<R> SqlRow for R
-where
-    R: Row,
-    for<'a> &'a str: ColumnIndex<R>,
-    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-{
-    fn text(&self, column: &str) -> Result<String, StoreError> {
-        Ok(self.try_get(column)?)
-    }
-
-    fn text_opt(&self, column: &str) -> Result<Option<String>, StoreError> {
-        Ok(self.try_get(column)?)
-    }
-
-    fn int(&self, column: &str) -> Result<i64, StoreError> {
-        Ok(self.try_get(column)?)
-    }
-}
-
 /// A `runs` row.
-pub(super) fn run_row<R: SqlRow>(row: &R) -> Result<RunRow, StoreError>
-where
-    for<'a> &'a str: ColumnIndex<R>,
-    for<'r> Option<i64>: Decode<'r, R::Database> + Type<R::Database>,
-{
+pub(super) fn run_row(row: &Cells) -> Result<RunRow, StoreError> {
     Ok(RunRow {
         run_id: row.text("run_id")?,
         workflow: row.text("workflow")?,
-        status: RunStatus::parse(&row.text("status")?)?,
+        status: status(&row.text("status")?, RunStatus::parse)?,
         input: parse_json(row.text_opt("input")?)?.unwrap_or(Value::Null),
         output: parse_json(row.text_opt("output")?)?,
         error: failure(row.text_opt("error_code")?, row.text_opt("error_message")?),
@@ -101,24 +67,19 @@ where
         trigger: parse_json(row.text_opt("run_trigger")?)?,
         flow: flow(row)?,
         queued_reason: row.text_opt("queued_reason")?,
-        admitted_ms: row.try_get::<Option<i64>, _>("admitted_ms")?,
+        admitted_ms: row.int_opt("admitted_ms")?,
     })
 }
 
 /// The flow columns of a `runs` row; `None` for a run without flow control.
-fn flow<R: SqlRow>(row: &R) -> Result<Option<Flow>, StoreError>
-where
-    for<'a> &'a str: ColumnIndex<R>,
-    for<'r> Option<i64>: Decode<'r, R::Database> + Type<R::Database>,
-{
+fn flow(row: &Cells) -> Result<Option<Flow>, StoreError> {
     let limit = |key: Option<String>, limit: &str, period: Option<&str>| {
         key.map(|key| -> Result<FlowLimit, StoreError> {
             Ok(FlowLimit {
                 key,
-                limit: u32::try_from(row.try_get::<Option<i64>, _>(limit)?.unwrap_or(0))
-                    .unwrap_or(u32::MAX),
+                limit: u32::try_from(row.int_opt(limit)?.unwrap_or(0)).unwrap_or(u32::MAX),
                 period_ms: match period {
-                    Some(column) => row.try_get::<Option<i64>, _>(column)?.unwrap_or(0),
+                    Some(column) => row.int_opt(column)?.unwrap_or(0),
                     None => 0,
                 },
             })
@@ -142,10 +103,7 @@ where
 }
 
 /// A `schedules` row.
-pub(super) fn schedule_row<R: SqlRow>(row: &R) -> Result<super::ScheduleRow, StoreError>
-where
-    for<'a> &'a str: ColumnIndex<R>,
-{
+pub(super) fn schedule_row(row: &Cells) -> Result<super::ScheduleRow, StoreError> {
     Ok(super::ScheduleRow {
         workflow: row.text("workflow")?,
         name: row.text("name")?,
@@ -155,10 +113,7 @@ where
 }
 
 /// A `signals` row.
-pub(super) fn signal_row<R: SqlRow>(row: &R) -> Result<super::SignalRow, StoreError>
-where
-    for<'a> &'a str: ColumnIndex<R>,
-{
+pub(super) fn signal_row(row: &Cells) -> Result<super::SignalRow, StoreError> {
     Ok(super::SignalRow {
         signal: row.text("signal")?,
         payload: parse_json(row.text_opt("payload")?)?.unwrap_or(Value::Null),
@@ -168,13 +123,10 @@ where
 }
 
 /// A `steps` row.
-pub(super) fn step_row<R: SqlRow>(row: &R) -> Result<StepRow, StoreError>
-where
-    for<'a> &'a str: ColumnIndex<R>,
-{
+pub(super) fn step_row(row: &Cells) -> Result<StepRow, StoreError> {
     Ok(StepRow {
         step_id: row.text("step_id")?,
-        status: StepStatus::parse(&row.text("status")?)?,
+        status: status(&row.text("status")?, StepStatus::parse)?,
         attempts: u32::try_from(row.int("attempts")?).unwrap_or(u32::MAX),
         input: parse_json(row.text_opt("input")?)?,
         output: parse_json(row.text_opt("output")?)?,
@@ -183,4 +135,9 @@ where
         finished_at: row.text_opt("finished_at")?,
         workers: attempt_workers(row.text_opt("workers")?)?,
     })
+}
+
+/// A status column's value, or what is wrong with it.
+fn status<T>(text: &str, parse: fn(&str) -> Option<T>) -> Result<T, StoreError> {
+    parse(text).ok_or_else(|| StoreError::Corrupt(format!("unknown status `{text}`")))
 }

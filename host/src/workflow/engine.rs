@@ -26,11 +26,11 @@ use super::definition::{Definition, Spec, Step};
 use super::events::Events;
 use super::parking::{Answered, PARK_AFTER, Parked, Parking};
 use crate::capability::{CallJournal, JournalEntry, Progress, truncate_utf8};
-use crate::runtime::{Node, RunError, RunOptions, RunReport, Runtime};
-use crate::store::{
-    CallRow, Failure, Fence, RunStatus, STEP_LOG, StepRow, StepStatus, Store, StoreError,
-    Transition, now_text,
+use crate::domain::{
+    CallRow, Failure, RunStatus, STEP_LOG, StepRow, StepStatus, Transition, now_text,
 };
+use crate::runtime::{Node, RunError, RunOptions, RunReport, Runtime};
+use crate::store::{Fence, Store, StoreError};
 use crate::trace;
 
 /// Records a step attempt's capability calls in the store.
@@ -285,7 +285,7 @@ impl CallJournal for StepJournal {
             error_code: entry.error_code.map(str::to_owned),
             duration_us: entry.duration.as_micros() as u64,
             at: now_text(),
-            result: (crate::capability::json_len(&result) <= crate::store::MAX_CALL_RESULT)
+            result: (crate::capability::json_len(&result) <= crate::domain::MAX_CALL_RESULT)
                 .then_some(result),
         };
         if let Err(e) = self.store.record_call(&row, &self.fence).await {

@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use serde_json::Value;
 use tokio::sync::broadcast;
 
+use crate::domain::{EventRow, Failure, RUN_STARTED, Transition, now_text};
 use crate::store::{
-    CancelRequest, Created, EventRow, Failure, Fence, FirstTransitions, Lease, NewRun, RUN_STARTED,
-    Store, StoreError, Transition, now_text,
+    CancelRequest, Created, Fence, FirstTransitions, Lease, NewRun, Store, StoreError,
 };
 
 /// Live events buffered per subscriber; one that falls further behind

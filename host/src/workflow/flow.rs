@@ -18,7 +18,8 @@ use serde_json::{Value, json};
 use super::Workflows;
 use super::definition::Spec;
 use super::expr::{CompileError, Expr};
-use crate::store::{Flow, FlowLimit, FlowUsage, RunRow, RunStatus, StoreError, Transition, now_ms};
+use crate::domain::{Flow, FlowLimit, FlowUsage, RunRow, RunStatus, Transition, now_ms};
+use crate::store::StoreError;
 
 /// How many queued runs one pass reads at a time.
 const PAGE: u32 = 1000;

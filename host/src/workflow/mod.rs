@@ -31,12 +31,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use crate::capability::Answer;
+use crate::domain::{
+    AttemptWorker, CallRow, Counts, Failure, RunRow, RunStatus, STEP_LOG, StepStatus,
+};
 use crate::runtime::{LoadError, Node, Runtime};
 pub use crate::store::is_postgres_url;
-use crate::store::{
-    AttemptWorker, CallRow, Counts, Failure, ListQuery, Note, RunRow, RunStatus, STEP_LOG,
-    StepStatus, Store, StoreError,
-};
+use crate::store::{ListQuery, Note, Store, StoreError};
 pub use definition::{Definition, DefinitionError, Spec};
 pub(crate) use engine::answer_signal;
 pub use maintenance::DEFAULT_LEASE;
@@ -143,7 +143,7 @@ pub struct StepRecord {
     /// While the step runs: the questions upstream servers asked its calls
     /// that wait for an answer (`workflow.answer`), by item.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub questions: Vec<crate::store::QuestionRow>,
+    pub questions: Vec<crate::domain::QuestionRow>,
 }
 
 impl StepRecord {
@@ -494,7 +494,7 @@ impl Workflows {
     /// [`WorkflowError::Store`].
     pub async fn schedules_status(&self) -> Result<Vec<Value>, WorkflowError> {
         let rows = self.store.schedules().await?;
-        let now = crate::store::now_ms();
+        let now = crate::domain::now_ms();
         Ok(self
             .loaded()
             .schedules
@@ -696,7 +696,7 @@ impl Workflows {
 
     /// Live events of every run, as they are kept. A subscriber that falls
     /// behind gets `Lagged` and should catch up with [`Workflows::events`].
-    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<crate::store::EventRow> {
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<crate::domain::EventRow> {
         self.events.subscribe()
     }
 
@@ -710,7 +710,7 @@ impl Workflows {
         run_id: Option<&str>,
         after: i64,
         limit: u32,
-    ) -> Result<Vec<crate::store::EventRow>, WorkflowError> {
+    ) -> Result<Vec<crate::domain::EventRow>, WorkflowError> {
         Ok(self.store.events(run_id, after, limit).await?)
     }
 

@@ -13,9 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{WorkflowError, Workflows};
-use crate::store::{
-    CancelRequest, Failure, Fence, RunRow, RunStatus, Store, StoreError, WorkerRow,
-};
+use crate::domain::{Failure, RunRow, RunStatus, WorkerRow};
+use crate::store::{CancelRequest, Fence, Store, StoreError};
 
 /// How this process shares its store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

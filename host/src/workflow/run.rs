@@ -16,11 +16,11 @@ use tokio_util::sync::CancellationToken;
 use super::definition::{self, Definition, DefinitionError, Spec};
 use super::engine::{self, Ending, RunCtx};
 use super::{RunRecord, WorkflowError, Workflows};
-use crate::runtime::{LoadError, Node};
-use crate::store::{
-    Created, Failure, Fence, Lease, NewRun, RUN_STARTED, RunRow, RunStatus, StepRow, StepStatus,
-    StoreError, Transition, now_ms, now_text,
+use crate::domain::{
+    Failure, RUN_STARTED, RunRow, RunStatus, StepRow, StepStatus, Transition, now_ms, now_text,
 };
+use crate::runtime::{LoadError, Node};
+use crate::store::{Created, Fence, Lease, NewRun, StoreError};
 use crate::trace::{self, TraceParent};
 
 /// A run driven by this process.
@@ -63,7 +63,7 @@ struct Launch {
     nodes: HashMap<String, Node>,
     run: RunRow,
     /// The run's stored steps.
-    rows: Vec<crate::store::StepRow>,
+    rows: Vec<crate::domain::StepRow>,
     /// How long the run has had already (its deadline counts from its start).
     elapsed: Duration,
     fence: Fence,

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use super::definition::{Definition, Spec};
 use super::{WorkflowError, Workflows};
-use crate::store::StepStatus;
+use crate::domain::StepStatus;
 
 /// Longest payload kept, in bytes of JSON.
 pub const MAX_PAYLOAD: usize = 256 * 1024;
@@ -259,7 +259,7 @@ impl Workflows {
         &self,
         run_id: &str,
         why: &str,
-    ) -> Result<crate::store::RunRow, WorkflowError> {
+    ) -> Result<crate::domain::RunRow, WorkflowError> {
         let run = self
             .store
             .run(run_id)
@@ -299,7 +299,7 @@ impl Workflows {
     pub async fn waiting_steps(
         &self,
         limit: u32,
-    ) -> Result<Vec<crate::store::WaitingStep>, WorkflowError> {
+    ) -> Result<Vec<crate::domain::WaitingStep>, WorkflowError> {
         Ok(self.store.waiting_steps(limit).await?)
     }
 

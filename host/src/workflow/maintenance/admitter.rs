@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::super::Workflows;
-use crate::store::now_ms;
+use crate::domain::now_ms;
 
 /// Starts the admitter (every store, once the unfinished runs are resumed).
 pub(crate) fn start_admitter(this: &Arc<Workflows>) {

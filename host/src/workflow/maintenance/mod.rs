@@ -46,7 +46,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use super::Workflows;
-use crate::store::{WorkerRow, now_text};
+use crate::domain::{WorkerRow, now_text};
 
 pub(crate) use admitter::start_admitter;
 pub(crate) use claimer::start_claimer;

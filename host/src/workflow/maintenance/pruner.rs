@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::super::Workflows;
-use crate::store::now_ms;
+use crate::domain::now_ms;
 
 /// How often finished runs are pruned in the background.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);

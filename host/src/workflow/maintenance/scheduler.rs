@@ -23,7 +23,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::super::schedule::{CatchUp, Due, Overlap, Schedule};
 use super::super::{WorkflowError, Workflows};
-use crate::store::{StoreError, now_ms};
+use crate::domain::now_ms;
+use crate::store::StoreError;
 
 /// Longest sleep between two looks at the schedules.
 const IDLE: Duration = Duration::from_secs(30);

@@ -23,9 +23,9 @@
 //! A [`Transition`] says what it writes, which event it appends
 //! ([`Transition::kind`], [`Transition::data`]) and from which states
 //! ([`Transition::guard`]); the engine and the run lifecycle only build them,
-//! and every backend writes them through [`super::Store::transitions`],
+//! and every backend writes them through the store's `transitions`,
 //! which refuses a move whose guard does not hold
-//! ([`super::StoreError::Refused`]) and changes nothing then.
+//! (refused) and changes nothing then.
 //!
 //! The moves of a driven run are fenced ([`Transition::fenced`]): they carry
 //! the lease of the worker that drives it. A run move of a run nobody drives
