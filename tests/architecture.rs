@@ -124,3 +124,156 @@ fn the_checker_sees_an_import_and_skips_a_comment() {
     assert_eq!(rules["b"], rules["a"]);
     assert!(rules["e"].is_empty());
 }
+
+/// The module path of a source file under `src`: `pool/http.rs` →
+/// `["pool", "http"]`, `pool/mod.rs` → `["pool"]`, `lib.rs` → `[]`.
+fn module_path(src: &Path, file: &Path) -> Vec<String> {
+    let relative = file.strip_prefix(src).unwrap().with_extension("");
+    let mut parts: Vec<String> = relative
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if matches!(
+        parts.last().map(String::as_str),
+        Some("mod" | "lib" | "main")
+    ) {
+        parts.pop();
+    }
+    parts
+}
+
+/// The files `text` (the code of module `at`) refers to, by module path:
+/// each `super::…` and `crate::…` path, resolved to the longest prefix that
+/// is a file of `modules`. Comments and the tests module (from
+/// `#[cfg(test)]` on) are left out.
+fn file_imports(
+    text: &str,
+    at: &[String],
+    modules: &BTreeSet<Vec<String>>,
+) -> BTreeSet<Vec<String>> {
+    let mut found = BTreeSet::new();
+    for line in text.lines() {
+        if line.trim_start().starts_with("#[cfg(test)]") {
+            break;
+        }
+        let code = line.split("//").next().unwrap_or_default();
+        for (prefix, base) in [
+            ("super::", &at[..at.len().saturating_sub(1)]),
+            ("crate::", &[][..]),
+        ] {
+            let mut rest = code;
+            while let Some(i) = rest.find(prefix) {
+                // Not the tail of a longer path (`self::super::`).
+                let before = rest[..i].chars().last();
+                rest = &rest[i + prefix.len()..];
+                if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+                    continue;
+                }
+                let mut path = base.to_vec();
+                let names: Vec<&str> = rest
+                    .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+                    .next()
+                    .unwrap_or_default()
+                    .split("::")
+                    .filter(|n| !n.is_empty())
+                    .collect();
+                let mut best = modules.contains(&path).then(|| path.clone());
+                for name in names {
+                    path.push(name.to_owned());
+                    if modules.contains(&path) {
+                        best = Some(path.clone());
+                    }
+                }
+                if let Some(best) = best {
+                    found.insert(best);
+                }
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn no_two_files_import_each_other_even_through_others() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let src = root.join("host/src");
+    let files = files(&src, "");
+    let modules: BTreeSet<Vec<String>> = files.iter().map(|f| module_path(&src, f)).collect();
+    // Edges between files; a file's use of an ancestor module's items (its
+    // `mod.rs`) is how a room shares its own types, not a cycle.
+    let mut edges: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
+    for file in &files {
+        let at = module_path(&src, file);
+        let text = std::fs::read_to_string(file).unwrap();
+        let to = file_imports(&text, &at, &modules)
+            .into_iter()
+            .filter(|m| *m != at && !at.starts_with(m) && !m.starts_with(&at))
+            .collect();
+        edges.insert(at, to);
+    }
+    // Depth-first; a grey node reached again closes a cycle.
+    fn visit(
+        node: &Vec<String>,
+        edges: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>,
+        state: &mut BTreeMap<Vec<String>, u8>,
+        stack: &mut Vec<Vec<String>>,
+        cycles: &mut Vec<String>,
+    ) {
+        state.insert(node.clone(), 1);
+        stack.push(node.clone());
+        for next in edges.get(node).into_iter().flatten() {
+            match state.get(next).copied().unwrap_or(0) {
+                0 => visit(next, edges, state, stack, cycles),
+                1 => {
+                    let from = stack.iter().position(|n| n == next).unwrap_or(0);
+                    let cycle: Vec<String> = stack[from..]
+                        .iter()
+                        .chain([next])
+                        .map(|m| m.join("::"))
+                        .collect();
+                    cycles.push(cycle.join(" -> "));
+                }
+                _ => {}
+            }
+        }
+        stack.pop();
+        state.insert(node.clone(), 2);
+    }
+    let mut state = BTreeMap::new();
+    let mut cycles = Vec::new();
+    for node in edges.keys() {
+        if !state.contains_key(node) {
+            visit(node, &edges, &mut state, &mut Vec::new(), &mut cycles);
+        }
+    }
+    assert!(edges.len() > 50, "the files were not read: {}", edges.len());
+    assert!(
+        cycles.is_empty(),
+        "files that import each other:\n{}",
+        cycles.join("\n")
+    );
+}
+
+#[test]
+fn the_cycle_checker_resolves_paths_to_files() {
+    let modules: BTreeSet<Vec<String>> = [
+        vec![],
+        vec!["pool".into()],
+        vec!["pool".into(), "http".into()],
+        vec!["pool".into(), "oauth".into()],
+    ]
+    .into_iter()
+    .collect();
+    let at = vec!["pool".to_owned(), "http".to_owned()];
+    let found = file_imports(
+        "use super::oauth::OAuth;\nlet x = crate::pool::http::client(); // super::nothing\n#[cfg(test)]\nuse super::oauth::x;",
+        &at,
+        &modules,
+    );
+    assert_eq!(
+        found,
+        [vec!["pool".to_owned(), "oauth".to_owned()], at.clone()]
+            .into_iter()
+            .collect()
+    );
+}

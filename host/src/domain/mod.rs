@@ -331,3 +331,13 @@ pub fn now_ms() -> i64 {
 pub fn now_text() -> String {
     humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
 }
+
+/// Which runs the store's `list_runs` returns, newest first.
+#[derive(Debug, Clone, Default)]
+pub struct ListQuery {
+    pub workflow: Option<String>,
+    pub status: Option<RunStatus>,
+    pub limit: u32,
+    /// From a previous page's `next_cursor`.
+    pub cursor: Option<String>,
+}

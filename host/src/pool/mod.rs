@@ -12,6 +12,7 @@
 
 mod backend;
 mod catalog;
+mod client;
 mod http;
 mod limits;
 mod oauth;

@@ -142,7 +142,7 @@ impl OAuth {
             {
                 // Its own client, which follows no redirect: a redirected
                 // token request would carry the assertion to another host.
-                let http = super::http::client_without_redirects(tls)?;
+                let http = super::client::client_without_redirects(tls)?;
                 assertion = Some(AssertionClient::new(settings, &metadata, url, http)?);
             }
             AuthKind::ClientCredentials => {
@@ -835,7 +835,7 @@ pub async fn login(
             "connection `{connection}`: `auth.client_secret_env`: the host has no variable `{name}`"
         ));
     }
-    let http = super::http::client(&conn.tls_files(base_dir))
+    let http = super::client::client(&conn.tls_files(base_dir))
         .map_err(|e| format!("connection `{connection}`: {e}"))?;
     let challenge = FileStore::challenge_of(tokens, url)
         .recall(WANTED_CHALLENGE)

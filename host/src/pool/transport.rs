@@ -212,7 +212,7 @@ async fn open(
             // Keep-alive is on: a request a stale pooled connection swallows
             // (the server restarted) is sent again on a fresh one, so a
             // restart still shows up as the 404 that re-initialises us.
-            let http = super::http::client(tls)?;
+            let http = super::client::client(tls)?;
             let oauth = match auth {
                 Some(auth) => Some(Arc::new(
                     super::oauth::OAuth::start(settings.id.clone(), url, auth, http.clone(), tls)

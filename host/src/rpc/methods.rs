@@ -10,9 +10,9 @@ use serde_json::{Map, Value, json};
 
 use super::jsonrpc::{self, RpcError, named_params};
 use crate::capability::{CapabilityBackend, CapabilityError};
+use crate::domain::ListQuery;
 use crate::pool::Pool;
 use crate::reload::{Reloader, RpcGrants, RpcTokens};
-use crate::store::{ListQuery, StoreError};
 use crate::tokens::{Caller, HostScope, RunScope};
 use crate::trace::TraceParent;
 use crate::workflow::{Status, WorkflowError, Workflows};
@@ -489,8 +489,8 @@ fn workflow_error(e: WorkflowError) -> RpcError {
         WorkflowError::NotWaiting { .. } => jsonrpc::NOT_WAITING,
         WorkflowError::InvalidInput { .. }
         | WorkflowError::InvalidPayload(_)
-        | WorkflowError::NotRetryable { .. }
-        | WorkflowError::Store(StoreError::BadCursor(_)) => jsonrpc::INVALID_PARAMS,
+        | WorkflowError::NotRetryable { .. } => jsonrpc::INVALID_PARAMS,
+        WorkflowError::Store(_) if e.is_callers() => jsonrpc::INVALID_PARAMS,
         WorkflowError::Load { .. } | WorkflowError::Definition(_) | WorkflowError::Store(_) => {
             jsonrpc::INTERNAL_ERROR
         }

@@ -22,8 +22,8 @@ pub use sql_store::SqlStore;
 
 pub use crate::domain::{
     AttemptWorker, CallRow, Counts, EventRow, Failure, Flow, FlowLimit, FlowUsage, Guard,
-    MAX_CALL_RESULT, QuestionRow, RUN_STARTED, RunRow, RunStatus, STEP_LOG, ScheduleRow, SignalRow,
-    StepRow, StepStatus, Transition, WaitingStep, WorkerRow, now_ms, now_text,
+    ListQuery, MAX_CALL_RESULT, QuestionRow, RUN_STARTED, RunRow, RunStatus, STEP_LOG, ScheduleRow,
+    SignalRow, StepRow, StepStatus, Transition, WaitingStep, WorkerRow, now_ms, now_text,
 };
 
 /// A backend's migrations, embedded in the binary: (version, description,
@@ -161,16 +161,6 @@ impl NewRunWrite {
             }
         }
     }
-}
-
-/// Which runs [`Store::list_runs`] returns, newest first.
-#[derive(Debug, Clone, Default)]
-pub struct ListQuery {
-    pub workflow: Option<String>,
-    pub status: Option<RunStatus>,
-    pub limit: u32,
-    /// From a previous page's `next_cursor`.
-    pub cursor: Option<String>,
 }
 
 /// Why the store failed.

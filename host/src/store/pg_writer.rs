@@ -18,6 +18,10 @@ use tokio::task::JoinHandle;
 use super::StoreError;
 use super::batch::{Applied, Batch};
 
+/// The channel every worker listens on. Payloads: `ready`,
+/// `finished:<run_id>`, `cancel:<run_id>`, `event`.
+pub const CHANNEL: &str = "wf_host";
+
 /// At most this many batches go in one call.
 const MAX_BATCHES: usize = 256;
 /// Calls in flight at once (each on a connection of the pool): one is
@@ -71,7 +75,7 @@ pub async fn apply(
         sqlx::query_as("SELECT ids, skipped FROM wf_apply($1::jsonb, $2, $3)")
             .bind(payload.to_string())
             .bind(EVENT_LOCK)
-            .bind(super::postgres::CHANNEL)
+            .bind(CHANNEL)
             .fetch_one(db)
             .await;
     let (ids, skipped) = match called {

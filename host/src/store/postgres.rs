@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::batch::{Applied, Batch};
 use super::cells::{Cells, pg_cells};
-use super::pg_writer;
+use super::pg_writer::{self, CHANNEL};
 use super::rows::run_row;
 use super::sql::{Arg, Dialect};
 use super::sql_store::{Db, SqlStore};
@@ -84,10 +84,6 @@ pub(super) const MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("../../migrations/postgres/0008_one_write_path.sql"),
     ),
 ];
-
-/// The channel every worker listens on. Payloads: `ready`,
-/// `finished:<run_id>`, `cancel:<run_id>`, `event`.
-pub(super) const CHANNEL: &str = "wf_host";
 
 /// The database's clock, in ms since the epoch. `clock_timestamp()`, not
 /// `now()`: the latter is the start of the transaction.

@@ -17,6 +17,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::expr::{CompileError, Expr};
+pub use super::flow::{ConcurrencySpec, RateSpec};
 use crate::config::{Config, RetryConfig, StepConfig, WorkflowConfig};
 use crate::grants::Grants;
 use crate::runtime::Limits;
@@ -168,24 +169,6 @@ pub struct Spec {
     /// Flow control: jq over the input, an integer; higher is admitted first.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub priority: Option<String>,
-}
-
-/// `concurrency` of a workflow, as a run stores it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ConcurrencySpec {
-    /// jq over the input; `None`: one limit for the whole workflow.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub key: Option<String>,
-    pub limit: u32,
-}
-
-/// `rate` of a workflow, as a run stores it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RateSpec {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub key: Option<String>,
-    pub limit: u32,
-    pub period_ms: u64,
 }
 
 impl Spec {
@@ -601,7 +584,12 @@ impl Definition {
             .filter(|s| !needed.contains(s.id.as_str()))
             .map(|s| s.id.clone())
             .collect();
-        let flow = super::flow::FlowControl::compile(&spec).map_err(wf_err)?;
+        let flow = super::flow::FlowControl::compile(
+            spec.concurrency.as_ref(),
+            spec.rate.as_ref(),
+            spec.priority.as_deref(),
+        )
+        .map_err(wf_err)?;
         Ok(Definition {
             flow,
             name: name.to_owned(),

@@ -13,10 +13,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::Workflows;
-use super::definition::Spec;
 use super::expr::{CompileError, Expr};
 use crate::domain::{Flow, FlowLimit, FlowUsage, RunRow, RunStatus, Transition, now_ms};
 use crate::store::StoreError;
@@ -42,40 +42,62 @@ struct Limit {
     period_ms: i64,
 }
 
+/// `concurrency` of a workflow, as a run stores it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConcurrencySpec {
+    /// jq over the input; `None`: one limit for the whole workflow.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    pub limit: u32,
+}
+
+/// `rate` of a workflow, as a run stores it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RateSpec {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    pub limit: u32,
+    pub period_ms: u64,
+}
+
 impl FlowControl {
-    /// The flow control of `spec`, if it has any; its jq compiled.
+    /// The flow control of a workflow's `concurrency`, `rate` and
+    /// `priority`, if it has any; its jq compiled.
     ///
     /// # Errors
     /// Which expression does not compile, and why.
-    pub fn compile(spec: &Spec) -> Result<Option<FlowControl>, String> {
-        if spec.concurrency.is_none() && spec.rate.is_none() {
+    pub fn compile(
+        concurrency: Option<&ConcurrencySpec>,
+        rate: Option<&RateSpec>,
+        priority: Option<&str>,
+    ) -> Result<Option<FlowControl>, String> {
+        if concurrency.is_none() && rate.is_none() {
             return Ok(None);
         }
-        let compile = |what: &str, source: &Option<String>| {
+        let compile = |what: &str, source: Option<&str>| {
             source
-                .as_deref()
                 .map(Expr::compile)
                 .transpose()
                 .map_err(|e: CompileError| format!("`{what}`: {e}"))
         };
         Ok(Some(FlowControl {
-            concurrency: match &spec.concurrency {
+            concurrency: match concurrency {
                 Some(c) => Some(Limit {
-                    key: compile("concurrency.key", &c.key)?,
+                    key: compile("concurrency.key", c.key.as_deref())?,
                     limit: c.limit,
                     period_ms: 0,
                 }),
                 None => None,
             },
-            rate: match &spec.rate {
+            rate: match rate {
                 Some(r) => Some(Limit {
-                    key: compile("rate.key", &r.key)?,
+                    key: compile("rate.key", r.key.as_deref())?,
                     limit: r.limit,
                     period_ms: i64::try_from(r.period_ms).unwrap_or(i64::MAX),
                 }),
                 None => None,
             },
-            priority: compile("priority", &spec.priority)?,
+            priority: compile("priority", priority)?,
         }))
     }
 
@@ -304,23 +326,20 @@ impl Workflows {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workflow::definition::{ConcurrencySpec, RateSpec};
 
     fn control(key: Option<&str>, priority: Option<&str>) -> FlowControl {
-        let spec = Spec {
-            concurrency: Some(ConcurrencySpec {
-                key: key.map(str::to_owned),
-                limit: 2,
-            }),
-            rate: Some(RateSpec {
-                key: None,
-                limit: 3,
-                period_ms: 60_000,
-            }),
-            priority: priority.map(str::to_owned),
-            ..Spec::default()
+        let concurrency = ConcurrencySpec {
+            key: key.map(str::to_owned),
+            limit: 2,
         };
-        FlowControl::compile(&spec).unwrap().unwrap()
+        let rate = RateSpec {
+            key: None,
+            limit: 3,
+            period_ms: 60_000,
+        };
+        FlowControl::compile(Some(&concurrency), Some(&rate), priority)
+            .unwrap()
+            .unwrap()
     }
 
     #[test]

@@ -31,12 +31,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use crate::capability::Answer;
+use crate::domain::ListQuery;
 use crate::domain::{
     AttemptWorker, CallRow, Counts, Failure, RunRow, RunStatus, STEP_LOG, StepStatus,
 };
 use crate::runtime::{LoadError, Node, Runtime};
 pub use crate::store::is_postgres_url;
-use crate::store::{ListQuery, Note, Store, StoreError};
+use crate::store::{Note, Store, StoreError};
 pub use definition::{Definition, DefinitionError, Spec};
 pub(crate) use engine::answer_signal;
 pub use maintenance::DEFAULT_LEASE;
@@ -237,6 +238,14 @@ pub enum WorkflowError {
     NotRetryable { run_id: String, status: String },
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl WorkflowError {
+    /// Whether the store refused what the caller gave it (a cursor it never
+    /// returned), rather than failing itself.
+    pub fn is_callers(&self) -> bool {
+        matches!(self, WorkflowError::Store(StoreError::BadCursor(_)))
+    }
 }
 
 /// The configured workflows and every run of them.
