@@ -1,0 +1,365 @@
+//! The component step: its node run, item by item for a `for_each`, with
+//! its attempts, deadlines, parking and the journal of its calls.
+
+// The scheduler's types and helpers (`super`) are this step kind's vocabulary.
+use super::*;
+
+/// The first attempt a step's launch makes, and whether its start is
+/// stored already (with the run).
+#[derive(Clone, Copy)]
+pub(super) struct Attempt {
+    pub(super) first: u32,
+    pub(super) recorded: bool,
+}
+
+/// Runs one step: its condition, its input mapping, then its node once (or
+/// once per `for_each` item), with retries.
+pub(super) async fn run_step(
+    ctx: &Arc<RunCtx>,
+    step: &Step,
+    data: Value,
+    attempt: Attempt,
+    stop: &CancellationToken,
+    span: &tracing::Span,
+    log: &mut Option<Value>,
+) -> Outcome {
+    let id = &step.spec.id;
+    let data = Arc::new(data);
+    if let Some(cond) = step.condition.clone() {
+        let d = data.clone();
+        match jq("condition", move || cond.eval_bool(&d)).await {
+            Ok(true) => {}
+            Ok(false) => return Outcome::Skipped,
+            Err(f) => return Outcome::Failed(f),
+        }
+    }
+    if step.spec.sleeps() {
+        return sleep_step(ctx, step, data, attempt, None, stop).await;
+    }
+    if step.spec.waits() {
+        return wait_step(ctx, step, data, attempt, None, stop).await;
+    }
+    // The attempt counter is the step's, shared by its items: every node run
+    // (a first try or a retry) takes the next number, so the journal never
+    // mixes two runs of the node.
+    let first_attempt = attempt.first;
+    let attempts = AtomicU32::new(first_attempt);
+    let Some(each) = step.for_each.clone() else {
+        let input = match step_input(step, &data, None).await {
+            Ok(input) => input,
+            Err(f) => return Outcome::Failed(f),
+        };
+        if !attempt.recorded
+            && let Err(e) = step_started(ctx, id, first_attempt, &input).await
+        {
+            return store_failure(e);
+        }
+        return match run_item(ctx, step, None, &input, &attempts, stop, span, Some(log)).await {
+            Ok(output) => Outcome::Succeeded(output),
+            Err(outcome) => outcome,
+        };
+    };
+    let d = data.clone();
+    let items = match jq("input-mapping", move || each.eval_array(&d)).await {
+        Ok(items) if items.len() > MAX_ITEMS => {
+            return Outcome::Failed(Failure::new(
+                "input-mapping",
+                format!(
+                    "`for_each` produced {} items; the limit is {MAX_ITEMS}",
+                    items.len()
+                ),
+            ));
+        }
+        Ok(items) => items,
+        Err(f) => return Outcome::Failed(f),
+    };
+    // The step's recorded input is its items; each item's input is mapped
+    // only when the item runs.
+    let all = Value::Array(items);
+    if let Err(e) = step_started(ctx, id, first_attempt, &all).await {
+        return store_failure(e);
+    }
+    let Value::Array(items) = all else {
+        unreachable!("built as an array above")
+    };
+    // Each item is its own task, so items run on every core; at most
+    // `concurrency` at once, outputs kept in item order. The first failure
+    // stops the rest.
+    let attempts = Arc::new(attempts);
+    let step = Arc::new(step.clone());
+    let count = items.len();
+    let mut pending = items.into_iter().enumerate();
+    let mut outputs: Vec<Option<Value>> = vec![None; count];
+    let mut running: JoinSet<(usize, Result<Value, Outcome>)> = JoinSet::new();
+    let mut failed: Option<Outcome> = None;
+    loop {
+        while failed.is_none() && running.len() < step.spec.concurrency {
+            let Some((index, item)) = pending.next() else {
+                break;
+            };
+            let (ctx, step, data) = (ctx.clone(), step.clone(), data.clone());
+            let (attempts, stop, span) = (attempts.clone(), stop.clone(), span.clone());
+            running.spawn(async move {
+                let mut item_data = (*data).clone();
+                item_data["item"] = item;
+                item_data["index"] = json!(index);
+                let result = match step_input(&step, &item_data, Some(index)).await {
+                    Ok(input) => {
+                        run_item(
+                            &ctx,
+                            &step,
+                            Some(index),
+                            &input,
+                            &attempts,
+                            &stop,
+                            &span,
+                            None,
+                        )
+                        .await
+                    }
+                    Err(f) => Err(Outcome::Failed(f)),
+                };
+                (index, result)
+            });
+        }
+        let Some(joined) = running.join_next().await else {
+            break;
+        };
+        match joined {
+            Ok((index, Ok(output))) => outputs[index] = Some(output),
+            Ok((_, Err(outcome))) => {
+                if failed.is_none() {
+                    failed = Some(outcome);
+                    // Dropping a node run mid-flight cancels it (and its
+                    // upstream call).
+                    running.abort_all();
+                }
+            }
+            Err(e) if e.is_cancelled() => {}
+            Err(e) => {
+                failed.get_or_insert(Outcome::Failed(Failure::new(
+                    "trap",
+                    format!("a for_each item's task failed: {e}"),
+                )));
+                running.abort_all();
+            }
+        }
+    }
+    let outputs = match failed {
+        Some(outcome) => Err(outcome),
+        None => Ok(outputs
+            .into_iter()
+            .map(|o| o.unwrap_or(Value::Null))
+            .collect()),
+    };
+    match outputs {
+        Ok(outputs) => Outcome::Succeeded(Value::Array(outputs)),
+        Err(outcome) => outcome,
+    }
+}
+
+/// A parked step ([`super::parking`]): its node run was stopped while its
+/// call waited on an upstream task; the step follows that task itself,
+/// holding no instance and no step slot, and gives back the answers the next
+/// run of the node gets. The call is made again with its idempotency key,
+/// which finds the task kept under it, so the pool follows the task (it
+/// calls the tool again only when the server no longer knows the task).
+/// A stop drops the call, which cancels the task upstream (not on a host
+/// shutdown: the next start follows it).
+async fn follow_parked(
+    ctx: &RunCtx,
+    step: &Step,
+    journal: &StepJournal,
+    parked: Parked,
+    stop: &CancellationToken,
+) -> Result<Vec<Answered>, Outcome> {
+    use crate::capability::{
+        CallExtras, IDEMPOTENCY_META_KEY, split_qualified, tool_result_to_outcome,
+    };
+    tracing::info!(run = %ctx.run_id, step = %step.spec.id, item = journal.item,
+        connection = %parked.connection, task = %parked.task_id,
+        "the step's call waits on an upstream task; its node is let go until the task ends");
+    ctx.events
+        .emit(
+            &ctx.run_id,
+            "step.parked",
+            json!({"step": step.spec.id, "item": journal.item, "call": parked.name,
+                   "connection": parked.connection, "task": parked.task_id}),
+        )
+        .await;
+    journal.progress(Progress {
+        progress: 0.0,
+        total: None,
+        message: Some(format!(
+            "waiting for task `{}` of `{}`",
+            parked.task_id, parked.name
+        )),
+    });
+    let _asleep = ctx.asleep.enter();
+    // The follow's own ledger: it keeps no task when dropped.
+    let follower = Arc::new(step_journal(
+        ctx,
+        step,
+        journal.item,
+        journal.attempt,
+        Vec::new(),
+    ));
+    let follow = async {
+        let (connection, tool) = split_qualified(&parked.name)?;
+        let Value::Object(arguments) = parked.arguments.clone() else {
+            return Err(crate::capability::CapabilityError::InvalidArguments(
+                "arguments must be a JSON object".into(),
+            ));
+        };
+        let mut extras = CallExtras::default();
+        extras.meta.insert(
+            IDEMPOTENCY_META_KEY.into(),
+            Value::String(parked.key.clone()),
+        );
+        extras.tasks = follower.tasks().map(|ledger| (parked.key.clone(), ledger));
+        extras.elicit = follower.elicitor();
+        let follower = follower.clone();
+        extras.progress = Some(Arc::new(move |p: Progress| follower.progress(p)));
+        ctx.runtime
+            .backend()
+            .call_tool_with(connection, tool, arguments, extras)
+            .await
+            .and_then(tool_result_to_outcome)
+    };
+    let result = tokio::select! {
+        result = follow => result,
+        _ = stop.cancelled() => return Err(Outcome::Interrupted),
+    };
+    tracing::info!(run = %ctx.run_id, step = %step.spec.id, item = journal.item,
+        task = %parked.task_id, ok = result.is_ok(), "the upstream task ended; the node runs again");
+    Ok(parked.answers(result))
+}
+
+/// Runs the node on one input, retrying as the step's policy says.
+///
+/// An attempt's log records become a `step.log` event. With `deferred`, the
+/// last attempt's is left there, to be stored with the step's transition (one
+/// write fewer); earlier attempts' are emitted before their retry.
+#[allow(clippy::too_many_arguments)]
+async fn run_item(
+    ctx: &RunCtx,
+    step: &Step,
+    item: Option<usize>,
+    input: &Value,
+    attempts: &AtomicU32,
+    stop: &CancellationToken,
+    span: &tracing::Span,
+    mut deferred: Option<&mut Option<Value>>,
+) -> Result<Value, Outcome> {
+    let node = &ctx.nodes[&step.spec.id];
+    let text = input.to_string();
+    let mut tries = 0u32;
+    let mut attempt = attempts.load(Ordering::Relaxed);
+    // The answers a run of the node after a parked one is given.
+    let mut answers: Vec<Answered> = Vec::new();
+    loop {
+        // A run after a parked one goes on with the same attempt.
+        if answers.is_empty() {
+            tries += 1;
+        }
+        let item_no = item.unwrap_or(0) as u32;
+        let journal = Arc::new(step_journal(
+            ctx,
+            step,
+            item_no,
+            attempt,
+            std::mem::take(&mut answers),
+        ));
+        let ran = {
+            let permit = tokio::select! {
+                permit = ctx.slots.acquire() => permit,
+                _ = stop.cancelled() => return Err(Outcome::Interrupted),
+            };
+            let _permit = permit.expect("the step slots are never closed");
+            let run_id = match item {
+                Some(i) => format!("{}/{}/{i}", ctx.run_id, step.spec.id),
+                None => format!("{}/{}", ctx.run_id, step.spec.id),
+            };
+            let cancel = stop.child_token();
+            let opts = RunOptions {
+                run_id,
+                limits: Some(step.limits),
+                cancel: cancel.clone(),
+                grants: step.grants.clone(),
+                journal: Some(journal.clone()),
+                span: span.clone(),
+            };
+            let run = ctx.runtime.run(node, &text, opts);
+            tokio::pin!(run);
+            tokio::select! {
+                report = &mut run => (report, None),
+                parked = journal.parking.parks(PARK_AFTER) => {
+                    // Stopped like a cancel; its call's task is kept.
+                    cancel.cancel();
+                    (run.await, Some(parked))
+                }
+            }
+        };
+        let report = match ran {
+            // Parked (not stopped by the run's own cancel or deadline): its
+            // logs are what the next run logs again.
+            (
+                RunReport {
+                    result: Err(RunError::Cancelled),
+                    ..
+                },
+                Some(parked),
+            ) if !stop.is_cancelled() => {
+                answers = follow_parked(ctx, step, &journal, parked, stop).await?;
+                continue;
+            }
+            (report, _) => report,
+        };
+        if !report.logs.is_empty() {
+            let data = json!({"step": step.spec.id, "item": item_no, "attempt": attempt, "records": report.logs});
+            match deferred.as_deref_mut() {
+                Some(slot) => *slot = Some(data),
+                None => ctx.events.emit(&ctx.run_id, STEP_LOG, data).await,
+            }
+        }
+        let result = report.result;
+        let failure = match result {
+            Ok(output) => {
+                return serde_json::from_str(&output)
+                    .map_err(|e| Outcome::Failed(Failure::new("invalid-output", e.to_string())));
+            }
+            Err(RunError::Cancelled) => return Err(Outcome::Interrupted),
+            Err(e) => Failure::new(
+                e.code(),
+                match &e {
+                    RunError::Node { message, .. } => message.clone(),
+                    other => other.to_string(),
+                },
+            ),
+        };
+        if !step.spec.retry.retries(&failure.code, tries) {
+            return Err(Outcome::Failed(failure));
+        }
+        // Retrying: this attempt's log comes before the next one starts.
+        if let Some(data) = deferred.as_deref_mut().and_then(Option::take) {
+            ctx.events.emit(&ctx.run_id, STEP_LOG, data).await;
+        }
+        let delay: Duration = step.spec.retry.delay(tries);
+        tracing::info!(
+            run = %ctx.run_id, step = %step.spec.id, attempt, code = %failure.code,
+            "step attempt failed; retrying in {delay:?}"
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = stop.cancelled() => return Err(Outcome::Interrupted),
+        }
+        attempt = attempts.fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::info!(target: trace::TARGET, parent: span, code = %failure.code, attempt, "retry");
+        span.record("wf.attempt", attempt);
+        let write = Transition::StepAttempt {
+            step_id: &step.spec.id,
+            attempt,
+        };
+        apply(ctx, &[write]).await.map_err(store_failure)?;
+    }
+}
