@@ -21,6 +21,9 @@ pub struct Batch {
     pub run_id: String,
     /// The time of the write, its columns' and its events'.
     pub at: String,
+    /// The run's fence, checked first where workers share the database
+    /// (and held until the batch commits); one worker records it only.
+    pub fence: Option<Fence>,
     pub statements: Vec<Statement>,
     pub events: Vec<(Cow<'static, str>, Value)>,
     /// What a shared store tells every worker when the batch commits.
@@ -45,6 +48,7 @@ impl Batch {
         Batch {
             run_id: run_id.to_owned(),
             at: now_text(),
+            fence: None,
             statements: Vec::new(),
             events: Vec::new(),
             notes: Vec::new(),
@@ -67,12 +71,9 @@ impl Batch {
         self.events.push((kind, data));
     }
 
-    /// The check that `fence` still holds the run, where the database has
-    /// more than one worker.
-    pub fn fence(&mut self, dialect: Dialect, fence: &Fence) {
-        if let Some(check) = sql::fence(dialect, &self.run_id, fence) {
-            self.statements.push(check);
-        }
+    /// The batch is written only while `fence` holds the run.
+    pub fn fence(&mut self, fence: &Fence) {
+        self.fence = Some(fence.clone());
     }
 
     /// `moves` of the run, in order, each with its events and notes; under
@@ -87,7 +88,7 @@ impl Batch {
         fence: Option<&Fence>,
     ) -> Result<(), StoreError> {
         if let Some(fence) = fence {
-            self.fence(dialect, fence);
+            self.fence(fence);
         }
         let at_ms = now_ms();
         for write in moves {
@@ -146,7 +147,6 @@ impl Batch {
                     .collect();
                 let (guard, index) = match statement.guard {
                     Guard::None => (None, None),
-                    Guard::Fence => (Some("fence"), None),
                     Guard::Refuse(n) => (Some("refuse"), Some(n)),
                     Guard::Exists => (Some("exists"), None),
                 };
@@ -161,6 +161,7 @@ impl Batch {
         json!({
             "run": self.run_id,
             "at": self.at,
+            "fence": self.fence.as_ref().map(|f| json!([&*f.worker, f.epoch])),
             "stmts": statements,
             "events": events,
             "notes": self.notes,

@@ -11,7 +11,7 @@
 use std::collections::HashSet;
 use std::sync::{LazyLock, Mutex};
 
-use super::{Fence, Lease, NewRun};
+use super::{Lease, NewRun};
 use crate::domain::{
     Attempts, CallRow, Effects, RunSet, RunTo, Stamp, StepSet, StepStatus, Target,
 };
@@ -46,9 +46,6 @@ pub struct Statement {
 pub enum Guard {
     /// Nothing: it may change none.
     None,
-    /// The write's worker no longer holds the run: the batch fails with
-    /// [`StoreError::LeaseLost`](super::StoreError::LeaseLost).
-    Fence,
     /// Move `n` of the batch is refused (its guard did not hold): the batch
     /// fails with [`StoreError::Refused`](super::StoreError::Refused).
     Refuse(usize),
@@ -247,24 +244,6 @@ pub fn move_statements(
         }
     }
     out
-}
-
-/// The check that `fence` still holds `run_id`, held until the batch
-/// commits (`FOR SHARE`: a claim cannot take the run between the check and
-/// the writes); none where one worker has the database.
-pub fn fence(dialect: Dialect, run_id: &str, fence: &Fence) -> Option<Statement> {
-    if dialect == Dialect::Sqlite {
-        return None;
-    }
-    let mut sql = Sql::new(dialect);
-    let run = sql.text(run_id);
-    let worker = sql.text(&*fence.worker);
-    let epoch = sql.int(fence.epoch);
-    sql.push(&format!(
-        "SELECT 1 FROM runs WHERE run_id = {run} AND lease_owner = {worker} \
-         AND lease_epoch = {epoch} AND status = 'running' FOR SHARE"
-    ));
-    Some(sql.done(Guard::Fence))
 }
 
 /// A new run's insert (the batch stops there when the run, or its

@@ -390,7 +390,7 @@ impl Db for SqliteDb {
     /// The batch as one write of the writer's group: its statements (a
     /// refusal fails it, an `Exists` guard stops it), then an insert per
     /// event, each returning its id. One worker: a fence is recorded (the
-    /// worker of an attempt), never checked.
+    /// worker of an attempt, by the statements), never checked.
     async fn apply(&self, batch: Batch) -> Result<Applied, StoreError> {
         let parts = batch.statements.iter().map(|statement| {
             let part = statement
@@ -401,7 +401,7 @@ impl Db for SqliteDb {
             match statement.guard {
                 Guard::Refuse(n) => part.guard(batch.refusal(n).unwrap_or_default().to_owned()),
                 Guard::Exists => part.stops(),
-                Guard::None | Guard::Fence => part,
+                Guard::None => part,
             }
         });
         let events = batch.events.iter().map(|(kind, data)| {
