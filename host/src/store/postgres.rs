@@ -28,7 +28,7 @@ use super::batch::{Applied, Batch};
 use super::cells::{Cells, pg_cells};
 use super::pg_writer::{self, CHANNEL};
 use super::rows::run_row;
-use super::sql::{Arg, Dialect};
+use super::sql::{Arg, Dialect, bind};
 use super::sql_store::{Db, SqlStore};
 use super::{
     CancelRequest, Failure, Fence, Note, Renewed, RunRow, RunStatus, StoreError, Transition,
@@ -103,7 +103,6 @@ pub struct PgDb {
     pool: PgPool,
     /// Every write of runs, grouped across runs (see [`pg_writer`]).
     writer: pg_writer::Writer,
-    location: String,
     notes: broadcast::Sender<Note>,
     /// The task that turns notifications into [`Note`]s; stopped on drop.
     listener: ListenerTask,
@@ -120,6 +119,7 @@ impl SqlStore<PgDb> {
     pub async fn open(url: &str) -> Result<PgStore, StoreError> {
         Ok(SqlStore {
             db: PgDb::open(url).await?,
+            location: redact_password(url),
         })
     }
 
@@ -174,7 +174,6 @@ impl PgDb {
         Ok(PgDb {
             writer: pg_writer::Writer::start(pool.clone()),
             pool,
-            location,
             notes,
             listener,
         })
@@ -377,10 +376,6 @@ async fn notify(conn: &mut sqlx::PgConnection, payload: &str) -> Result<(), Stor
 impl Db for PgDb {
     const DIALECT: Dialect = Dialect::Postgres;
     const BACKEND: &'static str = "postgres";
-
-    fn location(&self) -> String {
-        self.location.clone()
-    }
 
     fn shared(&self) -> bool {
         true
@@ -592,21 +587,6 @@ impl PgDb {
         tx.commit().await?;
         Ok(outcome)
     }
-}
-
-/// `sql` with `args` bound to `$1`, `$2`…
-fn bind(
-    sql: &'static str,
-    args: Vec<Arg>,
-) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
-    args.into_iter().fold(
-        sqlx::query(sqlx::AssertSqlSafe(sql)),
-        |query, arg| match arg {
-            Arg::Text(text) => query.bind(text),
-            Arg::Int(n) => query.bind(n),
-            Arg::Null => query.bind(None::<String>),
-        },
-    )
 }
 
 #[cfg(test)]

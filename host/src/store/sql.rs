@@ -18,6 +18,28 @@ use crate::domain::{
 
 pub use super::group_commit::Arg;
 
+/// `sql` with `args` bound to `$1`, `$2`… (`?N` too, on SQLite), for
+/// either database.
+pub fn bind<DB>(
+    sql: &'static str,
+    args: Vec<Arg>,
+) -> sqlx::query::Query<'static, DB, <DB as sqlx::Database>::Arguments>
+where
+    DB: sqlx::Database,
+    String: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    i64: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    Option<String>: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    args.into_iter().fold(
+        sqlx::query(sqlx::AssertSqlSafe(sql)),
+        |query, arg| match arg {
+            Arg::Text(text) => query.bind(text),
+            Arg::Int(n) => query.bind(n),
+            Arg::Null => query.bind(None::<String>),
+        },
+    )
+}
+
 /// Where the statements run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dialect {

@@ -31,7 +31,6 @@ pub trait Db: Send + Sync + 'static {
     /// `sqlite` or `postgres`.
     const BACKEND: &'static str;
 
-    fn location(&self) -> String;
     /// The rows a read returns (`$N` parameters bound to `args`).
     async fn read(&self, sql: &'static str, args: Vec<Arg>) -> Result<Vec<Cells>, StoreError>;
     /// A write outside any run's progress (schedules, tasks, questions,
@@ -88,6 +87,8 @@ pub trait Db: Send + Sync + 'static {
 /// The SQL store over database `D`.
 pub struct SqlStore<D> {
     pub db: D,
+    /// The file, `:memory:`, or the URL without its password.
+    pub location: String,
 }
 
 impl<D: Db> SqlStore<D> {
@@ -125,7 +126,7 @@ impl<D: Db> Store for SqlStore<D> {
     }
 
     fn location(&self) -> String {
-        self.db.location()
+        self.location.clone()
     }
 
     fn shared(&self) -> bool {

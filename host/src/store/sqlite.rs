@@ -20,7 +20,7 @@ use super::batch::{Applied, Batch};
 use super::cells::{Cells, sqlite_cells};
 use super::group_commit::{Write, Writer};
 use super::rows::json_text;
-use super::sql::{Arg, Dialect, Guard};
+use super::sql::{Arg, Dialect, Guard, bind};
 use super::sql_store::{Db, SqlStore};
 
 /// The file's schema, step by step.
@@ -99,8 +99,10 @@ impl SqlStore<SqliteDb> {
     /// [`StoreError::Open`] for a file that is not a wf-host state file, is
     /// corrupt, or cannot be created.
     pub async fn open(location: &str) -> Result<SqliteStore, StoreError> {
+        let db = SqliteDb::open(location).await?;
         Ok(SqlStore {
-            db: SqliteDb::open(location).await?,
+            location: db.location.clone(),
+            db,
         })
     }
 
@@ -357,21 +359,8 @@ impl Db for SqliteDb {
     const DIALECT: Dialect = Dialect::Sqlite;
     const BACKEND: &'static str = "sqlite";
 
-    fn location(&self) -> String {
-        self.location.clone()
-    }
-
     async fn read(&self, sql: &'static str, args: Vec<Arg>) -> Result<Vec<Cells>, StoreError> {
-        let query =
-            args.into_iter().fold(
-                sqlx::query(sqlx::AssertSqlSafe(sql)),
-                |query, arg| match arg {
-                    Arg::Text(text) => query.bind(text),
-                    Arg::Int(n) => query.bind(n),
-                    Arg::Null => query.bind(None::<String>),
-                },
-            );
-        sqlite_cells(query.fetch_all(&self.pool).await?)
+        sqlite_cells(bind(sql, args).fetch_all(&self.pool).await?)
     }
 
     /// Through the writer, as the runs' own writes: a write from another
