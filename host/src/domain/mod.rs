@@ -8,7 +8,7 @@ mod effects;
 mod transition;
 
 pub use effects::{Attempts, Effects, Notice, RunSet, RunTo, Stamp, StepSet, Target};
-pub use transition::{Guard, RUN_STARTED, STEP_LOG, Transition};
+pub use transition::{Carried, Guard, RUN_STARTED, STEP_LOG, Transition};
 
 use std::sync::Arc;
 

@@ -91,6 +91,16 @@ pub enum Transition<'a> {
     RunAdmitted { at_ms: i64 },
 }
 
+/// The values a move carries from a node or a caller
+/// ([`Transition::carried`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Carried<'a> {
+    pub input: Option<&'a Value>,
+    pub output: Option<&'a Value>,
+    pub error: Option<&'a Failure>,
+    pub log: Option<&'a Value>,
+}
+
 /// The states a [`Transition`] may start from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Guard {
@@ -265,6 +275,98 @@ impl<'a> Transition<'a> {
         }
     }
 
+    /// The values the move carries from a node or a caller (a step's
+    /// input, an output, an error, a step's log): what may hold a secret.
+    pub fn carried(&self) -> Carried<'a> {
+        match *self {
+            Transition::StepStarted { input, .. } | Transition::StepWaits { input, .. } => {
+                Carried {
+                    input,
+                    ..Carried::default()
+                }
+            }
+            Transition::StepFinished {
+                output, error, log, ..
+            } => Carried {
+                output,
+                error,
+                log,
+                ..Carried::default()
+            },
+            Transition::RunFinished { output, error, .. } => Carried {
+                output,
+                error,
+                ..Carried::default()
+            },
+            Transition::RunAbandoned { error, .. } => Carried {
+                error: Some(error),
+                ..Carried::default()
+            },
+            // A queued run's reason holds its keys, from its input, which
+            // is stored as it is.
+            Transition::StepAttempt { .. }
+            | Transition::RunReopened { .. }
+            | Transition::RunQueued { .. }
+            | Transition::RunAdmitted { .. } => Carried::default(),
+        }
+    }
+
+    /// The move with the values of `new` in place of those it carries
+    /// (each `None` of `new` keeps the move's own).
+    pub fn with_carried<'b>(&self, new: Carried<'b>) -> Transition<'b>
+    where
+        'a: 'b,
+    {
+        let pick = |new: Option<&'b Value>, old: Option<&'a Value>| new.or(old);
+        match *self {
+            Transition::StepStarted {
+                step_id,
+                attempt,
+                input,
+            } => Transition::StepStarted {
+                step_id,
+                attempt,
+                input: pick(new.input, input),
+            },
+            Transition::StepWaits {
+                step_id,
+                attempt,
+                input,
+            } => Transition::StepWaits {
+                step_id,
+                attempt,
+                input: pick(new.input, input),
+            },
+            Transition::StepFinished {
+                step_id,
+                status,
+                output,
+                error,
+                log,
+            } => Transition::StepFinished {
+                step_id,
+                status,
+                output: pick(new.output, output),
+                error: new.error.or(error),
+                log: pick(new.log, log),
+            },
+            Transition::RunFinished {
+                status,
+                output,
+                error,
+            } => Transition::RunFinished {
+                status,
+                output: pick(new.output, output),
+                error: new.error.or(error),
+            },
+            Transition::RunAbandoned { status, error } => Transition::RunAbandoned {
+                status,
+                error: new.error.unwrap_or(error),
+            },
+            other => other,
+        }
+    }
+
     /// Whether `from` satisfies the guard: the step's status for a step
     /// move, the run's for a run move.
     pub fn allows_step(&self, from: StepStatus) -> bool {
@@ -417,5 +519,38 @@ mod tests {
             attempt.refusal("r1"),
             "run `r1`: step.started (StepAttempt) refused: step `a` is not running"
         );
+    }
+
+    #[test]
+    fn a_move_gives_back_what_it_carries_and_takes_replacements() {
+        let (output, clean) = (json!("s3cret"), json!("[redacted]"));
+        let failure = Failure::new("x", "s3cret");
+        let finished = Transition::StepFinished {
+            step_id: "a",
+            status: StepStatus::Failed,
+            output: Some(&output),
+            error: Some(&failure),
+            log: None,
+        };
+        let carried = finished.carried();
+        assert_eq!(
+            (carried.output, carried.error, carried.input),
+            (Some(&output), Some(&failure), None)
+        );
+        let replaced = finished.with_carried(Carried {
+            output: Some(&clean),
+            ..Carried::default()
+        });
+        assert_eq!(replaced.carried().output, Some(&clean));
+        assert_eq!(
+            replaced.carried().error,
+            Some(&failure),
+            "a `None` keeps the move's own"
+        );
+        assert_eq!(replaced.step_id(), Some("a"));
+        // A move that carries nothing stays as it is.
+        let queued = Transition::RunQueued { reason: "r" };
+        assert_eq!(queued.carried(), Carried::default());
+        assert_eq!(queued.with_carried(Carried::default()).name(), "RunQueued");
     }
 }

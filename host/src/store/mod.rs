@@ -226,11 +226,17 @@ pub trait Store: Send + Sync {
     fn backend(&self) -> &'static str;
     /// The file, `:memory:`, or the URL without its password.
     fn location(&self) -> String;
+    /// What several workers sharing this store do, where they may
+    /// (PostgreSQL); `None` for a store with one worker, which drives every
+    /// run it starts and resumes the rest at start.
+    fn shared_by(&self) -> Option<&dyn Shared> {
+        None
+    }
     /// Whether several workers may use this store at once: runs are then
     /// claimed under leases ([`Store::claim_runs`]) and workers hear of each
     /// other's runs through [`Store::listen`].
     fn shared(&self) -> bool {
-        false
+        self.shared_by().is_some()
     }
     /// Whether live event streams are fed from the event log (by a task that
     /// reads what was appended) rather than as each event is appended.
@@ -338,13 +344,13 @@ pub trait Store: Send + Sync {
     /// before `finished_before_ms`. Returns how many went.
     async fn prune(&self, keep_runs: u64, finished_before_ms: i64) -> Result<u64, StoreError>;
 
-    // What a shared store adds. The defaults are those of a store with one
-    // worker, which drives every run it starts and resumes the rest at start.
+    // What a shared store adds ([`Store::shared_by`]); without it, what a
+    // store with one worker does.
 
     /// Notes from every worker of a shared store; `None` for a store with one
     /// worker.
     fn listen(&self) -> Option<tokio::sync::broadcast::Receiver<Note>> {
-        None
+        self.shared_by().map(Shared::listen)
     }
     /// Claims up to `limit` runs that are `running` and held by nobody (never
     /// claimed, released, or with an expired lease), oldest first, skipping
@@ -352,26 +358,35 @@ pub trait Store: Send + Sync {
     /// lease is `worker`'s for `lease`, in the next epoch.
     async fn claim_runs(
         &self,
-        _worker: &str,
-        _limit: u32,
-        _lease: Duration,
+        worker: &str,
+        limit: u32,
+        lease: Duration,
     ) -> Result<Vec<(RunRow, Fence)>, StoreError> {
-        Ok(Vec::new())
+        match self.shared_by() {
+            Some(shared) => shared.claim_runs(worker, limit, lease).await,
+            None => Ok(Vec::new()),
+        }
     }
     /// Extends `worker`'s leases on `runs` by `lease` from now; says which it
     /// no longer holds and which were asked to cancel.
     async fn renew(
         &self,
-        _worker: &str,
-        _runs: &[String],
-        _lease: Duration,
+        worker: &str,
+        runs: &[String],
+        lease: Duration,
     ) -> Result<Renewed, StoreError> {
-        Ok(Renewed::default())
+        match self.shared_by() {
+            Some(shared) => shared.renew(worker, runs, lease).await,
+            None => Ok(Renewed::default()),
+        }
     }
     /// Gives up `worker`'s leases on `runs` (a worker shutting down), so any
     /// worker may claim them at once; sends [`Note::Ready`].
-    async fn release_runs(&self, _worker: &str, _runs: &[String]) -> Result<(), StoreError> {
-        Ok(())
+    async fn release_runs(&self, worker: &str, runs: &[String]) -> Result<(), StoreError> {
+        match self.shared_by() {
+            Some(shared) => shared.release_runs(worker, runs).await,
+            None => Ok(()),
+        }
     }
     /// `workflow.cancel` of a run this worker does not drive: ends it at once
     /// when nobody holds it, else marks it and tells its worker
@@ -381,6 +396,9 @@ pub trait Store: Send + Sync {
         run_id: &str,
         failure: &Failure,
     ) -> Result<CancelRequest, StoreError> {
+        if let Some(shared) = self.shared_by() {
+            return shared.request_cancel(run_id, failure).await;
+        }
         let abandon = Transition::RunAbandoned {
             status: RunStatus::Cancelled,
             error: failure,
@@ -392,8 +410,11 @@ pub trait Store: Send + Sync {
         }
     }
     /// Registers `worker` or refreshes its heartbeat.
-    async fn heartbeat(&self, _worker: &WorkerRow) -> Result<(), StoreError> {
-        Ok(())
+    async fn heartbeat(&self, worker: &WorkerRow) -> Result<(), StoreError> {
+        match self.shared_by() {
+            Some(shared) => shared.heartbeat(worker).await,
+            None => Ok(()),
+        }
     }
     /// The id of the newest event, `0` when there is none.
     async fn last_event_id(&self) -> Result<i64, StoreError>;
@@ -468,9 +489,41 @@ pub trait Store: Send + Sync {
     /// waiting first.
     async fn waiting_steps(&self, limit: u32) -> Result<Vec<WaitingStep>, StoreError>;
     /// Workers seen within `within`, by id.
-    async fn workers(&self, _within: Duration) -> Result<Vec<WorkerRow>, StoreError> {
-        Ok(Vec::new())
+    async fn workers(&self, within: Duration) -> Result<Vec<WorkerRow>, StoreError> {
+        match self.shared_by() {
+            Some(shared) => shared.workers(within).await,
+            None => Ok(Vec::new()),
+        }
     }
+}
+
+/// What several workers sharing one store do ([`Store::shared_by`]): each
+/// method is [`Store`]'s of the same name, where more than one worker writes.
+#[async_trait]
+pub trait Shared: Send + Sync {
+    fn listen(&self) -> tokio::sync::broadcast::Receiver<Note>;
+    async fn claim_runs(
+        &self,
+        worker: &str,
+        limit: u32,
+        lease: Duration,
+    ) -> Result<Vec<(RunRow, Fence)>, StoreError>;
+    async fn renew(
+        &self,
+        worker: &str,
+        runs: &[String],
+        lease: Duration,
+    ) -> Result<Renewed, StoreError>;
+    async fn release_runs(&self, worker: &str, runs: &[String]) -> Result<(), StoreError>;
+    /// Ends the run at once when nobody holds it, else marks it and tells
+    /// its worker.
+    async fn request_cancel(
+        &self,
+        run_id: &str,
+        failure: &Failure,
+    ) -> Result<CancelRequest, StoreError>;
+    async fn heartbeat(&self, worker: &WorkerRow) -> Result<(), StoreError>;
+    async fn workers(&self, within: Duration) -> Result<Vec<WorkerRow>, StoreError>;
 }
 
 /// Whether `state` names a PostgreSQL database rather than a SQLite file.

@@ -31,8 +31,8 @@ use super::rows::run_row;
 use super::sql::{Arg, Dialect, bind};
 use super::sql_store::{Db, SqlStore};
 use super::{
-    CancelRequest, Failure, Fence, Note, Renewed, RunRow, RunStatus, StoreError, Transition,
-    WorkerRow,
+    CancelRequest, Failure, Fence, Note, Renewed, RunRow, RunStatus, Shared, StoreError,
+    Transition, WorkerRow,
 };
 
 // sqlx's PostgreSQL migrator takes a session advisory lock (`pg_advisory_lock`
@@ -377,8 +377,8 @@ impl Db for PgDb {
     const DIALECT: Dialect = Dialect::Postgres;
     const BACKEND: &'static str = "postgres";
 
-    fn shared(&self) -> bool {
-        true
+    fn shared_by(&self) -> Option<&dyn Shared> {
+        Some(self)
     }
 
     async fn read(&self, sql: &'static str, args: Vec<Arg>) -> Result<Vec<Cells>, StoreError> {
@@ -394,9 +394,12 @@ impl Db for PgDb {
     async fn apply(&self, batch: Batch) -> Result<Applied, StoreError> {
         self.writer.write(batch).await
     }
+}
 
-    fn listen(&self) -> Option<broadcast::Receiver<Note>> {
-        Some(self.notes.subscribe())
+#[async_trait]
+impl Shared for PgDb {
+    fn listen(&self) -> broadcast::Receiver<Note> {
+        self.notes.subscribe()
     }
 
     async fn claim_runs(
@@ -541,13 +544,7 @@ impl Db for PgDb {
         &self,
         run_id: &str,
         failure: &Failure,
-    ) -> Option<Result<CancelRequest, StoreError>> {
-        Some(self.cancel(run_id, failure).await)
-    }
-}
-
-impl PgDb {
-    async fn cancel(&self, run_id: &str, failure: &Failure) -> Result<CancelRequest, StoreError> {
+    ) -> Result<CancelRequest, StoreError> {
         let mut tx = self.pool.begin().await?;
         let row: Option<(String, bool)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT status, lease_owner IS NOT NULL AND lease_until_ms >= {DB_NOW_MS}

@@ -5,8 +5,6 @@
 //! once, with `$N` parameters, which both databases take; where their SQL
 //! differs, the [`Dialect`] says how.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use serde_json::Value;
 
@@ -17,10 +15,9 @@ use super::rows::{
 };
 use super::sql::{self, Arg, Dialect};
 use super::{
-    CallRow, CancelRequest, Counts, Created, EventRow, Failure, Fence, FirstTransitions, Flow,
-    FlowUsage, Lease, ListQuery, NewRun, NewRunWrite, Note, QuestionRow, Renewed, RunRow,
-    RunStatus, ScheduleRow, SignalRow, StepRow, Store, StoreError, Transition, WaitingStep,
-    WorkerRow, now_text,
+    CallRow, Counts, Created, EventRow, Fence, FirstTransitions, Flow, FlowUsage, Lease, ListQuery,
+    NewRun, NewRunWrite, QuestionRow, RunRow, RunStatus, ScheduleRow, Shared, SignalRow, StepRow,
+    Store, StoreError, Transition, WaitingStep, now_text,
 };
 
 /// What the SQL store needs of a database.
@@ -39,48 +36,9 @@ pub trait Db: Send + Sync + 'static {
     /// A run's write, committed (grouped with other runs' where it can).
     async fn apply(&self, batch: Batch) -> Result<Applied, StoreError>;
 
-    // What a database with several workers adds; the defaults are those of
-    // a database with one.
-
-    fn shared(&self) -> bool {
-        false
-    }
-    fn listen(&self) -> Option<tokio::sync::broadcast::Receiver<Note>> {
+    /// What its workers do, where several share it.
+    fn shared_by(&self) -> Option<&dyn Shared> {
         None
-    }
-    async fn claim_runs(
-        &self,
-        _worker: &str,
-        _limit: u32,
-        _lease: Duration,
-    ) -> Result<Vec<(RunRow, Fence)>, StoreError> {
-        Ok(Vec::new())
-    }
-    async fn renew(
-        &self,
-        _worker: &str,
-        _runs: &[String],
-        _lease: Duration,
-    ) -> Result<Renewed, StoreError> {
-        Ok(Renewed::default())
-    }
-    async fn release_runs(&self, _worker: &str, _runs: &[String]) -> Result<(), StoreError> {
-        Ok(())
-    }
-    /// `workflow.cancel` of a run held by another worker; `None` where the
-    /// store's own default (abandon it here) is right.
-    async fn request_cancel(
-        &self,
-        _run_id: &str,
-        _failure: &Failure,
-    ) -> Option<Result<CancelRequest, StoreError>> {
-        None
-    }
-    async fn heartbeat(&self, _worker: &WorkerRow) -> Result<(), StoreError> {
-        Ok(())
-    }
-    async fn workers(&self, _within: Duration) -> Result<Vec<WorkerRow>, StoreError> {
-        Ok(Vec::new())
     }
 }
 
@@ -105,7 +63,7 @@ impl<D: Db> SqlStore<D> {
     ) -> Batch {
         let mut batch = Batch::new(&new.run.run_id);
         // One worker drives every run of a database it has alone: no lease.
-        let lease = lease.filter(|_| self.db.shared());
+        let lease = lease.filter(|_| self.shared());
         for statement in sql::create_run(D::DIALECT, new, lease) {
             batch.statement(statement);
         }
@@ -129,8 +87,8 @@ impl<D: Db> Store for SqlStore<D> {
         self.location.clone()
     }
 
-    fn shared(&self) -> bool {
-        self.db.shared()
+    fn shared_by(&self) -> Option<&dyn Shared> {
+        self.db.shared_by()
     }
 
     /// One worker writes (SQLite), or workers write at once (PostgreSQL):
@@ -142,7 +100,7 @@ impl<D: Db> Store for SqlStore<D> {
     /// A batch binds one time to its writes and its events. (A shared
     /// store says no: a run's end may be written by another worker.)
     fn stamps_with_event_time(&self) -> bool {
-        !self.db.shared()
+        !self.shared()
     }
 
     /// The run, its steps, its first event and the transitions that follow,
@@ -500,59 +458,6 @@ impl<D: Db> Store for SqlStore<D> {
             )
             .await?;
         Ok(deleted.len() as u64)
-    }
-
-    fn listen(&self) -> Option<tokio::sync::broadcast::Receiver<Note>> {
-        self.db.listen()
-    }
-
-    async fn claim_runs(
-        &self,
-        worker: &str,
-        limit: u32,
-        lease: Duration,
-    ) -> Result<Vec<(RunRow, Fence)>, StoreError> {
-        self.db.claim_runs(worker, limit, lease).await
-    }
-
-    async fn renew(
-        &self,
-        worker: &str,
-        runs: &[String],
-        lease: Duration,
-    ) -> Result<Renewed, StoreError> {
-        self.db.renew(worker, runs, lease).await
-    }
-
-    async fn release_runs(&self, worker: &str, runs: &[String]) -> Result<(), StoreError> {
-        self.db.release_runs(worker, runs).await
-    }
-
-    async fn request_cancel(
-        &self,
-        run_id: &str,
-        failure: &Failure,
-    ) -> Result<CancelRequest, StoreError> {
-        if let Some(asked) = self.db.request_cancel(run_id, failure).await {
-            return asked;
-        }
-        let abandon = Transition::RunAbandoned {
-            status: RunStatus::Cancelled,
-            error: failure,
-        };
-        match self.transitions(run_id, &[abandon], None).await {
-            Ok(events) => Ok(CancelRequest::Ended(events)),
-            Err(StoreError::Refused(_)) => Ok(CancelRequest::NotRunning),
-            Err(e) => Err(e),
-        }
-    }
-
-    async fn heartbeat(&self, worker: &WorkerRow) -> Result<(), StoreError> {
-        self.db.heartbeat(worker).await
-    }
-
-    async fn workers(&self, within: Duration) -> Result<Vec<WorkerRow>, StoreError> {
-        self.db.workers(within).await
     }
 
     async fn schedule(

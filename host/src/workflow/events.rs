@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use serde_json::Value;
 use tokio::sync::broadcast;
 
-use crate::domain::{EventRow, Failure, RUN_STARTED, Transition, now_text};
+use crate::domain::{Carried, EventRow, Failure, RUN_STARTED, Transition, now_text};
 use crate::store::{
     CancelRequest, Created, Fence, FirstTransitions, Lease, NewRun, Store, StoreError,
 };
@@ -311,38 +311,17 @@ fn scrub(moves: &[Transition<'_>], redact: &[String]) -> Option<Vec<Scrub>> {
     };
     let scrubs: Vec<Scrub> = moves
         .iter()
-        .map(|m| match *m {
-            Transition::StepStarted { input: i, .. } => Scrub {
-                input: input(i),
-                ..Scrub::default()
-            },
-            Transition::StepWaits { input: i, .. } => Scrub {
-                input: waits(i),
-                ..Scrub::default()
-            },
-            Transition::StepFinished {
-                output, error, log, ..
-            } => Scrub {
-                output: value(output),
-                error: failure(error),
-                log: value(log),
-                ..Scrub::default()
-            },
-            Transition::RunFinished { output, error, .. } => Scrub {
-                output: value(output),
-                error: failure(error),
-                ..Scrub::default()
-            },
-            Transition::RunAbandoned { error, .. } => Scrub {
-                error: failure(Some(error)),
-                ..Scrub::default()
-            },
-            // A queued run's reason holds its keys, from its input, which
-            // is stored as it is.
-            Transition::StepAttempt { .. }
-            | Transition::RunReopened { .. }
-            | Transition::RunQueued { .. }
-            | Transition::RunAdmitted { .. } => Scrub::default(),
+        .map(|m| {
+            let carried = m.carried();
+            Scrub {
+                input: match m {
+                    Transition::StepWaits { .. } => waits(carried.input),
+                    _ => input(carried.input),
+                },
+                output: value(carried.output),
+                error: failure(carried.error),
+                log: value(carried.log),
+            }
         })
         .collect();
     let changed =
@@ -352,56 +331,16 @@ fn scrub(moves: &[Transition<'_>], redact: &[String]) -> Option<Vec<Scrub>> {
 
 /// `moves` with the values `scrubs` replaced.
 fn with_scrubs<'s>(moves: &[Transition<'s>], scrubs: &'s [Scrub]) -> Vec<Transition<'s>> {
-    let pick = |new: &'s Option<Value>, old: Option<&'s Value>| new.as_ref().or(old);
     moves
         .iter()
         .zip(scrubs)
-        .map(|(m, s)| match *m {
-            Transition::StepStarted {
-                step_id,
-                attempt,
-                input,
-            } => Transition::StepStarted {
-                step_id,
-                attempt,
-                input: pick(&s.input, input),
-            },
-            Transition::StepWaits {
-                step_id,
-                attempt,
-                input,
-            } => Transition::StepWaits {
-                step_id,
-                attempt,
-                input: pick(&s.input, input),
-            },
-            Transition::StepFinished {
-                step_id,
-                status,
-                output,
-                error,
-                log,
-            } => Transition::StepFinished {
-                step_id,
-                status,
-                output: pick(&s.output, output),
-                error: s.error.as_ref().or(error),
-                log: pick(&s.log, log),
-            },
-            Transition::RunFinished {
-                status,
-                output,
-                error,
-            } => Transition::RunFinished {
-                status,
-                output: pick(&s.output, output),
-                error: s.error.as_ref().or(error),
-            },
-            Transition::RunAbandoned { status, error } => Transition::RunAbandoned {
-                status,
-                error: s.error.as_ref().unwrap_or(error),
-            },
-            other => other,
+        .map(|(m, s)| {
+            m.with_carried(Carried {
+                input: s.input.as_ref(),
+                output: s.output.as_ref(),
+                error: s.error.as_ref(),
+                log: s.log.as_ref(),
+            })
         })
         .collect()
 }
