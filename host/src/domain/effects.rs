@@ -251,13 +251,6 @@ impl<'a> Transition<'a> {
     }
 }
 
-impl StepSet<'_> {
-    /// Whether the set changes nothing.
-    pub fn is_empty(&self) -> bool {
-        *self == StepSet::default()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;

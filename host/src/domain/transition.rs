@@ -113,7 +113,7 @@ pub struct Guard {
 }
 
 impl Guard {
-    /// The statuses of `run`, as text, for a backend to bind.
+    /// The statuses of `run`, as text (a refusal names them).
     pub fn run_text(&self) -> Vec<&'static str> {
         self.run.iter().map(|s| s.as_str()).collect()
     }

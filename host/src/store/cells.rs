@@ -83,26 +83,23 @@ fn is_integer(name: &str) -> bool {
     name.contains("INT") || name.starts_with("BOOL")
 }
 
-/// `rows` as cells.
-pub fn sqlite_cells(rows: Vec<sqlx::sqlite::SqliteRow>) -> Result<Vec<Cells>, StoreError> {
+/// `rows` as cells, each column decoded by `cell` (its row, its index).
+fn cells<R: Row>(
+    rows: Vec<R>,
+    cell: impl Fn(&R, usize) -> Result<Cell, sqlx::Error>,
+) -> Result<Vec<Cells>, StoreError> {
     let Some(first) = rows.first() else {
         return Ok(Vec::new());
     };
-    let names = names(first.columns());
+    let names: Arc<[String]> = first
+        .columns()
+        .iter()
+        .map(|c| c.name().to_owned())
+        .collect();
     rows.iter()
         .map(|row| {
             let values = (0..row.len())
-                .map(|i| {
-                    let raw = row.try_get_raw(i)?;
-                    if raw.is_null() {
-                        return Ok(Cell::Null);
-                    }
-                    // SQLite's types are the values' own.
-                    Ok(match is_integer(raw.type_info().name()) {
-                        true => Cell::Int(row.try_get_unchecked::<i64, _>(i)?),
-                        false => Cell::Text(row.try_get_unchecked::<String, _>(i)?),
-                    })
-                })
+                .map(|i| cell(row, i))
                 .collect::<Result<_, sqlx::Error>>()?;
             Ok(Cells {
                 names: names.clone(),
@@ -112,39 +109,32 @@ pub fn sqlite_cells(rows: Vec<sqlx::sqlite::SqliteRow>) -> Result<Vec<Cells>, St
         .collect()
 }
 
-/// `rows` as cells.
+/// SQLite's rows as cells; a value's type is its own.
+pub fn sqlite_cells(rows: Vec<sqlx::sqlite::SqliteRow>) -> Result<Vec<Cells>, StoreError> {
+    cells(rows, |row, i| {
+        let raw = row.try_get_raw(i)?;
+        if raw.is_null() {
+            return Ok(Cell::Null);
+        }
+        Ok(match is_integer(raw.type_info().name()) {
+            true => Cell::Int(row.try_get_unchecked::<i64, _>(i)?),
+            false => Cell::Text(row.try_get_unchecked::<String, _>(i)?),
+        })
+    })
+}
+
+/// PostgreSQL's rows as cells, by each column's type.
 pub fn pg_cells(rows: Vec<sqlx::postgres::PgRow>) -> Result<Vec<Cells>, StoreError> {
-    let Some(first) = rows.first() else {
-        return Ok(Vec::new());
-    };
-    let names = names(first.columns());
-    rows.iter()
-        .map(|row| {
-            let values = row
-                .columns()
-                .iter()
-                .enumerate()
-                .map(|(i, column)| {
-                    if row.try_get_raw(i)?.is_null() {
-                        return Ok(Cell::Null);
-                    }
-                    Ok(match column.type_info().name() {
-                        "BOOL" => Cell::Int(i64::from(row.try_get::<bool, _>(i)?)),
-                        "INT2" => Cell::Int(i64::from(row.try_get::<i16, _>(i)?)),
-                        "INT4" => Cell::Int(i64::from(row.try_get::<i32, _>(i)?)),
-                        "INT8" => Cell::Int(row.try_get::<i64, _>(i)?),
-                        _ => Cell::Text(row.try_get::<String, _>(i)?),
-                    })
-                })
-                .collect::<Result<_, sqlx::Error>>()?;
-            Ok(Cells {
-                names: names.clone(),
-                values,
-            })
+    cells(rows, |row, i| {
+        if row.try_get_raw(i)?.is_null() {
+            return Ok(Cell::Null);
+        }
+        Ok(match row.column(i).type_info().name() {
+            "BOOL" => Cell::Int(i64::from(row.try_get::<bool, _>(i)?)),
+            "INT2" => Cell::Int(i64::from(row.try_get::<i16, _>(i)?)),
+            "INT4" => Cell::Int(i64::from(row.try_get::<i32, _>(i)?)),
+            "INT8" => Cell::Int(row.try_get::<i64, _>(i)?),
+            _ => Cell::Text(row.try_get::<String, _>(i)?),
         })
-        .collect()
-}
-
-fn names<C: Column>(columns: &[C]) -> Arc<[String]> {
-    columns.iter().map(|c| c.name().to_owned()).collect()
+    })
 }

@@ -42,6 +42,24 @@ pub trait Db: Send + Sync + 'static {
     }
 }
 
+/// The update that takes a signal for a step: its own (taken before a
+/// restart) first, else the oldest kept; `$lock` locks the row it picks
+/// where workers take signals at once.
+macro_rules! take_signal {
+    ($lock:literal) => {
+        concat!(
+            "UPDATE signals SET step_id = $3
+             WHERE id = (SELECT id FROM signals
+                         WHERE run_id = $1 AND signal = $2
+                           AND (step_id IS NULL OR step_id = $3)
+                         ORDER BY step_id IS NULL, id LIMIT 1 ",
+            $lock,
+            ")
+             RETURNING id"
+        )
+    };
+}
+
 /// The SQL store over database `D`.
 pub struct SqlStore<D> {
     pub db: D,
@@ -548,23 +566,8 @@ impl<D: Db> Store for SqlStore<D> {
             .db
             .write(
                 match D::DIALECT {
-                    Dialect::Sqlite => {
-                        "UPDATE signals SET step_id = $3
-                         WHERE id = (SELECT id FROM signals
-                                     WHERE run_id = $1 AND signal = $2
-                                       AND (step_id IS NULL OR step_id = $3)
-                                     ORDER BY step_id IS NULL, id LIMIT 1)
-                         RETURNING id"
-                    }
-                    Dialect::Postgres => {
-                        "UPDATE signals SET step_id = $3
-                         WHERE id = (SELECT id FROM signals
-                                     WHERE run_id = $1 AND signal = $2
-                                       AND (step_id IS NULL OR step_id = $3)
-                                     ORDER BY step_id IS NULL, id LIMIT 1
-                                     FOR UPDATE)
-                         RETURNING id"
-                    }
+                    Dialect::Sqlite => take_signal!(""),
+                    Dialect::Postgres => take_signal!("FOR UPDATE"),
                 },
                 args(),
             )

@@ -380,12 +380,15 @@ impl Db for SqliteDb {
     /// refusal fails it, an `Exists` guard stops it), then an insert per
     /// event, each returning its id. One worker: a fence is recorded (the
     /// worker of an attempt, by the statements), never checked.
-    async fn apply(&self, batch: Batch) -> Result<Applied, StoreError> {
-        let parts = batch.statements.iter().map(|statement| {
+    async fn apply(&self, mut batch: Batch) -> Result<Applied, StoreError> {
+        // The arguments move into the write; the rest of the batch reads
+        // its result.
+        let statements = std::mem::take(&mut batch.statements);
+        let count = statements.len();
+        let parts = statements.into_iter().map(|statement| {
             let part = statement
                 .args
-                .iter()
-                .cloned()
+                .into_iter()
                 .fold(Write::new(statement.sql), Write::arg);
             match statement.guard {
                 Guard::Refuse(n) => part.guard(batch.refusal(n).unwrap_or_default().to_owned()),
@@ -406,10 +409,9 @@ impl Db for SqliteDb {
             return batch.applied(&mut std::iter::empty(), false);
         };
         let done = self.writer.write(write).await?;
-        let statements = batch.statements.len();
         // A write that stopped has fewer results than statements.
-        let stopped = done.len() < statements + batch.events.len();
-        let mut ids = done.into_iter().skip(statements).flatten();
+        let stopped = done.len() < count + batch.events.len();
+        let mut ids = done.into_iter().skip(count).flatten();
         batch.applied(&mut ids, stopped)
     }
 }
