@@ -25,6 +25,24 @@ fn rules(doc: &str) -> BTreeMap<String, BTreeSet<String>> {
     rules
 }
 
+/// The floors table's rows: room → its floor (`| 3 | `pool/`, `store/` |`).
+fn floors(doc: &str) -> BTreeMap<String, u32> {
+    let mut floors = BTreeMap::new();
+    for line in doc.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let [_, floor, rooms, _] = cells.as_slice() else {
+            continue;
+        };
+        let Ok(floor) = floor.parse::<u32>() else {
+            continue;
+        };
+        for name in ticked(rooms) {
+            floors.insert(module(name), floor);
+        }
+    }
+    floors
+}
+
 /// The `backticked` names of a cell.
 fn ticked(cell: &str) -> Vec<&str> {
     cell.split('`').skip(1).step_by(2).collect()
@@ -106,6 +124,70 @@ fn every_room_imports_only_what_the_map_allows() {
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The map says what is and no more: a room's "may import" cell names only
+/// rooms its code imports, so a room cannot widen what it may reach by a
+/// line in the table that nothing uses yet.
+#[test]
+fn every_room_imports_all_that_the_map_names() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let doc = std::fs::read_to_string(root.join("docs/architecture.md")).unwrap();
+    let src = root.join("host/src");
+    let mut stale = Vec::new();
+    for (room, allowed) in &rules(&doc) {
+        let used: BTreeSet<String> = files(&src, room)
+            .iter()
+            .flat_map(|file| imports(&std::fs::read_to_string(file).unwrap()))
+            .collect();
+        for name in allowed.difference(&used) {
+            stale.push(format!(
+                "room `{room}` may import `{name}` but does not: take it out of its cell"
+            ));
+        }
+    }
+    assert!(stale.is_empty(), "{}", stale.join("\n"));
+}
+
+/// The house is layered: every room has a floor, and every room it may
+/// import stands on a lower one. Widening a room's cell upward or sideways
+/// fails here, whatever the code does.
+#[test]
+fn every_room_imports_only_rooms_below_it() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let doc = std::fs::read_to_string(root.join("docs/architecture.md")).unwrap();
+    let floors = floors(&doc);
+    assert!(
+        floors.len() >= 20,
+        "the floors table was not read: {floors:?}"
+    );
+    let mut wrong = Vec::new();
+    for (room, allowed) in &rules(&doc) {
+        let Some(&floor) = floors.get(room) else {
+            wrong.push(format!("room `{room}` is on no floor"));
+            continue;
+        };
+        for name in allowed {
+            match floors.get(name) {
+                Some(&below) if below < floor => {}
+                Some(&other) => wrong.push(format!(
+                    "room `{room}` (floor {floor}) may import `{name}` (floor {other}), which is not below it"
+                )),
+                None => wrong.push(format!("`{name}`, which `{room}` may import, is on no floor")),
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn the_floors_are_read_from_their_table() {
+    let doc = "| floor | rooms |\n|---|---|\n| 2 | `rpc/`, `mcp.rs` |\n| 0 | `domain/` |\n| `a.rs` | x | `c` |";
+    let floors = floors(doc);
+    assert_eq!(floors["rpc"], 2);
+    assert_eq!(floors["mcp"], 2);
+    assert_eq!(floors["domain"], 0);
+    assert_eq!(floors.len(), 3);
 }
 
 #[test]

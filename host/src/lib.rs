@@ -36,6 +36,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod api;
 mod bindings;
 pub mod capability;
 pub mod config;

@@ -47,6 +47,7 @@ use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 
+use crate::api::{ApiError, Runs, Start};
 use crate::domain::StepStatus;
 use crate::tokens::{Caller, RunScope};
 use crate::workflow::{RunRecord, Status, WorkflowError, Workflows};
@@ -131,7 +132,11 @@ impl WorkflowServer {
     }
 
     /// The [`SIGNAL_TOOL`]: `workflow.signal` for runs of exposed workflows.
-    async fn signal(&self, request: CallToolRequestParams) -> Result<CallToolResult, McpError> {
+    async fn signal(
+        &self,
+        caller: &Caller,
+        request: CallToolRequestParams,
+    ) -> Result<CallToolResult, McpError> {
         let args = request.arguments.unwrap_or_default();
         let text = |key: &str| args.get(key).and_then(Value::as_str).map(str::to_owned);
         let (Some(run_id), Some(signal)) = (text("run_id"), text("signal")) else {
@@ -152,7 +157,7 @@ impl WorkflowServer {
                 format!("unknown-run: no run `{run_id}` of an exposed workflow"),
             ));
         }
-        match self.workflows.signal(&run_id, &signal, payload).await {
+        match self.runs().signal(caller, &run_id, &signal, payload).await {
             Ok(sent) => {
                 let value = json!(sent);
                 let mut result = CallToolResult::success(vec![ContentBlock::text(format!(
@@ -162,10 +167,11 @@ impl WorkflowServer {
                 result.structured_content = Some(value);
                 Ok(result)
             }
-            Err(e @ WorkflowError::NotWaiting { .. }) => {
+            Err(ApiError::Denied(refusal)) => Ok(error_result(None, format!("denied: {refusal}"))),
+            Err(ApiError::Workflow(e @ WorkflowError::NotWaiting { .. })) => {
                 Ok(error_result(Some(&run_id), format!("not-waiting: {e}")))
             }
-            Err(e @ WorkflowError::InvalidPayload(_)) => {
+            Err(ApiError::Workflow(e @ WorkflowError::InvalidPayload(_))) => {
                 Ok(error_result(Some(&run_id), format!("invalid-payload: {e}")))
             }
             Err(e) => Err(McpError::internal_error(e.to_string(), None)),
@@ -193,20 +199,21 @@ impl WorkflowServer {
             .collect()
     }
 
+    /// The runs, as callers may see and move them.
+    pub(crate) fn runs(&self) -> Runs<'_> {
+        Runs::of(&self.workflows)
+    }
+
     /// Checks that `caller` may `scope` the run `run_id`; a run that does not
     /// exist is left to the call to report.
     async fn may(&self, caller: &Caller, scope: RunScope, run_id: &str) -> Result<(), McpError> {
-        if caller.is_unlimited() {
-            return Ok(());
-        }
-        match self.workflows.workflow_of(run_id).await {
-            Ok(workflow) => match caller.refusal(scope, &workflow) {
-                Some(refusal) => Err(McpError::invalid_request(refusal, None)),
-                None => Ok(()),
-            },
-            Err(WorkflowError::UnknownRun(_)) => Ok(()),
-            Err(e) => Err(McpError::internal_error(e.to_string(), None)),
-        }
+        self.runs()
+            .may(caller, scope, run_id)
+            .await
+            .map_err(|e| match e {
+                ApiError::Denied(refusal) => McpError::invalid_request(refusal, None),
+                e => McpError::internal_error(e.to_string(), None),
+            })
     }
 
     /// Runs `name` to the end; `Err` only for protocol errors (no such tool).
@@ -218,16 +225,10 @@ impl WorkflowServer {
         let name = request.name.as_ref();
         let caller = self.caller_of(&context);
         if name == SIGNAL_TOOL && self.offers_signal() {
-            let run_id = request
-                .arguments
-                .as_ref()
-                .and_then(|a| a.get("run_id"))
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            if let Err(e) = self.may(&caller, RunScope::Signal, run_id).await {
-                return Ok(error_result(None, format!("denied: {}", e.message)).into());
-            }
-            return self.signal(request).await.map(CallToolResponse::from);
+            return self
+                .signal(&caller, request)
+                .await
+                .map(CallToolResponse::from);
         }
         let Some(exposed) = self.workflows.exposed_workflow(name) else {
             return Err(McpError::invalid_params(
@@ -268,16 +269,12 @@ impl WorkflowServer {
                 // A client's trace context in `_meta` is continued by the run.
                 let parent = crate::trace::TraceParent::from_meta(&context.meta);
                 match self
-                    .workflows
-                    .start_by(name, input, None, caller.trigger(), &parent)
+                    .runs()
+                    .start(&caller, Start::new(name, input, &parent))
                     .await
                 {
                     Ok(run) => run.run_id,
-                    // Bad arguments are a tool execution error the model can read.
-                    Err(e @ WorkflowError::InvalidInput { .. }) => {
-                        return Ok(error_result(None, format!("invalid-input: {e}")).into());
-                    }
-                    Err(e) => return Err(McpError::internal_error(e.to_string(), None)),
+                    Err(e) => return start_error(e).map(Into::into),
                 }
             }
         };
@@ -819,13 +816,7 @@ impl ServerHandler for WorkflowServer {
             .is_some_and(|c| c.supports_tasks());
         let is_workflow = !(request.name == SIGNAL_TOOL && self.offers_signal())
             && self.workflows.exposed_workflow(&request.name).is_some();
-        if is_workflow
-            && let Some(refusal) = self
-                .caller_of(&context)
-                .refusal(RunScope::Start, &request.name)
-        {
-            return Ok(error_result(None, format!("denied: {refusal}")).into());
-        }
+        // A token's `start` scope is checked where the run starts.
         // A round of `input_required` (`requestState`) goes on its call.
         if takes_tasks && is_workflow && request.request_state.is_none() {
             return self.start_task(request, &context).await;
@@ -902,6 +893,18 @@ impl ServerHandler for WorkflowServer {
                 .await?;
         }
         self.read_run(&request.uri).await.map(Into::into)
+    }
+}
+
+/// A workflow that did not start, as the tool call's answer: bad arguments
+/// and a refused token are a tool execution error the model can read.
+fn start_error(e: ApiError) -> Result<CallToolResult, McpError> {
+    match e {
+        ApiError::Denied(refusal) => Ok(error_result(None, format!("denied: {refusal}"))),
+        ApiError::Workflow(e @ WorkflowError::InvalidInput { .. }) => {
+            Ok(error_result(None, format!("invalid-input: {e}")))
+        }
+        e => Err(McpError::internal_error(e.to_string(), None)),
     }
 }
 

@@ -27,6 +27,7 @@ use rmcp::service::RequestContext;
 use serde_json::{Value, json};
 
 use super::{WorkflowServer, tool_result};
+use crate::api::Start;
 use crate::workflow::{RunRecord, Status, StepRecord, WorkflowError};
 
 /// What a client is told to wait between two `tasks/get`.
@@ -90,19 +91,17 @@ impl WorkflowServer {
         // Marked as a task's run: only those are tasks (a run started
         // otherwise, by a schedule or over RPC, is not this face's to cancel).
         let mut trigger = json!({"kind": TASK_TRIGGER});
-        if let Some(name) = &self.caller_of(context).name {
+        let caller = self.caller_of(context);
+        if let Some(name) = &caller.name {
             trigger["token"] = json!(name);
         }
-        let run = match self
-            .workflows
-            .start_triggered(name, input, None, trigger, &parent)
-            .await
-        {
-            Ok(started) => started.run,
-            Err(e @ WorkflowError::InvalidInput { .. }) => {
-                return Ok(super::error_result(None, format!("invalid-input: {e}")).into());
-            }
-            Err(e) => return Err(McpError::internal_error(e.to_string(), None)),
+        let start = Start {
+            trigger: Some(trigger),
+            ..Start::new(name, input, &parent)
+        };
+        let run = match self.runs().start(&caller, start).await {
+            Ok(run) => run,
+            Err(e) => return super::start_error(e).map(Into::into),
         };
         let task = self.detailed(&run.run_id).await?.task;
         Ok(CallToolResponse::Task(CreateTaskResult::new(task)))

@@ -32,8 +32,9 @@ use bytes::BytesMut;
 use futures::{StreamExt, stream};
 use serde_json::Value;
 
+/// What the methods work on: the [`Api`](crate::api::Api) of the server.
+pub use crate::api::Api as RpcState;
 pub use jsonrpc::RpcError;
-pub use methods::RpcState;
 
 /// Default largest request body.
 pub const DEFAULT_MAX_BODY: usize = 1 << 20;
