@@ -44,6 +44,13 @@ env = {{ WF_FIXTURE_WITNESS = "{witness}" }}
             &root.join("plugins/call.wasm").display().to_string(),
         )
         .replace("{flaky}", &guest("flaky").display().to_string())
+        .replace(
+            "{call-0.1.0}",
+            &root
+                .join("tests/compat/call-0.1.0.wasm")
+                .display()
+                .to_string(),
+        )
 }
 
 /// Workflows over a fixture pool, in process: a [`wf_host::host::Host`]
@@ -1552,6 +1559,139 @@ input = '{capability: "fixture.add", arguments: {a: 1, b: 2}}'
             json!(format!("{id}/greet/1/1"))
         ]
     );
+    host.close().await;
+}
+
+/// `call-tools` sends its calls at once: two one-second sleeps overlap at
+/// the server, the results come back in the order given, and the journal
+/// and the idempotency keys number the calls in that order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn call_tools_makes_its_calls_at_once_and_answers_in_order() {
+    let host = Host::new(
+        r#"[[workflows.w.steps]]
+id = "both"
+component = "{call}"
+allow = ["fixture.sleep", "fixture.echo"]
+"#,
+    )
+    .await;
+    let together = json!({"together": [
+        {"capability": "fixture.sleep", "arguments": {"ms": 1000}},
+        {"capability": "fixture.sleep", "arguments": {"ms": 1000}},
+        {"capability": "fixture.echo", "arguments": {"text": "third"}},
+    ]});
+    let run = host.run("w", together).await;
+    assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
+    let results = run.output.as_ref().unwrap()["together"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(results.len(), 3, "{results:?}");
+    let span = |r: &Value| {
+        let s = &r["structuredContent"];
+        (
+            s["started_ms"].as_u64().unwrap(),
+            s["ended_ms"].as_u64().unwrap(),
+        )
+    };
+    let (a, b) = (span(&results[0]), span(&results[1]));
+    assert!(
+        a.0.max(b.0) < a.1.min(b.1),
+        "the two sleeps did not overlap at the server: {a:?} and {b:?}"
+    );
+    assert_eq!(results[2]["content"][0]["text"], "third");
+    // Journaled in the order given, each with its own key.
+    let calls = serde_json::to_value(step(&run, "both").calls.as_ref().unwrap()).unwrap();
+    let journaled: Vec<(Value, Value)> = calls
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["seq"].clone(), c["name"].clone()))
+        .collect();
+    assert_eq!(
+        journaled,
+        [
+            (json!(1), json!("fixture.sleep")),
+            (json!(2), json!("fixture.sleep")),
+            (json!(3), json!("fixture.echo")),
+        ]
+    );
+    let mut keys: Vec<String> = host
+        .witness()
+        .iter()
+        .map(|c| {
+            c["meta"]["wf-host/idempotency-key"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    keys.sort();
+    let id = &run.run_id;
+    assert_eq!(
+        keys,
+        [1, 2, 3].map(|n| format!("{id}/both/0/{n}")),
+        "one key per call, numbered in the order given"
+    );
+    host.close().await;
+}
+
+/// More calls at once than `call-tools` takes are all refused, and none
+/// reaches the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn call_tools_refuses_more_than_sixty_four_calls_and_makes_none() {
+    let host = Host::new(
+        r#"[[workflows.w.steps]]
+id = "many"
+component = "{call}"
+allow = ["fixture.echo"]
+"#,
+    )
+    .await;
+    let calls: Vec<Value> = (0..65)
+        .map(|n| json!({"capability": "fixture.echo", "arguments": {"text": n.to_string()}}))
+        .collect();
+    let run = host.run("w", json!({ "together": calls })).await;
+    assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
+    let results = run.output.as_ref().unwrap()["together"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(results.len(), 65);
+    for result in &results {
+        assert_eq!(result["error"]["code"], "invalid-arguments", "{result}");
+        assert_eq!(
+            result["error"]["message"],
+            "call-tools takes at most 64 calls at once, not 65; none was made"
+        );
+    }
+    assert!(host.witness().is_empty(), "{:?}", host.witness());
+    host.close().await;
+}
+
+/// A node built against `wf:node@0.1.0` (before `call-tools`) runs
+/// unchanged: its calls are checked, made and journaled as a current node's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_built_against_0_1_0_runs_unchanged() {
+    let host = Host::new(
+        r#"[[workflows.w.steps]]
+id = "old"
+component = "{call-0.1.0}"
+allow = ["fixture.echo"]
+"#,
+    )
+    .await;
+    let input = json!({"capability": "fixture.echo", "arguments": {"text": "still here"}});
+    let run = host.run("w", input).await;
+    assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
+    assert_eq!(
+        run.output.as_ref().unwrap()["content"][0]["text"],
+        "still here"
+    );
+    let calls = serde_json::to_value(step(&run, "old").calls.as_ref().unwrap()).unwrap();
+    assert_eq!(calls[0]["name"], "fixture.echo");
+    assert_eq!(calls[0]["outcome"], "ok");
+    assert_eq!(host.witness().len(), 1);
     host.close().await;
 }
 

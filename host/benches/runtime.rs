@@ -174,17 +174,26 @@ impl FloorHost {
         let component = Component::new(&engine, bytes).unwrap();
         let mut linker: Linker<Floor> = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).unwrap();
-        let mut capability = linker.instance("wf:node/capability@0.1.0").unwrap();
-        for name in [
-            "call-tool",
-            "read-resource",
-            "get-prompt",
-            "list-capabilities",
-            "log",
+        // Whichever version the component was built against.
+        for (interface, extra) in [
+            ("wf:node/capability@0.2.0", Some("call-tools")),
+            ("wf:node/capability@0.1.0", None),
         ] {
-            capability
-                .func_new_async(name, |_, _, _, _| Box::new(async { Ok(()) }))
-                .unwrap();
+            let mut capability = linker.instance(interface).unwrap();
+            for name in [
+                "call-tool",
+                "read-resource",
+                "get-prompt",
+                "list-capabilities",
+                "log",
+            ]
+            .into_iter()
+            .chain(extra)
+            {
+                capability
+                    .func_new_async(name, |_, _, _, _| Box::new(async { Ok(()) }))
+                    .unwrap();
+            }
         }
         let pre = linker.instantiate_pre(&component).unwrap();
         FloorHost { engine, pre }

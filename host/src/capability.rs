@@ -759,7 +759,45 @@ fn wit_result(result: Result<Value, CapabilityError>) -> Result<String, wit::Err
     result.map(|v| v.to_string()).map_err(|e| e.to_wit())
 }
 
+/// Most calls one `call-tools` makes at once.
+pub const MAX_CALLS_AT_ONCE: usize = 64;
+
+impl CapabilityCtx {
+    /// `calls` made at once, each as [`CapabilityCtx::call_tool`] makes it;
+    /// their results in the order of `calls`. Their sequence numbers (and
+    /// so their idempotency keys and journal order) follow that order too:
+    /// each call takes its number when first polled, and `join_all` polls
+    /// them first in order.
+    async fn call_tools(&self, calls: &[(String, String)]) -> Vec<Result<Value, CapabilityError>> {
+        if calls.len() > MAX_CALLS_AT_ONCE {
+            let refusal = CapabilityError::InvalidArguments(format!(
+                "call-tools takes at most {MAX_CALLS_AT_ONCE} calls at once, not {}; none was made",
+                calls.len()
+            ));
+            return vec![Err(refusal); calls.len()];
+        }
+        futures::future::join_all(
+            calls
+                .iter()
+                .map(|(name, arguments)| CapabilityCtx::call_tool(self, name, arguments)),
+        )
+        .await
+    }
+}
+
 impl wit::Host for CapabilityCtx {
+    async fn call_tools(
+        &mut self,
+        calls: Vec<wit::ToolCall>,
+    ) -> wasmtime::Result<Vec<Result<String, wit::Error>>> {
+        let calls: Vec<(String, String)> =
+            calls.into_iter().map(|c| (c.name, c.arguments)).collect();
+        let results = CapabilityCtx::call_tools(self, &calls).await;
+        tracing::debug!(run = %self.run_id, node = %self.node, calls = calls.len(),
+            failed = results.iter().filter(|r| r.is_err()).count(), "call-tools");
+        Ok(results.into_iter().map(wit_result).collect())
+    }
+
     async fn call_tool(
         &mut self,
         name: String,
@@ -851,6 +889,89 @@ impl wit::Host for CapabilityCtx {
             }
         }
         Ok(())
+    }
+}
+
+/// Nodes built against `wf:node@0.1.0` get the same dispatch: its
+/// functions are the current ones without `call-tools`, its types the same
+/// shapes.
+mod v0_1_0 {
+    use super::{CapabilityCtx, wit};
+    use crate::bindings::v0_1_0::wf::node::capability as old;
+
+    fn error(e: wit::Error) -> old::Error {
+        match e {
+            wit::Error::NotFound(m) => old::Error::NotFound(m),
+            wit::Error::Denied(m) => old::Error::Denied(m),
+            wit::Error::InvalidArguments(m) => old::Error::InvalidArguments(m),
+            wit::Error::ToolError(m) => old::Error::ToolError(m),
+            wit::Error::Unavailable(m) => old::Error::Unavailable(m),
+            wit::Error::Timeout(m) => old::Error::Timeout(m),
+        }
+    }
+
+    impl old::Host for CapabilityCtx {
+        async fn call_tool(
+            &mut self,
+            name: String,
+            arguments: String,
+        ) -> wasmtime::Result<Result<String, old::Error>> {
+            Ok(wit::Host::call_tool(self, name, arguments)
+                .await?
+                .map_err(error))
+        }
+
+        async fn read_resource(
+            &mut self,
+            connection: String,
+            uri: String,
+        ) -> wasmtime::Result<Result<String, old::Error>> {
+            Ok(wit::Host::read_resource(self, connection, uri)
+                .await?
+                .map_err(error))
+        }
+
+        async fn get_prompt(
+            &mut self,
+            name: String,
+            arguments: String,
+        ) -> wasmtime::Result<Result<String, old::Error>> {
+            Ok(wit::Host::get_prompt(self, name, arguments)
+                .await?
+                .map_err(error))
+        }
+
+        async fn list_capabilities(
+            &mut self,
+        ) -> wasmtime::Result<Result<Vec<old::CapabilityInfo>, old::Error>> {
+            let listed = wit::Host::list_capabilities(self).await?;
+            Ok(listed.map_err(error).map(|entries| {
+                entries
+                    .into_iter()
+                    .map(|e| old::CapabilityInfo {
+                        name: e.name,
+                        kind: match e.kind {
+                            wit::Kind::Tool => old::Kind::Tool,
+                            wit::Kind::Resource => old::Kind::Resource,
+                            wit::Kind::Prompt => old::Kind::Prompt,
+                        },
+                        description: e.description,
+                        schema: e.schema,
+                    })
+                    .collect()
+            }))
+        }
+
+        async fn log(&mut self, level: old::Level, message: String) -> wasmtime::Result<()> {
+            let level = match level {
+                old::Level::Trace => wit::Level::Trace,
+                old::Level::Debug => wit::Level::Debug,
+                old::Level::Info => wit::Level::Info,
+                old::Level::Warn => wit::Level::Warn,
+                old::Level::Error => wit::Level::Error,
+            };
+            wit::Host::log(self, level, message).await
+        }
     }
 }
 

@@ -104,6 +104,18 @@ impl Grants {
         &self.patterns
     }
 
+    /// The patterns as a message shows them: "`a.*`, `b.c`", or "nothing".
+    pub fn shown(&self) -> String {
+        if self.patterns.is_empty() {
+            return "nothing".to_owned();
+        }
+        self.patterns
+            .iter()
+            .map(|p| format!("`{p}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// The message for a refused capability: names it and the grant that would
     /// allow it.
     pub fn denial(&self, qualified: &str) -> String {

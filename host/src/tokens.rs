@@ -210,14 +210,7 @@ impl Caller {
             return None;
         }
         let s = self.scopes.as_ref()?;
-        let given = match s.capabilities.patterns() {
-            [] => "nothing".to_owned(),
-            p => p
-                .iter()
-                .map(|p| format!("`{p}`"))
-                .collect::<Vec<_>>()
-                .join(", "),
-        };
+        let given = s.capabilities.shown();
         Some(format!(
             "token `{}` may not call `{qualified}`: its `capabilities` scope covers {given}",
             self.name.as_deref().unwrap_or_default()

@@ -8,7 +8,7 @@
 //
 // Build:  npm run build   (jco componentize ... --backend qjs --backend-qjs-disable-async)
 
-import capability from "wf:node/capability@0.1.0";
+import capability from "wf:node/capability@0.2.0";
 
 function answer(skipFail) {
   // readResource returns a ReadResourceResult: {"contents": [{"uri", "text"}]}.

@@ -163,6 +163,37 @@ pub mod capability {
         Ok(ToolResult(parse_host_json(&text)?))
     }
 
+    /// Calls several tools at once: each `(name, arguments)` as
+    /// [`call_tool`] would call it, all sent together through the host, so
+    /// that slow calls overlap. The results come back in the order of
+    /// `calls`. At most 64 calls at once; past that, each fails with
+    /// [`CapabilityError::InvalidArguments`] and none is made.
+    ///
+    /// ```no_run
+    /// use wf_sdk::{capability, json};
+    /// let results = capability::call_tools(&[
+    ///     ("weather.forecast", json!({"city": "Lyon"})),
+    ///     ("weather.forecast", json!({"city": "Oslo"})),
+    /// ]);
+    /// for result in results {
+    ///     println!("{}", result?.text());
+    /// }
+    /// # Ok::<(), wf_sdk::CapabilityError>(())
+    /// ```
+    pub fn call_tools(calls: &[(&str, Value)]) -> Vec<Result<ToolResult, CapabilityError>> {
+        let calls: Vec<wit::ToolCall> = calls
+            .iter()
+            .map(|(name, arguments)| wit::ToolCall {
+                name: (*name).to_owned(),
+                arguments: arguments.to_string(),
+            })
+            .collect();
+        wit::call_tools(&calls)
+            .into_iter()
+            .map(|result| Ok(ToolResult(parse_host_json(&result?)?)))
+            .collect()
+    }
+
     /// Reads `uri` from `connection`: the MCP `ReadResourceResult` JSON.
     ///
     /// # Errors

@@ -21,14 +21,7 @@ impl Api {
         if grants.allows(qualified) {
             return Ok(());
         }
-        let granted = match grants.patterns() {
-            [] => "nothing".to_owned(),
-            patterns => patterns
-                .iter()
-                .map(|p| format!("`{p}`"))
-                .collect::<Vec<_>>()
-                .join(", "),
-        };
+        let granted = grants.shown();
         Err(CapabilityError::Denied(format!(
             "`{qualified}` is not granted to RPC clients (`[rpc] allow` grants {granted}); add it to `[rpc] allow` in the config"
         ))

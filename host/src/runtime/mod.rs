@@ -29,7 +29,12 @@ use crate::capability::{
 use crate::grants::Grants;
 
 /// The WIT world every node must target.
-pub const WORLD: &str = "wf:node/node@0.1.0";
+pub const WORLD: &str = "wf:node/node@0.2.0";
+
+/// The `capability` interfaces a node may import: the current one, and those
+/// of earlier versions, whose nodes run unchanged.
+pub const CAPABILITY_INTERFACES: &[&str] =
+    &["wf:node/capability@0.2.0", "wf:node/capability@0.1.0"];
 
 /// How often the epoch ticks. Deadlines and cancellation are checked at this
 /// granularity while guest code runs.
@@ -460,6 +465,12 @@ impl Runtime {
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| LoadError::Engine(format!("{e:#}")))?;
         crate::bindings::wf::node::capability::add_to_linker::<_, HasSelf<CapabilityCtx>>(
+            &mut linker,
+            |state: &mut NodeState| &mut state.capability,
+        )
+        .map_err(|e| LoadError::Engine(format!("{e:#}")))?;
+        // Nodes built against 0.1.0 run unchanged.
+        crate::bindings::v0_1_0::wf::node::capability::add_to_linker::<_, HasSelf<CapabilityCtx>>(
             &mut linker,
             |state: &mut NodeState| &mut state.capability,
         )
@@ -897,16 +908,16 @@ fn classify_trap(trap: &wasmtime::Error, memory_hit: bool, limits: Limits) -> Ru
 fn check_world(engine: &Engine, component: &Component) -> Result<(), String> {
     let ty = component.component_type();
     for (name, _) in ty.imports(engine) {
-        if name.starts_with("wasi:") || name == "wf:node/capability@0.1.0" {
+        if name.starts_with("wasi:") || CAPABILITY_INTERFACES.contains(&name) {
             continue;
         }
         if name.starts_with("wf:node/") {
             return Err(format!(
-                "it imports `{name}`, but this host provides `wf:node/capability@0.1.0`; rebuild it against this host's `wit/`"
+                "it imports `{name}`, but this host provides `wf:node/capability@0.2.0` (and `@0.1.0`); rebuild it against this host's `wit/`"
             ));
         }
         return Err(format!(
-            "it imports `{name}`, which wf-host does not provide; a node may import only `wf:node/capability@0.1.0` and WASI"
+            "it imports `{name}`, which wf-host does not provide; a node may import only `wf:node/capability@0.2.0` (or `@0.1.0`) and WASI"
         ));
     }
     if component.get_export_index(None, "run").is_none() {

@@ -11,7 +11,9 @@
 //! from there as if it had never stopped.
 //!
 //! The answers are kept only while they fit in [`MAX_REMEMBERED`]; a node
-//! whose calls so far answered more keeps its instance, as before. If the
+//! whose calls so far answered more keeps its instance, as before. So does a
+//! node with more than one call in flight (`call-tools`): stopping it would
+//! lose the others' answers. If the
 //! node runs again differently (another call where an answered one was), its
 //! calls from there on are made for real, and a warning says so.
 //!
@@ -88,6 +90,9 @@ struct State {
     bytes: usize,
     /// The call in flight: its seq, name, arguments and start.
     calling: Option<(u32, String, Value, Instant)>,
+    /// Every call in flight, by seq: a node run that has more than one
+    /// (`call-tools`) never parks, since the others' answers would be lost.
+    in_flight: std::collections::BTreeSet<u32>,
     /// The task the call in flight made: its key, connection and id.
     task: Option<(String, String, String)>,
     /// The answers this run is given (from the run before it parked), by
@@ -152,6 +157,7 @@ impl Parking {
     /// Call `seq` is about to be made.
     pub fn calling(&self, seq: u32, name: &str, arguments: &Value) {
         let mut state = self.lock();
+        state.in_flight.insert(seq);
         if state.answered.is_some() {
             state.calling = Some((seq, name.to_owned(), arguments.clone(), Instant::now()));
             state.task = None;
@@ -161,6 +167,7 @@ impl Parking {
     /// A call ended (it is being journaled): remembered with its answer.
     pub fn recorded(&self, entry: &JournalEntry) {
         let mut state = self.lock();
+        state.in_flight.remove(&entry.seq);
         if state
             .calling
             .as_ref()
@@ -219,7 +226,10 @@ impl Parking {
             };
             tokio::time::sleep(after).await;
             let mut state = self.lock();
-            if state.task.as_ref() != Some(&task) || state.answered.is_none() {
+            if state.task.as_ref() != Some(&task)
+                || state.answered.is_none()
+                || state.in_flight.len() > 1
+            {
                 continue;
             }
             let Some((seq, name, arguments, since)) = state.calling.clone() else {
@@ -255,8 +265,10 @@ fn remember(state: &mut State, answer: Answered) {
         state.answered = None;
         return;
     }
+    // In seq order, which calls made at once may end out of.
     if let Some(answered) = &mut state.answered {
-        answered.push(answer);
+        let at = answered.partition_point(|a| a.seq < answer.seq);
+        answered.insert(at, answer);
     }
 }
 
@@ -336,6 +348,35 @@ mod tests {
         assert!(again.replayed(1, "c.other", &json!({"n": 1})).is_none());
         // And no later answer is used either.
         assert!(again.replayed(1, "c.one", &json!({"n": 1})).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_run_with_calls_made_at_once_never_parks_and_keeps_seq_order() {
+        let parking = Parking::new("r/s".into(), Vec::new());
+        parking.calling(1, "c.long", &json!({"n": 1}));
+        parking.calling(2, "c.quick", &json!({"n": 2}));
+        parking.calling(3, "c.other", &json!({"n": 3}));
+        parking.task_started("r/s/0/3", "c", "t-3");
+        parking.recorded(&entry(2, "c.quick", json!("two")));
+        // Call 1 is still in flight: parking would lose its answer.
+        tokio::select! {
+            _ = parking.parks(AFTER) => panic!("parked with another call in flight"),
+            () = tokio::time::sleep(AFTER * 10) => {}
+        }
+        // Once it ends, call 3 alone follows its task: the run parks, with
+        // the answers in seq order.
+        parking.recorded(&entry(1, "c.long", json!("one")));
+        let parked = parking.parks(AFTER).await;
+        assert_eq!(parked.seq, 3);
+        let again = Parking::new("r/s".into(), parked.answers(Ok(json!("three"))));
+        for (seq, name, answer) in [
+            (1, "c.long", "one"),
+            (2, "c.quick", "two"),
+            (3, "c.other", "three"),
+        ] {
+            let replayed = again.replayed(seq, name, &json!({"n": seq})).unwrap();
+            assert_eq!(replayed.result, Ok(json!(answer)));
+        }
     }
 
     #[tokio::test]

@@ -2,7 +2,7 @@
 //
 // Input: {"text": "hi"}. Output: {"echoed": "hi"}.
 
-import capability from "wf:node/capability@0.1.0";
+import capability from "wf:node/capability@0.2.0";
 
 // Returning a string is `ok`; throwing a plain object {code, message} is
 // `err`. Throwing anything else traps the node.
