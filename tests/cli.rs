@@ -149,7 +149,7 @@ fn a_component_for_another_world_is_rejected() {
     assert_eq!(
         stderr(&out),
         format!(
-            "error: `{}` does not target the `wf:node/node@0.2.0` world: it imports `acme:kv/store@1.0.0`, which wf-host does not provide; a node may import only `wf:node/capability@0.2.0` (or `@0.1.0`) and WASI\n",
+            "error: `{}` does not target the `wf:node/node@0.2.0` world: it imports `acme:kv/store@1.0.0`, which wf-host does not provide; a node may import only `wf:node/capability@0.2.0`, `wf:node/durable@0.2.0` (or `wf:node/capability@0.1.0`) and WASI\n",
             path.display()
         )
     );

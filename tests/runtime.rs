@@ -173,7 +173,7 @@ async fn a_component_with_a_foreign_import_names_it() {
         .expect("must fail");
     assert_eq!(
         err.to_string(),
-        "`foreign.wasm` does not target the `wf:node/node@0.2.0` world: it imports `acme:kv/store@1.0.0`, which wf-host does not provide; a node may import only `wf:node/capability@0.2.0` (or `@0.1.0`) and WASI"
+        "`foreign.wasm` does not target the `wf:node/node@0.2.0` world: it imports `acme:kv/store@1.0.0`, which wf-host does not provide; a node may import only `wf:node/capability@0.2.0`, `wf:node/durable@0.2.0` (or `wf:node/capability@0.1.0`) and WASI"
     );
 }
 

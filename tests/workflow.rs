@@ -45,6 +45,10 @@ env = {{ WF_FIXTURE_WITNESS = "{witness}" }}
         )
         .replace("{flaky}", &guest("flaky").display().to_string())
         .replace(
+            "{approval}",
+            &root.join("plugins/approval.wasm").display().to_string(),
+        )
+        .replace(
             "{call-0.1.0}",
             &root
                 .join("tests/compat/call-0.1.0.wasm")
@@ -1692,6 +1696,172 @@ allow = ["fixture.echo"]
     assert_eq!(calls[0]["name"], "fixture.echo");
     assert_eq!(calls[0]["outcome"], "ok");
     assert_eq!(host.witness().len(), 1);
+    host.close().await;
+}
+
+/// A workflow with one durable step: `approval` asks through the fixture,
+/// waits for `approve`, and tells the decision.
+const APPROVAL: &str = r#"[[workflows.w.steps]]
+id = "ask"
+component = "{approval}"
+allow = ["fixture.echo"]
+"#;
+
+impl Host {
+    /// Waits until step `step` of `run_id` reports `message` as its
+    /// progress (a parked step says what it waits for there).
+    async fn progress_says(&self, run_id: &str, step: &str, message: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let run = self.workflows.get(run_id, false).await.unwrap();
+            let said = run
+                .steps
+                .iter()
+                .flatten()
+                .find(|s| s.id == step)
+                .and_then(|s| s.progress.as_ref())
+                .and_then(|p| p.message.clone());
+            if said.as_deref() == Some(message) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "step `{step}` of {run_id} never said {message:?} (it says {said:?}; run {run:#?})"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// A durable node sleeps and waits for a signal with its instance let go,
+/// then goes on where it waited: its call before the waits is made once,
+/// and its journal holds its calls and waits in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_node_lets_go_while_it_waits_and_goes_on_with_the_signal() {
+    let host = Host::new(APPROVAL).await;
+    let input = json!({"request": "deploy", "notify": "fixture.echo", "sleep_ms": 300});
+    let started = host.workflows.start("w", input, None).await.unwrap();
+    let id = started.run_id.clone();
+    host.progress_says(&id, "ask", "waiting for signal `approve`")
+        .await;
+    assert_eq!(
+        host.workflows.waiting(),
+        1,
+        "the parked run holds no step slot"
+    );
+    let sent = host
+        .workflows
+        .signal(&id, "approve", json!({"approved": true}))
+        .await
+        .unwrap();
+    assert_eq!(sent.step, "ask");
+    let run = host.finish(&id).await;
+    assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
+    let output = run.output.clone().unwrap();
+    assert_eq!(output["decision"], json!({"approved": true}));
+    assert_eq!(output["asked"], "approval needed for \"deploy\"");
+    // The node ran three times; each side effect happened once.
+    let texts: Vec<Value> = host
+        .witness()
+        .iter()
+        .map(|c| c["arguments"]["text"].clone())
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            json!("approval needed for \"deploy\""),
+            json!("decision for \"deploy\": {\"approved\":true}")
+        ]
+    );
+    let calls = serde_json::to_value(step(&run, "ask").calls.as_ref().unwrap()).unwrap();
+    let journal: Vec<(Value, Value)> = calls
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["seq"].clone(), c["name"].clone()))
+        .collect();
+    assert_eq!(
+        journal,
+        [
+            (json!(1), json!("fixture.echo")),
+            (json!(2), json!("wf:sleep")),
+            (json!(3), json!("wf:wait-signal")),
+            (json!(4), json!("fixture.echo")),
+        ]
+    );
+    let waited = &step(&run, "ask").calls.as_ref().unwrap()[2];
+    assert_eq!(waited.result, Some(json!({"approved": true})));
+    host.close().await;
+}
+
+/// A signal sent before the durable node waits for it is kept for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_sent_before_a_durable_node_waits_is_kept_for_it() {
+    let host = Host::new(APPROVAL).await;
+    let input = json!({"request": "early", "notify": "fixture.echo", "sleep_ms": 500});
+    let started = host.workflows.start("w", input, None).await.unwrap();
+    let sent = host
+        .workflows
+        .signal(&started.run_id, "approve", json!("yes"))
+        .await
+        .unwrap();
+    assert_eq!(sent.delivery, "kept");
+    let run = host.finish(&started.run_id).await;
+    assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
+    assert_eq!(run.output.unwrap()["decision"], "yes");
+    host.close().await;
+}
+
+/// Durable nodes that wait hold no step slot: with one slot, five runs all
+/// wait for their signal at once, and all finish once signalled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_durable_nodes_wait_at_once_on_one_step_slot() {
+    let options = Options {
+        max_concurrent_steps: 1,
+        ..Options::default()
+    };
+    let host = Host::open(APPROVAL, options).await.unwrap();
+    let mut ids = Vec::new();
+    for n in 0..5 {
+        let input = json!({"request": n, "notify": "fixture.echo"});
+        ids.push(host.workflows.start("w", input, None).await.unwrap().run_id);
+    }
+    for id in &ids {
+        host.progress_says(id, "ask", "waiting for signal `approve`")
+            .await;
+    }
+    for id in &ids {
+        host.workflows
+            .signal(id, "approve", json!(id))
+            .await
+            .unwrap();
+    }
+    for id in &ids {
+        let run = host.finish(id).await;
+        assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
+        assert_eq!(run.output.unwrap()["decision"], json!(id));
+    }
+    assert_eq!(host.witness().len(), 10, "two calls a run, each once");
+    host.close().await;
+}
+
+/// A durable node's wait with a timeout fails `timeout` when no signal
+/// comes, and the node sees it as an error it may handle (here it passes
+/// it on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_wait_times_out_as_an_error_the_node_sees() {
+    let host = Host::new(APPROVAL).await;
+    let input = json!({"request": "late", "notify": "fixture.echo", "timeout_ms": 200});
+    let run = host.run("w", input).await;
+    assert_eq!(run.status, RunStatus::Failed, "{run:#?}");
+    let error = run.error.clone().unwrap();
+    assert_eq!(error.code, "timeout", "{error:?}");
+    assert!(
+        error
+            .message
+            .contains("no `approve` signal came within 200ms"),
+        "{error:?}"
+    );
     host.close().await;
 }
 

@@ -11,9 +11,13 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::{Map, Value};
 
+mod durable;
+
 use crate::bindings::wf::node::capability as wit;
+
 use crate::grants::Grants;
 use crate::trace;
+pub use durable::{SLEEP, WAIT_SIGNAL, Wait};
 
 /// Why a capability call failed. Each case becomes the WIT case of the same name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -336,6 +340,26 @@ pub trait CallJournal: Send + Sync {
     fn elicitor(&self) -> Option<Arc<dyn Elicitor>> {
         None
     }
+    /// The node waits (`wf:node/durable`) at its call `seq`: let go of it
+    /// until `wait` is over, then run it again, answering this call with
+    /// what the wait gave (a wait whose entry is `recorded` already, a
+    /// sleep, is answered from the journal). Says whether it will: the node
+    /// is then stopped, and its wait never returns.
+    fn park(&self, seq: u32, name: &str, arguments: &Value, wait: Wait) -> Parks {
+        let _ = (seq, name, arguments, wait);
+        Parks::Unsupported
+    }
+}
+
+/// Whether a journal lets go of a node that waits ([`CallJournal::park`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Parks {
+    /// The node is stopped and runs again when the wait is over.
+    Yes,
+    /// Not here (no workflow step): the node waits in place, or not at all.
+    Unsupported,
+    /// The node's journal is past its limit: it cannot be answered again.
+    TooBig(String),
 }
 
 /// The backend used when no MCP connection is configured: every call is
@@ -670,6 +694,13 @@ impl CapabilityCtx {
         result
     }
 
+    /// The sequence number of the node's next call or wait.
+    fn next_seq(&self) -> u32 {
+        self.calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1
+    }
+
     /// Runs `call`, and when this run has a journal, records it there (denied
     /// and malformed calls too) with its sequence number. `call` gets the
     /// call's idempotency key, `<journal prefix>/<seq>`, when there is one.
@@ -686,10 +717,7 @@ impl CapabilityCtx {
         let Some(journal) = &self.journal else {
             return call(None).await;
         };
-        let seq = self
-            .calls
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            + 1;
+        let seq = self.next_seq();
         let started = std::time::Instant::now();
         let arguments = arguments.map_or(Value::Null, |text| {
             serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))

@@ -123,6 +123,60 @@ pub fn capability_error_parts(err: &CapabilityError) -> (&'static str, &str) {
     }
 }
 
+/// Waits that outlive the node's instance: a node that uses them is a
+/// *durable node*.
+///
+/// In a workflow step, a node that waits is let go (no instance, no step
+/// slot) and runs again from the start when the wait is over; every call and
+/// wait it made before is answered from its journal instead of being made
+/// again. So a durable node must make the same calls and waits, in the same
+/// order, each time it runs with the same answers: decide from its input and
+/// its answers, not from the clock or randomness. A run that differs fails
+/// its step, naming the first difference.
+pub mod durable {
+    use super::*;
+    use bindings::wf::node::durable as wit;
+    use std::time::Duration;
+
+    /// Sleeps for `duration`. In a workflow step the node is let go while it
+    /// sleeps, and a host that restarts (or another worker) wakes it on time.
+    /// Elsewhere (`wf-host run`, `wf-host test`) it sleeps in place.
+    pub fn sleep(duration: Duration) {
+        wit::sleep(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX));
+    }
+
+    /// Waits for the signal `name` sent to this run (`workflow.signal`) and
+    /// returns its payload. A signal sent before the node waits is kept for
+    /// it.
+    ///
+    /// # Errors
+    /// `unavailable` outside a workflow step, or when the node's journal is
+    /// past its limit.
+    pub fn wait_signal(name: &str) -> Result<Value, Error> {
+        wait(name, None)
+    }
+
+    /// [`wait_signal`], for at most `timeout`.
+    ///
+    /// # Errors
+    /// `timeout` when no signal came within it; as [`wait_signal`].
+    pub fn wait_signal_for(name: &str, timeout: Duration) -> Result<Value, Error> {
+        wait(
+            name,
+            Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)),
+        )
+    }
+
+    fn wait(name: &str, timeout_ms: Option<u64>) -> Result<Value, Error> {
+        match wit::wait_signal(name, timeout_ms) {
+            Ok(payload) => serde_json::from_str(&payload)
+                .map_err(|e| Error::new("unavailable", format!("host returned invalid JSON: {e}"))),
+            Err(wit::WaitError::Timeout(m)) => Err(Error::new("timeout", m)),
+            Err(wit::WaitError::Unavailable(m)) => Err(Error::new("unavailable", m)),
+        }
+    }
+}
+
 /// Calls to MCP tools, resources and prompts through the host.
 pub mod capability {
     use super::*;

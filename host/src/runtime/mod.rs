@@ -31,10 +31,17 @@ use crate::grants::Grants;
 /// The WIT world every node must target.
 pub const WORLD: &str = "wf:node/node@0.2.0";
 
-/// The `capability` interfaces a node may import: the current one, and those
-/// of earlier versions, whose nodes run unchanged.
-pub const CAPABILITY_INTERFACES: &[&str] =
-    &["wf:node/capability@0.2.0", "wf:node/capability@0.1.0"];
+/// The interfaces of ours a node may import: the current ones, and those of
+/// earlier versions, whose nodes run unchanged.
+pub const CAPABILITY_INTERFACES: &[&str] = &[
+    "wf:node/capability@0.2.0",
+    DURABLE_INTERFACE,
+    "wf:node/capability@0.1.0",
+];
+
+/// The interface of waits that outlive the instance: a node that imports it
+/// is a durable node.
+pub const DURABLE_INTERFACE: &str = "wf:node/durable@0.2.0";
 
 /// How often the epoch ticks. Deadlines and cancellation are checked at this
 /// granularity while guest code runs.
@@ -240,12 +247,20 @@ impl RunError {
 pub struct Node {
     name: Arc<str>,
     pre: NodePre<NodeState>,
+    /// It imports [`DURABLE_INTERFACE`]: it may wait, and then runs again
+    /// answered from its journal, so it must run the same way each time.
+    durable: bool,
 }
 
 impl Node {
     /// The node's name: the component's file stem.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Whether the node may wait past its instance (`wf:node/durable`).
+    pub fn is_durable(&self) -> bool {
+        self.durable
     }
 }
 
@@ -469,6 +484,11 @@ impl Runtime {
             |state: &mut NodeState| &mut state.capability,
         )
         .map_err(|e| LoadError::Engine(format!("{e:#}")))?;
+        crate::bindings::wf::node::durable::add_to_linker::<_, HasSelf<CapabilityCtx>>(
+            &mut linker,
+            |state: &mut NodeState| &mut state.capability,
+        )
+        .map_err(|e| LoadError::Engine(format!("{e:#}")))?;
         // Nodes built against 0.1.0 run unchanged.
         crate::bindings::v0_1_0::wf::node::capability::add_to_linker::<_, HasSelf<CapabilityCtx>>(
             &mut linker,
@@ -615,9 +635,14 @@ impl Runtime {
             name: display.clone(),
             detail: format!("{e:#}"),
         })?;
+        let durable = component
+            .component_type()
+            .imports(&self.engine)
+            .any(|(name, _)| name == DURABLE_INTERFACE);
         Ok(Node {
             name: name.into(),
             pre,
+            durable,
         })
     }
 
@@ -913,11 +938,11 @@ fn check_world(engine: &Engine, component: &Component) -> Result<(), String> {
         }
         if name.starts_with("wf:node/") {
             return Err(format!(
-                "it imports `{name}`, but this host provides `wf:node/capability@0.2.0` (and `@0.1.0`); rebuild it against this host's `wit/`"
+                "it imports `{name}`, but this host provides `wf:node/capability@0.2.0`, `wf:node/durable@0.2.0` and `wf:node/capability@0.1.0`; rebuild it against this host's `wit/`"
             ));
         }
         return Err(format!(
-            "it imports `{name}`, which wf-host does not provide; a node may import only `wf:node/capability@0.2.0` (or `@0.1.0`) and WASI"
+            "it imports `{name}`, which wf-host does not provide; a node may import only `wf:node/capability@0.2.0`, `wf:node/durable@0.2.0` (or `wf:node/capability@0.1.0`) and WASI"
         ));
     }
     if component.get_export_index(None, "run").is_none() {

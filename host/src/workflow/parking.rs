@@ -27,15 +27,19 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::capability::{CapabilityError, JournalEntry, Replayed, json_len};
+use crate::capability::{CapabilityError, JournalEntry, Parks, Replayed, Wait, json_len};
+
+/// The journal names of the node's own waits start with this
+/// ([`crate::capability::SLEEP`], [`crate::capability::WAIT_SIGNAL`]).
+const WAIT_PREFIX: &str = "wf:";
 
 /// How long a call follows its task with its node held before the step
 /// parks: a task that ends sooner costs no second run of the node.
 pub(super) const PARK_AFTER: Duration = Duration::from_secs(1);
 
 /// The most bytes of answers (and their arguments) a node run keeps for a
-/// run after parking.
-const MAX_REMEMBERED: usize = 4 << 20;
+/// run after parking: a durable node's journal limit.
+pub(crate) const MAX_REMEMBERED: usize = 4 << 20;
 
 /// A call of a node run and its answer.
 #[derive(Debug, Clone)]
@@ -54,16 +58,28 @@ pub(super) struct Answered {
 #[derive(Debug)]
 pub(super) struct Parked {
     pub seq: u32,
-    /// Its idempotency key: the key its task is kept under.
-    pub key: String,
-    pub connection: String,
-    pub task_id: String,
-    /// `<connection>.<tool>`.
+    /// `<connection>.<tool>`, or the wait's journal name.
     pub name: String,
     pub arguments: Value,
     /// When the call was made.
     pub since: Instant,
+    /// What it waits on.
+    pub on: ParkedOn,
     earlier: Vec<Answered>,
+}
+
+/// What a parked step waits on.
+#[derive(Debug)]
+pub(super) enum ParkedOn {
+    /// The upstream task of a call: the idempotency key it is kept under,
+    /// its connection and id.
+    Task {
+        key: String,
+        connection: String,
+        task_id: String,
+    },
+    /// A wait of the node itself (`wf:node/durable`).
+    Wait(Wait),
 }
 
 impl Parked {
@@ -79,6 +95,12 @@ impl Parked {
             unrecorded: Some(self.since.elapsed()),
         });
         answers
+    }
+
+    /// The answers a run of the node after this one is given when its wait
+    /// was journaled before it let go (a sleep): its earlier calls' only.
+    pub fn earlier(self) -> Vec<Answered> {
+        self.earlier
     }
 }
 
@@ -98,6 +120,11 @@ struct State {
     /// The answers this run is given (from the run before it parked), by
     /// seq order; dropped at the first call that differs.
     replay: std::collections::VecDeque<Answered>,
+    /// The wait the node asked to let go for (`wf:node/durable`).
+    waiting: Option<(u32, String, Value, Wait)>,
+    /// How a durable node's run differs from the one before it: its first
+    /// call or wait that is not the journal's next.
+    diverged: Option<String>,
 }
 
 /// One node run's calls, as far as parking needs them: what they answered,
@@ -109,6 +136,10 @@ pub(super) struct Parking {
     parked: AtomicBool,
     /// Which run and step, for the warning on a divergence.
     label: String,
+    /// The run before this one waited (`wf:node/durable`): the node
+    /// promises to run the same way each time, so a run that differs from
+    /// its journal fails instead of going on live.
+    durable: bool,
 }
 
 impl Parking {
@@ -116,6 +147,7 @@ impl Parking {
     /// that one parked (empty otherwise).
     pub fn new(label: String, replay: Vec<Answered>) -> Parking {
         Parking {
+            durable: replay.iter().any(|a| a.name.starts_with(WAIT_PREFIX)),
             state: Mutex::new(State {
                 answered: Some(Vec::new()),
                 replay: replay.into(),
@@ -132,11 +164,31 @@ impl Parking {
     }
 
     /// The answer for call `seq`, when the run before had it and the node
-    /// makes the same call.
+    /// makes the same call. A durable node's call that differs is answered
+    /// with an error, as is every call after it, and the divergence is kept
+    /// ([`Parking::diverged`]): its run fails rather than going on live.
     pub fn replayed(&self, seq: u32, name: &str, arguments: &Value) -> Option<Replayed> {
         let mut state = self.lock();
+        if let Some(diverged) = &state.diverged {
+            return Some(Replayed {
+                result: Err(CapabilityError::Unavailable(diverged.clone())),
+                record: None,
+            });
+        }
         let next = state.replay.front()?;
         if next.seq != seq || next.name != name || next.arguments != *arguments {
+            if self.durable {
+                let diverged = format!(
+                    "the node ran differently after it waited: call {seq}: the run made {} {}, this run made {name} {arguments}",
+                    next.name, next.arguments
+                );
+                tracing::warn!(run = %self.label, seq, call = name, "{diverged}");
+                state.diverged = Some(diverged.clone());
+                return Some(Replayed {
+                    result: Err(CapabilityError::Unavailable(diverged)),
+                    record: None,
+                });
+            }
             tracing::warn!(run = %self.label, seq, call = name,
                 "the node ran differently after its step parked; its calls from here on are made again");
             state.replay.clear();
@@ -152,6 +204,37 @@ impl Parking {
             remember(&mut state, answer);
         }
         Some(replayed)
+    }
+
+    /// How a durable node's run differed from its journal: its first call
+    /// that was not the journal's next, or the journal's calls it never
+    /// made (asked once its run has ended).
+    pub fn diverged(&self) -> Option<String> {
+        let state = self.lock();
+        if let Some(diverged) = &state.diverged {
+            return Some(diverged.clone());
+        }
+        let missing = state.replay.front().filter(|_| self.durable)?;
+        Some(format!(
+            "the node ran differently after it waited: call {}: the run made {} {}, this run made no call",
+            missing.seq, missing.name, missing.arguments
+        ))
+    }
+
+    /// The node asks to let go of it at its call `seq` until `wait` is
+    /// over ([`crate::capability::CallJournal::park`]).
+    pub fn park(&self, seq: u32, name: &str, arguments: &Value, wait: Wait) -> Parks {
+        let mut state = self.lock();
+        if state.answered.is_none() {
+            return Parks::TooBig(format!(
+                "journal-limit: the node's calls so far answered more than {} MiB, the most a node that waits keeps to be answered again; wait before the large calls, or make them return less",
+                MAX_REMEMBERED >> 20
+            ));
+        }
+        state.waiting = Some((seq, name.to_owned(), arguments.clone(), wait));
+        drop(state);
+        self.changed.notify_one();
+        Parks::Yes
     }
 
     /// Call `seq` is about to be made.
@@ -219,12 +302,31 @@ impl Parking {
     pub async fn parks(&self, after: Duration) -> Parked {
         loop {
             let notified = self.changed.notified();
+            // A wait of the node parks it at once.
+            {
+                let mut state = self.lock();
+                if let Some((seq, name, arguments, wait)) = state.waiting.take() {
+                    self.parked.store(true, Ordering::Release);
+                    return Parked {
+                        seq,
+                        name,
+                        arguments,
+                        since: Instant::now(),
+                        on: ParkedOn::Wait(wait),
+                        earlier: state.answered.take().unwrap_or_default(),
+                    };
+                }
+            }
             let waiting = self.lock().task.clone();
             let Some(task) = waiting else {
                 notified.await;
                 continue;
             };
-            tokio::time::sleep(after).await;
+            tokio::select! {
+                () = tokio::time::sleep(after) => {}
+                // The node may wait meanwhile (a call of `call-tools`).
+                () = notified => continue,
+            }
             let mut state = self.lock();
             if state.task.as_ref() != Some(&task)
                 || state.answered.is_none()
@@ -239,12 +341,14 @@ impl Parking {
             self.parked.store(true, Ordering::Release);
             return Parked {
                 seq,
-                key,
-                connection,
-                task_id,
                 name,
                 arguments,
                 since,
+                on: ParkedOn::Task {
+                    key,
+                    connection,
+                    task_id,
+                },
                 earlier: state.answered.take().unwrap_or_default(),
             };
         }
@@ -300,11 +404,14 @@ mod tests {
         parking.task_started("r/s/0/2", "c", "t-1");
         let parked = parking.parks(AFTER).await;
         assert!(parking.keeps_task());
+        let ParkedOn::Task { key, task_id, .. } = &parked.on else {
+            panic!("parked on {:?}", parked.on)
+        };
         assert_eq!(
-            (parked.seq, parked.task_id.as_str(), parked.name.as_str()),
+            (parked.seq, task_id.as_str(), parked.name.as_str()),
             (2, "t-1", "c.long")
         );
-        assert_eq!(parked.key, "r/s/0/2");
+        assert_eq!(key, "r/s/0/2");
 
         // The next run is answered both calls, and journals only the second.
         let again = Parking::new("r/s".into(), parked.answers(Ok(json!("done"))));
@@ -377,6 +484,52 @@ mod tests {
             let replayed = again.replayed(seq, name, &json!({"n": seq})).unwrap();
             assert_eq!(replayed.result, Ok(json!(answer)));
         }
+    }
+
+    /// A node that waited promises to run the same way: a call that is not
+    /// the journal's next is answered with an error (as is every call after
+    /// it) and named, and so is a journaled call it never made.
+    #[test]
+    fn a_durable_node_that_runs_differently_is_stopped_and_told_where() {
+        let slept = Answered {
+            seq: 1,
+            name: crate::capability::SLEEP.into(),
+            arguments: json!({"ms": 5}),
+            result: Ok(json!({"until_ms": 0})),
+            unrecorded: None,
+        };
+        let called = Answered {
+            seq: 2,
+            name: "c.one".into(),
+            arguments: json!({"n": 2}),
+            result: Ok(json!("two")),
+            unrecorded: None,
+        };
+        let again = Parking::new("r/s".into(), vec![slept.clone(), called.clone()]);
+        assert!(
+            again
+                .replayed(1, crate::capability::SLEEP, &json!({"ms": 5}))
+                .is_some()
+        );
+        let other = again.replayed(2, "c.other", &json!({"n": 2})).unwrap();
+        let expected = "the node ran differently after it waited: call 2: the run made c.one {\"n\":2}, this run made c.other {\"n\":2}";
+        assert_eq!(
+            other.result,
+            Err(CapabilityError::Unavailable(expected.into()))
+        );
+        // No call past the difference is made live.
+        let later = again.replayed(3, "c.more", &json!({})).unwrap();
+        assert!(later.result.is_err());
+        assert_eq!(again.diverged().as_deref(), Some(expected));
+
+        let fewer = Parking::new("r/s".into(), vec![slept, called]);
+        fewer.replayed(1, crate::capability::SLEEP, &json!({"ms": 5}));
+        assert_eq!(
+            fewer.diverged().as_deref(),
+            Some(
+                "the node ran differently after it waited: call 2: the run made c.one {\"n\":2}, this run made no call"
+            )
+        );
     }
 
     #[tokio::test]

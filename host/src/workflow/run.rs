@@ -347,7 +347,7 @@ impl Workflows {
 
     /// The nodes of every step of `def`, checked against the hashes it
     /// started with.
-    fn nodes_of(&self, def: &Definition) -> Result<HashMap<String, Node>, Failure> {
+    pub(super) fn nodes_of(&self, def: &Definition) -> Result<HashMap<String, Node>, Failure> {
         def.steps
             .iter()
             .filter(|step| step.spec.runs_node())

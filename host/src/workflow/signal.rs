@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use super::definition::{Definition, Spec};
 use super::{WorkflowError, Workflows};
 use crate::domain::StepStatus;
+use crate::runtime::Node;
 
 /// Longest payload kept, in bytes of JSON.
 pub const MAX_PAYLOAD: usize = 256 * 1024;
@@ -63,9 +64,17 @@ impl Workflows {
             .iter()
             .filter_map(|s| s.wait.as_deref().map(|w| (s.id.as_str(), w)))
             .collect();
-        if !waits.iter().any(|(_, w)| *w == signal) {
+        // A durable node may wait for any signal (`wait-signal`).
+        let nodes = self.nodes_of(&def).unwrap_or_default();
+        let durable: Vec<&str> = def
+            .steps
+            .iter()
+            .filter(|s| nodes.get(&s.spec.id).is_some_and(Node::is_durable))
+            .map(|s| s.spec.id.as_str())
+            .collect();
+        if !waits.iter().any(|(_, w)| *w == signal) && durable.is_empty() {
             let known = if waits.is_empty() {
-                "it has no wait step".to_owned()
+                "it has no wait step and no node that waits (`wait-signal`)".to_owned()
             } else {
                 let names: Vec<String> = waits.iter().map(|(_, w)| format!("`{w}`")).collect();
                 format!("it waits only for {}", names.join(", "))
@@ -76,8 +85,9 @@ impl Workflows {
             )));
         }
         let steps = self.store.steps(run_id).await?;
-        // The wait steps for this signal that can still take one, in the
-        // order they take them (definition order; the one waiting first).
+        // The steps that can still take this signal, in the order they take
+        // them: its wait steps (definition order; the one waiting first),
+        // then the steps whose node may wait for it.
         let mut open: Vec<(&str, StepStatus)> = def
             .steps
             .iter()
@@ -88,6 +98,11 @@ impl Workflows {
             })
             .collect();
         open.sort_by_key(|(_, status)| *status != StepStatus::Waiting);
+        open.extend(durable.iter().filter_map(|id| {
+            let status = steps.iter().find(|r| r.step_id == *id)?.status;
+            // Kept for the node: it takes it when it waits for it.
+            (!status.is_finished()).then_some((*id, StepStatus::Pending))
+        }));
         let kept = self
             .store
             .signals(run_id)

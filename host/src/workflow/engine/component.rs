@@ -158,15 +158,127 @@ pub(super) async fn run_step(
     }
 }
 
-/// A parked step ([`super::parking`]): its node run was stopped while its
-/// call waited on an upstream task; the step follows that task itself,
-/// holding no instance and no step slot, and gives back the answers the next
-/// run of the node gets. The call is made again with its idempotency key,
-/// which finds the task kept under it, so the pool follows the task (it
-/// calls the tool again only when the server no longer knows the task).
-/// A stop drops the call, which cancels the task upstream (not on a host
-/// shutdown: the next start follows it).
+/// A parked step ([`super::parking`]): its node run was stopped while it
+/// waited, on an upstream task or on a wait of its own; the step waits in
+/// its place, holding no instance and no step slot, and gives back the
+/// answers the next run of the node gets.
 async fn follow_parked(
+    ctx: &RunCtx,
+    step: &Step,
+    journal: &StepJournal,
+    parked: Parked,
+    stop: &CancellationToken,
+) -> Result<Vec<Answered>, Outcome> {
+    let _asleep = ctx.asleep.enter();
+    match &parked.on {
+        ParkedOn::Task { .. } => follow_task(ctx, step, journal, parked, stop).await,
+        ParkedOn::Wait(Wait::Sleep { until_ms }) => {
+            let until = std::time::UNIX_EPOCH + Duration::from_millis(*until_ms);
+            let at = humantime::format_rfc3339_millis(until).to_string();
+            park_told(
+                ctx,
+                step,
+                journal,
+                json!({"sleep_until": at}),
+                format!("sleeping until {at}"),
+            )
+            .await;
+            let left = until
+                .duration_since(std::time::SystemTime::now())
+                .unwrap_or_default();
+            tokio::select! {
+                () = tokio::time::sleep(left) => {}
+                () = stop.cancelled() => return Err(Outcome::Interrupted),
+            }
+            Ok(parked.earlier())
+        }
+        ParkedOn::Wait(Wait::Signal { name, timeout }) => {
+            let (name, timeout) = (name.clone(), *timeout);
+            park_told(
+                ctx,
+                step,
+                journal,
+                json!({"signal": name}),
+                format!("waiting for signal `{name}`"),
+            )
+            .await;
+            let taker = format!("{}/{}/{}", step.spec.id, journal.item, parked.seq);
+            let result = take_signal(ctx, &name, &taker, timeout, stop).await?;
+            Ok(parked.answers(result))
+        }
+    }
+}
+
+/// Says that the step let go of its node, and what it waits for: a
+/// `step.parked` event (with `what`) and the step's progress message.
+async fn park_told(ctx: &RunCtx, step: &Step, journal: &StepJournal, what: Value, message: String) {
+    tracing::info!(run = %ctx.run_id, step = %step.spec.id, item = journal.item,
+        "the node waits; it is let go until {message}");
+    let mut data = json!({"step": step.spec.id, "item": journal.item});
+    if let (Some(data), Value::Object(what)) = (data.as_object_mut(), what) {
+        data.extend(what);
+    }
+    ctx.events.emit(&ctx.run_id, "step.parked", data).await;
+    journal.progress(Progress {
+        progress: 0.0,
+        total: None,
+        message: Some(message),
+    });
+}
+
+/// The payload of the signal `name` sent to the run, taken for `taker` (a
+/// restart takes the same one again); a timeout error when none came
+/// within `timeout`.
+async fn take_signal(
+    ctx: &RunCtx,
+    name: &str,
+    taker: &str,
+    timeout: Option<Duration>,
+    stop: &CancellationToken,
+) -> Result<Result<Value, crate::capability::CapabilityError>, Outcome> {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let mut sent = ctx.signals.clone();
+    let poll = if ctx.store.shared() {
+        SIGNAL_POLL_SHARED
+    } else {
+        SIGNAL_POLL_ALONE
+    };
+    loop {
+        // Seen before looking, so a signal sent while looking wakes the wait.
+        sent.borrow_and_update();
+        match ctx.store.take_signal(&ctx.run_id, name, taker).await {
+            Ok(Some(payload)) => return Ok(Ok(payload)),
+            Ok(None) => {}
+            Err(e) if e.is_unavailable() => {
+                tracing::warn!(run = %ctx.run_id, "cannot look for signal `{name}`: {e}");
+            }
+            Err(e) => return Err(store_failure(e)),
+        }
+        tokio::select! {
+            Ok(()) = sent.changed() => {}
+            _ = tokio::time::sleep(poll) => {}
+            _ = sleep_until(deadline), if deadline.is_some() => {
+                // A signal sent just before the deadline still counts.
+                if let Ok(Some(payload)) = ctx.store.take_signal(&ctx.run_id, name, taker).await {
+                    return Ok(Ok(payload));
+                }
+                return Ok(Err(crate::capability::CapabilityError::Timeout(format!(
+                    "no `{name}` signal came within {}",
+                    humantime::format_duration(timeout.unwrap_or_default())
+                ))));
+            }
+            _ = stop.cancelled() => return Err(Outcome::Interrupted),
+        }
+    }
+}
+
+/// A step parked on an upstream task: its node run was stopped while its
+/// call waited on the task; the step follows that task itself. The call is
+/// made again with its idempotency key, which finds the task kept under it,
+/// so the pool follows the task (it calls the tool again only when the
+/// server no longer knows the task). A stop drops the call, which cancels
+/// the task upstream (not on a host shutdown: the next start follows it).
+async fn follow_task(
     ctx: &RunCtx,
     step: &Step,
     journal: &StepJournal,
@@ -176,26 +288,30 @@ async fn follow_parked(
     use crate::capability::{
         CallExtras, IDEMPOTENCY_META_KEY, split_qualified, tool_result_to_outcome,
     };
+    let ParkedOn::Task {
+        key,
+        connection,
+        task_id,
+    } = &parked.on
+    else {
+        unreachable!("follow_parked follows tasks here")
+    };
     tracing::info!(run = %ctx.run_id, step = %step.spec.id, item = journal.item,
-        connection = %parked.connection, task = %parked.task_id,
+        connection = %connection, task = %task_id,
         "the step's call waits on an upstream task; its node is let go until the task ends");
     ctx.events
         .emit(
             &ctx.run_id,
             "step.parked",
             json!({"step": step.spec.id, "item": journal.item, "call": parked.name,
-                   "connection": parked.connection, "task": parked.task_id}),
+                   "connection": connection, "task": task_id}),
         )
         .await;
     journal.progress(Progress {
         progress: 0.0,
         total: None,
-        message: Some(format!(
-            "waiting for task `{}` of `{}`",
-            parked.task_id, parked.name
-        )),
+        message: Some(format!("waiting for task `{task_id}` of `{}`", parked.name)),
     });
-    let _asleep = ctx.asleep.enter();
     // The follow's own ledger: it keeps no task when dropped.
     let follower = Arc::new(step_journal(
         ctx,
@@ -212,11 +328,10 @@ async fn follow_parked(
             ));
         };
         let mut extras = CallExtras::default();
-        extras.meta.insert(
-            IDEMPOTENCY_META_KEY.into(),
-            Value::String(parked.key.clone()),
-        );
-        extras.tasks = follower.tasks().map(|ledger| (parked.key.clone(), ledger));
+        extras
+            .meta
+            .insert(IDEMPOTENCY_META_KEY.into(), Value::String(key.clone()));
+        extras.tasks = follower.tasks().map(|ledger| (key.clone(), ledger));
         extras.elicit = follower.elicitor();
         let follower = follower.clone();
         extras.progress = Some(Arc::new(move |p: Progress| follower.progress(p)));
@@ -231,7 +346,7 @@ async fn follow_parked(
         _ = stop.cancelled() => return Err(Outcome::Interrupted),
     };
     tracing::info!(run = %ctx.run_id, step = %step.spec.id, item = journal.item,
-        task = %parked.task_id, ok = result.is_ok(), "the upstream task ended; the node runs again");
+        task = %task_id, ok = result.is_ok(), "the upstream task ended; the node runs again");
     Ok(parked.answers(result))
 }
 
@@ -256,10 +371,10 @@ async fn run_item(
     let mut tries = 0u32;
     let mut attempt = attempts.load(Ordering::Relaxed);
     // The answers a run of the node after a parked one is given.
-    let mut answers: Vec<Answered> = Vec::new();
+    let mut answers: Option<Vec<Answered>> = None;
     loop {
         // A run after a parked one goes on with the same attempt.
-        if answers.is_empty() {
+        if answers.is_none() {
             tries += 1;
         }
         let item_no = item.unwrap_or(0) as u32;
@@ -268,7 +383,7 @@ async fn run_item(
             step,
             item_no,
             attempt,
-            std::mem::take(&mut answers),
+            answers.take().unwrap_or_default(),
         ));
         let ran = {
             let permit = tokio::select! {
@@ -310,7 +425,7 @@ async fn run_item(
                 },
                 Some(parked),
             ) if !stop.is_cancelled() => {
-                answers = follow_parked(ctx, step, &journal, parked, stop).await?;
+                answers = Some(follow_parked(ctx, step, &journal, parked, stop).await?);
                 continue;
             }
             (report, _) => report,
@@ -321,6 +436,11 @@ async fn run_item(
                 Some(slot) => *slot = Some(data),
                 None => ctx.events.emit(&ctx.run_id, STEP_LOG, data).await,
             }
+        }
+        // A durable node that ran differently from its journal fails,
+        // whatever it answered: its calls past the difference were not made.
+        if let Some(diverged) = journal.parking.diverged() {
+            return Err(Outcome::Failed(Failure::new("diverged", diverged)));
         }
         let result = report.result;
         let failure = match result {

@@ -216,6 +216,16 @@ impl CallJournal for StepJournal {
         self.parking.calling(seq, name, arguments);
     }
 
+    fn park(
+        &self,
+        seq: u32,
+        name: &str,
+        arguments: &Value,
+        wait: crate::capability::Wait,
+    ) -> crate::capability::Parks {
+        self.parking.park(seq, name, arguments, wait)
+    }
+
     fn replayed(
         &self,
         seq: u32,

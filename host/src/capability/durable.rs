@@ -1,0 +1,185 @@
+//! The `wf:node/durable` interface: waits that outlive the node's instance.
+//!
+//! A wait is a step of the node's journal like a call: it takes the next
+//! sequence number, and a node that runs again is answered from the journal.
+//! A sleep keeps its wake time there before the node lets go, so a host that
+//! restarts wakes it on time; a signal's payload is journaled when the node
+//! runs again with it. Where there is no journal (`wf-host run`, `wf-host
+//! test`), a sleep sleeps in place and a wait for a signal is unavailable.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+
+use super::{CapabilityCtx, CapabilityError, JournalEntry, Parks, Replayed};
+use crate::bindings::wf::node::durable as wit;
+
+/// The journal name of a sleep.
+pub const SLEEP: &str = "wf:sleep";
+/// The journal name of a wait for a signal.
+pub const WAIT_SIGNAL: &str = "wf:wait-signal";
+
+/// What a parked node waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wait {
+    /// Until this time, in milliseconds since the Unix epoch.
+    Sleep { until_ms: u64 },
+    /// The signal `name`, for at most `timeout`.
+    Signal {
+        name: String,
+        timeout: Option<Duration>,
+    },
+}
+
+/// Milliseconds since the Unix epoch, now.
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl CapabilityCtx {
+    /// Journals a wait's entry `seq` with `result`, as a call's.
+    async fn record_wait(
+        &self,
+        seq: u32,
+        name: &str,
+        arguments: Value,
+        result: &Result<Value, CapabilityError>,
+        duration: Duration,
+    ) {
+        let Some(journal) = &self.journal else {
+            return;
+        };
+        journal
+            .record(JournalEntry {
+                seq,
+                name: name.to_owned(),
+                arguments,
+                error_code: result.as_ref().err().map(CapabilityError::code),
+                duration,
+                result: match result {
+                    Ok(value) => value.clone(),
+                    Err(e) => json!({"error": e.to_json()}),
+                },
+            })
+            .await;
+    }
+
+    /// The answer of wait `seq` when the journal has it (journaling it
+    /// now if it was not yet).
+    async fn replayed_wait(
+        &self,
+        seq: u32,
+        name: &str,
+        arguments: &Value,
+    ) -> Option<Result<Value, CapabilityError>> {
+        let journal = self.journal.as_ref()?;
+        let Replayed { result, record } = journal.replayed(seq, name, arguments)?;
+        if let Some(duration) = record {
+            self.record_wait(seq, name, arguments.clone(), &result, duration)
+                .await;
+        }
+        Some(result)
+    }
+
+    /// Lets go of the node until `wait` is over; never returns when it
+    /// does. `Ok` when the journal cannot (no workflow step): the caller
+    /// waits in place, or fails.
+    async fn park(
+        &self,
+        seq: u32,
+        name: &str,
+        arguments: &Value,
+        wait: Wait,
+    ) -> wasmtime::Result<()> {
+        let Some(journal) = &self.journal else {
+            return Ok(());
+        };
+        match journal.park(seq, name, arguments, wait) {
+            Parks::Yes => std::future::pending().await,
+            Parks::Unsupported => Ok(()),
+            Parks::TooBig(why) => Err(wasmtime::Error::msg(why)),
+        }
+    }
+
+    /// `sleep`: the wake time is journaled first, then the node lets go.
+    async fn sleep(&self, ms: u64) -> wasmtime::Result<()> {
+        if self.journal.is_none() {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            return Ok(());
+        }
+        let seq = self.next_seq();
+        let arguments = json!({ "ms": ms });
+        let until_ms = match self.replayed_wait(seq, SLEEP, &arguments).await {
+            Some(answer) => answer
+                .ok()
+                .and_then(|a| a["until_ms"].as_u64())
+                .unwrap_or_default(),
+            None => {
+                let until_ms = now_ms().saturating_add(ms);
+                let result = Ok(json!({ "until_ms": until_ms }));
+                self.record_wait(seq, SLEEP, arguments.clone(), &result, Duration::ZERO)
+                    .await;
+                until_ms
+            }
+        };
+        let left = until_ms.saturating_sub(now_ms());
+        if left == 0 {
+            return Ok(());
+        }
+        self.park(seq, SLEEP, &arguments, Wait::Sleep { until_ms })
+            .await?;
+        tokio::time::sleep(Duration::from_millis(left)).await;
+        Ok(())
+    }
+
+    /// `wait-signal`: the node lets go until the signal (or the timeout)
+    /// comes, and runs again answered with it.
+    async fn wait_signal(
+        &self,
+        name: &str,
+        timeout_ms: Option<u64>,
+    ) -> wasmtime::Result<Result<Value, CapabilityError>> {
+        if self.journal.is_none() {
+            return Ok(Err(CapabilityError::Unavailable(format!(
+                "there is no run to send signal `{name}` to: `wait-signal` waits in a workflow step (`wf-host serve`), not in `wf-host run` or `wf-host test`"
+            ))));
+        }
+        let seq = self.next_seq();
+        let arguments = json!({ "signal": name, "timeout_ms": timeout_ms });
+        if let Some(answer) = self.replayed_wait(seq, WAIT_SIGNAL, &arguments).await {
+            return Ok(answer);
+        }
+        let wait = Wait::Signal {
+            name: name.to_owned(),
+            timeout: timeout_ms.map(Duration::from_millis),
+        };
+        self.park(seq, WAIT_SIGNAL, &arguments, wait).await?;
+        Ok(Err(CapabilityError::Unavailable(
+            "this step cannot let go of its node to wait for a signal".into(),
+        )))
+    }
+}
+
+impl wit::Host for CapabilityCtx {
+    async fn sleep(&mut self, ms: u64) -> wasmtime::Result<()> {
+        tracing::debug!(run = %self.run_id, node = %self.node, ms, "sleep");
+        CapabilityCtx::sleep(self, ms).await
+    }
+
+    async fn wait_signal(
+        &mut self,
+        name: String,
+        timeout_ms: Option<u64>,
+    ) -> wasmtime::Result<Result<String, wit::WaitError>> {
+        tracing::debug!(run = %self.run_id, node = %self.node, signal = %name, "wait-signal");
+        Ok(CapabilityCtx::wait_signal(self, &name, timeout_ms)
+            .await?
+            .map(|payload| payload.to_string())
+            .map_err(|e| match e {
+                CapabilityError::Timeout(m) => wit::WaitError::Timeout(m),
+                other => wit::WaitError::Unavailable(other.message().to_owned()),
+            }))
+    }
+}
