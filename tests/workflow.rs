@@ -2248,6 +2248,93 @@ async fn a_sleeping_run_survives_a_sigkill_and_wakes_on_time() {
     assert!((3900..=4000).contains(&asked), "sleeps {asked} ms");
 }
 
+/// A durable node's host is SIGKILLed while the node sleeps: the restarted
+/// host goes on from its journal (the call it made before is not made
+/// again, the sleep keeps its wake time), the node waits for its signal,
+/// and the run succeeds with each side effect made once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_node_survives_a_sigkill_while_it_sleeps() {
+    let dir = tempfile::tempdir().unwrap();
+    write_config(
+        dir.path(),
+        &format!("[runtime]\nstate = \"state.db\"\n\n{APPROVAL}"),
+    );
+    let serve = Serve::start(dir.path());
+    let input = json!({"request": "deploy", "notify": "fixture.echo", "sleep_ms": 3000});
+    let started = serve
+        .call("workflow.start", json!({"workflow": "w", "input": input}))
+        .await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    let says = async |serve: &Serve, what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let got = serve.call("workflow.get", json!({"run_id": run_id})).await;
+            let said = got["steps"][0]["progress"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            if said.starts_with(what) {
+                return said;
+            }
+            assert!(Instant::now() < deadline, "never said {what:?}: {got}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let sleeping = says(&serve, "sleeping until").await;
+    serve.kill();
+
+    let serve = Serve::start(dir.path());
+    // The same wake time, then the wait for the signal.
+    assert_eq!(says(&serve, "sleeping until").await, sleeping);
+    says(&serve, "waiting for signal `approve`").await;
+    serve
+        .call(
+            "workflow.signal",
+            json!({"run_id": run_id, "signal": "approve", "payload": {"ok": true}}),
+        )
+        .await;
+    let done = serve
+        .call(
+            "workflow.wait",
+            json!({"run_id": run_id, "timeout_ms": 30000}),
+        )
+        .await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert_eq!(done["output"]["decision"], json!({"ok": true}));
+    let texts: Vec<Value> = read_witness(&dir.path().join("witness.jsonl"))
+        .iter()
+        .map(|c| c["arguments"]["text"].clone())
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            json!("approval needed for \"deploy\""),
+            json!("decision for \"deploy\": {\"ok\":true}")
+        ],
+        "each call once, across the crash"
+    );
+    // The attempt after the crash journaled the whole node again.
+    let got = serve
+        .call("workflow.get", json!({"run_id": run_id, "calls": true}))
+        .await;
+    let last: Vec<(Value, Value)> = got["steps"][0]["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["attempt"] == 2)
+        .map(|c| (c["seq"].clone(), c["name"].clone()))
+        .collect();
+    assert_eq!(
+        last,
+        [
+            (json!(1), json!("fixture.echo")),
+            (json!(2), json!("wf:sleep")),
+            (json!(3), json!("wf:wait-signal")),
+            (json!(4), json!("fixture.echo")),
+        ]
+    );
+}
+
 /// Fifty runs at once call a slow upstream tool through a connection with
 /// `max_in_flight = 2`: the server never sees more than 2 calls at once
 /// (it counts), the others wait their turn (shown as `queued`) and none

@@ -53,6 +53,31 @@ pub(super) struct Answered {
     unrecorded: Option<Duration>,
 }
 
+impl Answered {
+    /// A call or wait as the journal of an interrupted attempt has it: to
+    /// be answered again, and journaled anew.
+    pub fn journaled(
+        seq: u32,
+        name: String,
+        arguments: Value,
+        result: Result<Value, CapabilityError>,
+        took: Duration,
+    ) -> Answered {
+        Answered {
+            seq,
+            name,
+            arguments,
+            result,
+            unrecorded: Some(took),
+        }
+    }
+
+    /// Whether a journal entry of this name is a wait of the node.
+    pub fn is_wait(name: &str) -> bool {
+        name.starts_with(WAIT_PREFIX)
+    }
+}
+
 /// The call a parked step waits on, and what its node run had answered
 /// before it.
 #[derive(Debug)]
@@ -147,7 +172,7 @@ impl Parking {
     /// that one parked (empty otherwise).
     pub fn new(label: String, replay: Vec<Answered>) -> Parking {
         Parking {
-            durable: replay.iter().any(|a| a.name.starts_with(WAIT_PREFIX)),
+            durable: replay.iter().any(|a| Answered::is_wait(&a.name)),
             state: Mutex::new(State {
                 answered: Some(Vec::new()),
                 replay: replay.into(),

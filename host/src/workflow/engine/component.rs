@@ -10,6 +10,9 @@ use super::*;
 pub(super) struct Attempt {
     pub(super) first: u32,
     pub(super) recorded: bool,
+    /// The attempt its host stopped in (a crash, a restart): a durable node
+    /// goes on from that attempt's journal.
+    pub(super) continues: Option<u32>,
 }
 
 /// Runs one step: its condition, its input mapping, then its node once (or
@@ -54,7 +57,11 @@ pub(super) async fn run_step(
         {
             return store_failure(e);
         }
-        return match run_item(ctx, step, None, &input, &attempts, stop, span, Some(log)).await {
+        let item = Item {
+            index: None,
+            continues: attempt.continues,
+        };
+        return match run_item(ctx, step, item, &input, &attempts, stop, span, Some(log)).await {
             Ok(output) => Outcome::Succeeded(output),
             Err(outcome) => outcome,
         };
@@ -86,6 +93,7 @@ pub(super) async fn run_step(
     // `concurrency` at once, outputs kept in item order. The first failure
     // stops the rest.
     let attempts = Arc::new(attempts);
+    let continues = attempt.continues;
     let step = Arc::new(step.clone());
     let count = items.len();
     let mut pending = items.into_iter().enumerate();
@@ -105,17 +113,11 @@ pub(super) async fn run_step(
                 item_data["index"] = json!(index);
                 let result = match step_input(&step, &item_data, Some(index)).await {
                     Ok(input) => {
-                        run_item(
-                            &ctx,
-                            &step,
-                            Some(index),
-                            &input,
-                            &attempts,
-                            &stop,
-                            &span,
-                            None,
-                        )
-                        .await
+                        let item = Item {
+                            index: Some(index),
+                            continues,
+                        };
+                        run_item(&ctx, &step, item, &input, &attempts, &stop, &span, None).await
                     }
                     Err(f) => Err(Outcome::Failed(f)),
                 };
@@ -350,6 +352,65 @@ async fn follow_task(
     Ok(parked.answers(result))
 }
 
+/// Which item of a step a node run is (`None`: the step has one), and the
+/// attempt whose journal it goes on from, if any.
+#[derive(Clone, Copy)]
+pub(super) struct Item {
+    index: Option<usize>,
+    continues: Option<u32>,
+}
+
+/// The answers a durable node's run after a crash is given: the journal of
+/// attempt `attempt` of its item, when the node waited in it (its calls and
+/// waits, each answered again, and journaled anew under the new attempt).
+/// Empty for a node that never waited: it runs again as any node does. A
+/// call whose result was too large to keep ends the answers there.
+async fn journaled_answers(
+    ctx: &RunCtx,
+    step: &Step,
+    item: u32,
+    attempt: u32,
+) -> Result<Vec<Answered>, Outcome> {
+    let calls = ctx
+        .store
+        .calls(&ctx.run_id, &step.spec.id)
+        .await
+        .map_err(store_failure)?;
+    let mut mine: Vec<_> = calls
+        .into_iter()
+        .filter(|c| c.attempt == attempt && c.item == item)
+        .collect();
+    if !mine.iter().any(|c| Answered::is_wait(&c.name)) {
+        return Ok(Vec::new());
+    }
+    mine.sort_by_key(|c| c.seq);
+    let mut answers = Vec::new();
+    for (expected, call) in (1..).zip(mine) {
+        let Some(result) = call.result.filter(|_| call.seq == expected) else {
+            tracing::warn!(run = %ctx.run_id, step = %step.spec.id, item, seq = expected,
+                "the journal of the interrupted attempt has no answer for this call; the node goes on live from it");
+            break;
+        };
+        let result = match &call.error_code {
+            Some(_) => Err(crate::capability::CapabilityError::from_json(
+                &result["error"],
+            )),
+            None => Ok(result),
+        };
+        let took = Duration::from_micros(call.duration_us);
+        answers.push(Answered::journaled(
+            call.seq,
+            call.name,
+            call.arguments,
+            result,
+            took,
+        ));
+    }
+    tracing::info!(run = %ctx.run_id, step = %step.spec.id, item, attempt, answers = answers.len(),
+        "a durable node goes on from its journal after its host stopped");
+    Ok(answers)
+}
+
 /// Runs the node on one input, retrying as the step's policy says.
 ///
 /// An attempt's log records become a `step.log` event. With `deferred`, the
@@ -359,7 +420,7 @@ async fn follow_task(
 async fn run_item(
     ctx: &RunCtx,
     step: &Step,
-    item: Option<usize>,
+    item: Item,
     input: &Value,
     attempts: &AtomicU32,
     stop: &CancellationToken,
@@ -370,21 +431,27 @@ async fn run_item(
     let text = input.to_string();
     let mut tries = 0u32;
     let mut attempt = attempts.load(Ordering::Relaxed);
+    let Item {
+        index: item,
+        continues,
+    } = item;
+    let item_no = item.unwrap_or(0) as u32;
     // The answers a run of the node after a parked one is given.
     let mut answers: Option<Vec<Answered>> = None;
+    // The first run's, going on from an interrupted attempt.
+    let mut carried = match continues {
+        Some(before) => journaled_answers(ctx, step, item_no, before).await?,
+        None => Vec::new(),
+    };
     loop {
         // A run after a parked one goes on with the same attempt.
         if answers.is_none() {
             tries += 1;
         }
-        let item_no = item.unwrap_or(0) as u32;
-        let journal = Arc::new(step_journal(
-            ctx,
-            step,
-            item_no,
-            attempt,
-            answers.take().unwrap_or_default(),
-        ));
+        let replay = answers
+            .take()
+            .unwrap_or_else(|| std::mem::take(&mut carried));
+        let journal = Arc::new(step_journal(ctx, step, item_no, attempt, replay));
         let ran = {
             let permit = tokio::select! {
                 permit = ctx.slots.acquire() => permit,

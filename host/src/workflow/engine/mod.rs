@@ -234,6 +234,10 @@ struct StepState {
     /// start-up: its input as its start stored it (when it wakes; what it
     /// waits for and until when).
     resumed: Option<Value>,
+    /// A node step found running at start-up: its host stopped while it
+    /// ran, or while its node waited. A durable node goes on from its
+    /// journal of that attempt.
+    interrupted: bool,
 }
 
 /// Drives a run until every step has finished or it is stopped.
@@ -279,6 +283,7 @@ pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending
             (
                 r.step_id,
                 StepState {
+                    interrupted: r.status == StepStatus::Running && resumed.is_none(),
                     status,
                     output: r.output,
                     attempts: r.attempts,
@@ -465,6 +470,7 @@ async fn launch_ready(
         let first_attempt = state.attempts + 1;
         let recorded = first_attempt == 1 && ctx.started.contains(id);
         let resumed = state.resumed.take();
+        let continues = std::mem::take(&mut state.interrupted).then_some(state.attempts);
         let ctx = ctx.clone();
         let step = step.clone();
         let stop = stop_token.clone();
@@ -476,6 +482,7 @@ async fn launch_ready(
             let attempt = Attempt {
                 first: first_attempt,
                 recorded,
+                continues,
             };
             let outcome = match resumed {
                 Some(input) if step.spec.waits() => {
