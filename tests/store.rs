@@ -393,6 +393,7 @@ async fn a_pruned_run_takes_its_events_and_calls_and_ids_are_not_reused(b: Backe
         duration_us: 1,
         at: now_text(),
         result: None,
+        tape: None,
     };
     store.record_call(&call, &f).await.unwrap();
     let first_two = store.events(None, 0, 2).await.unwrap();
@@ -1002,6 +1003,7 @@ async fn a_run_s_progress_is_recorded(b: Backend) {
         duration_us: 42,
         at: now_text(),
         result: Some(json!({"error": {"code": "denied", "message": "no"}})),
+        tape: None,
     };
     store.record_call(&call, &f).await.unwrap();
     // Recorded again (a replayed journal): replaced, not doubled.
@@ -1365,6 +1367,7 @@ mod shared {
                 duration_us: 1,
                 at: now_text(),
                 result: None,
+                tape: None,
             };
             lease_lost(store.record_call(&call, f).await, "r1");
             lease_lost(

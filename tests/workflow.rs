@@ -1707,6 +1707,15 @@ component = "{approval}"
 allow = ["fixture.echo"]
 "#;
 
+/// What `approval` asks, given its output (the time and ticket it read).
+fn asked_text(request: &str, output: &Value) -> String {
+    format!(
+        "approval needed for \"{request}\" (asked at {}, ticket {})",
+        output["asked_at"],
+        output["ticket"].as_str().unwrap()
+    )
+}
+
 impl Host {
     /// Waits until step `step` of `run_id` reports `message` as its
     /// progress (a parked step says what it waits for there).
@@ -1759,8 +1768,11 @@ async fn a_durable_node_lets_go_while_it_waits_and_goes_on_with_the_signal() {
     assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
     let output = run.output.clone().unwrap();
     assert_eq!(output["decision"], json!({"approved": true}));
-    assert_eq!(output["asked"], "approval needed for \"deploy\"");
-    // The node ran three times; each side effect happened once.
+    // The node ran three times; each side effect happened once, and each
+    // run read the clock and the random number the first one read (else
+    // its first call would differ, and the step fail `diverged`).
+    let asked = asked_text("deploy", &output);
+    assert_eq!(output["asked"], asked);
     let texts: Vec<Value> = host
         .witness()
         .iter()
@@ -1769,7 +1781,7 @@ async fn a_durable_node_lets_go_while_it_waits_and_goes_on_with_the_signal() {
     assert_eq!(
         texts,
         [
-            json!("approval needed for \"deploy\""),
+            json!(asked),
             json!("decision for \"deploy\": {\"approved\":true}")
         ]
     );
@@ -1791,6 +1803,15 @@ async fn a_durable_node_lets_go_while_it_waits_and_goes_on_with_the_signal() {
     );
     let waited = &step(&run, "ask").calls.as_ref().unwrap()[2];
     assert_eq!(waited.result, Some(json!({"approved": true})));
+    // The reads before the first call are journaled with it.
+    let kinds: Vec<String> = calls[0]["tape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r.as_object().unwrap().keys().cloned())
+        .collect();
+    assert!(kinds.contains(&"wall".to_owned()), "{kinds:?}");
+    assert!(kinds.contains(&"seed".to_owned()), "{kinds:?}");
     host.close().await;
 }
 
@@ -2305,10 +2326,12 @@ async fn a_durable_node_survives_a_sigkill_while_it_sleeps() {
         .iter()
         .map(|c| c["arguments"]["text"].clone())
         .collect();
+    // The clock and the random number read before the crash are the ones
+    // the node read after it: the call made before the crash says them.
     assert_eq!(
         texts,
         [
-            json!("approval needed for \"deploy\""),
+            json!(asked_text("deploy", &done["output"])),
             json!("decision for \"deploy\": {\"ok\":true}")
         ],
         "each call once, across the crash"

@@ -349,6 +349,26 @@ pub trait CallJournal: Send + Sync {
         let _ = (seq, name, arguments, wait);
         Parks::Unsupported
     }
+    /// Where a durable node's reads of clocks and randomness are journaled,
+    /// if anywhere.
+    fn tape(&self) -> Option<Arc<dyn Tape>> {
+        None
+    }
+}
+
+/// A durable node's reads of the clocks and of its random seed, journaled
+/// with its calls, so that its run after a wait or a crash reads what the
+/// run before it read. Each read gives the journal's next value of its kind
+/// while there is one, else `live` (which is then journaled).
+pub trait Tape: Send + Sync {
+    /// The wall clock, since the Unix epoch.
+    fn wall(&self, live: std::time::Duration) -> std::time::Duration;
+    /// The monotonic clock, in nanoseconds; never less than a value it
+    /// gave before, also across runs.
+    fn monotonic(&self, live: u64) -> u64;
+    /// The seed of the node run's random numbers (both WASI generators and
+    /// the insecure seed derive from it).
+    fn seed(&self, live: [u8; 32]) -> [u8; 32];
 }
 
 /// Whether a journal lets go of a node that waits ([`CallJournal::park`]).

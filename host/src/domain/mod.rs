@@ -247,6 +247,10 @@ pub struct CallRow {
     /// not kept when larger than [`MAX_CALL_RESULT`] bytes of JSON.
     #[serde(skip)]
     pub result: Option<Value>,
+    /// What a durable node read of its clocks and random seed since its
+    /// call before this one (`[{"wall": ns} | {"mono": ns} | {"seed": hex}]`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tape: Option<Value>,
 }
 
 /// The largest call result kept in the journal, in bytes of JSON.

@@ -3,6 +3,7 @@
 
 mod cache;
 mod stdio;
+mod tape;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -756,13 +757,20 @@ impl Runtime {
 
         // Nothing is granted: no preopened dirs, no env, no args, empty stdin, no
         // sockets or name lookups. Only stdout/stderr, captured.
-        let wasi = WasiCtxBuilder::new()
-            .stdout(stdout.clone())
+        let mut wasi = WasiCtxBuilder::new();
+        wasi.stdout(stdout.clone())
             .stderr(stderr.clone())
             .allow_ip_name_lookup(false)
             .allow_tcp(false)
-            .allow_udp(false)
-            .build();
+            .allow_udp(false);
+        // A durable node reads its clocks and randomness through its
+        // journal, so that it runs the same way again.
+        if node.durable
+            && let Some(tape) = capability.journal.as_ref().and_then(|j| j.tape())
+        {
+            tape::taped(&mut wasi, tape);
+        }
+        let wasi = wasi.build();
         let state = NodeState {
             wasi,
             table: ResourceTable::new(),

@@ -83,6 +83,11 @@ pub(super) const MIGRATIONS: &[(i64, &str, &str)] = &[
         "one write path",
         include_str!("../../migrations/postgres/0008_one_write_path.sql"),
     ),
+    (
+        9,
+        "tape",
+        include_str!("../../migrations/postgres/0009_tape.sql"),
+    ),
 ];
 
 /// The database's clock, in ms since the epoch. `clock_timestamp()`, not

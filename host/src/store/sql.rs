@@ -342,17 +342,18 @@ pub fn record_call(dialect: Dialect, call: &CallRow) -> Statement {
         sql.int(i64::try_from(call.duration_us).unwrap_or(i64::MAX)),
         sql.text(call.at.as_str()),
         sql.text(call.result.as_ref().map(json)),
+        sql.text(call.tape.as_ref().map(json)),
     ]
     .join(", ");
     sql.push(&format!(
         "INSERT INTO calls (run_id, step_id, item, attempt, seq, name, arguments,
-                            outcome, error_code, duration_us, at, result)
+                            outcome, error_code, duration_us, at, result, tape)
          VALUES ({values})
          ON CONFLICT (run_id, step_id, item, attempt, seq) DO UPDATE
              SET name = excluded.name, arguments = excluded.arguments,
                  outcome = excluded.outcome, error_code = excluded.error_code,
                  duration_us = excluded.duration_us, at = excluded.at,
-                 result = excluded.result"
+                 result = excluded.result, tape = excluded.tape"
     ));
     sql.done(Guard::None)
 }

@@ -234,6 +234,7 @@ impl<D: Db> Store for SqlStore<D> {
                     duration_us: u64::try_from(row.int("duration_us")?).unwrap_or_default(),
                     at: row.text("at")?,
                     result: parse_json(row.text_opt("result")?)?,
+                    tape: parse_json(row.text_opt("tape")?)?,
                 })
             })
             .collect()

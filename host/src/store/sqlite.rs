@@ -58,6 +58,11 @@ pub(super) const MIGRATIONS: &[(i64, &str, &str)] = &[
         "prune index",
         include_str!("../../migrations/sqlite/0006_prune_index.sql"),
     ),
+    (
+        7,
+        "tape",
+        include_str!("../../migrations/sqlite/0007_tape.sql"),
+    ),
 ];
 
 /// `PRAGMA application_id` of a wf-host state file: "wfhs".

@@ -25,9 +25,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::capability::{CapabilityError, JournalEntry, Parks, Replayed, Wait, json_len};
+use crate::capability::{CapabilityError, JournalEntry, Parks, Replayed, Tape, Wait, json_len};
 
 /// The journal names of the node's own waits start with this
 /// ([`crate::capability::SLEEP`], [`crate::capability::WAIT_SIGNAL`]).
@@ -51,6 +52,31 @@ pub(super) struct Answered {
     /// Not journaled yet: the call the parked run waited on, and how long
     /// that took.
     unrecorded: Option<Duration>,
+    /// What the node read of its clocks and seed before this call.
+    tape: Vec<TapeValue>,
+}
+
+/// One read of a durable node's clocks or random seed, as its journal keeps
+/// it: `{"wall": ns}`, `{"mono": ns}` or `{"seed": "<hex>"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum TapeValue {
+    Wall(u64),
+    Mono(u64),
+    Seed(String),
+}
+
+/// The most reads a node run journals between two of its calls; past it,
+/// reads are live and not journaled (a warning says so), and a run after a
+/// wait may read other values there.
+const MAX_TAPE: usize = 4096;
+
+/// A journaled tape (`CallRow::tape`), read back; `[]` for none or one
+/// that does not parse.
+pub(crate) fn tape_of(value: Option<&Value>) -> Vec<TapeValue> {
+    value
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .unwrap_or_default()
 }
 
 impl Answered {
@@ -62,6 +88,7 @@ impl Answered {
         arguments: Value,
         result: Result<Value, CapabilityError>,
         took: Duration,
+        tape: Vec<TapeValue>,
     ) -> Answered {
         Answered {
             seq,
@@ -69,6 +96,7 @@ impl Answered {
             arguments,
             result,
             unrecorded: Some(took),
+            tape,
         }
     }
 
@@ -91,6 +119,8 @@ pub(super) struct Parked {
     /// What it waits on.
     pub on: ParkedOn,
     earlier: Vec<Answered>,
+    /// What the node read of its clocks and seed since its call before.
+    tape: Vec<TapeValue>,
 }
 
 /// What a parked step waits on.
@@ -118,6 +148,7 @@ impl Parked {
             arguments: self.arguments,
             result,
             unrecorded: Some(self.since.elapsed()),
+            tape: self.tape,
         });
         answers
     }
@@ -150,6 +181,17 @@ struct State {
     /// How a durable node's run differs from the one before it: its first
     /// call or wait that is not the journal's next.
     diverged: Option<String>,
+    /// The reads of clocks and seed the run before made, still to be read
+    /// again, in order.
+    tape_replay: std::collections::VecDeque<TapeValue>,
+    /// The reads since the node's last journaled call.
+    tape_pending: Vec<TapeValue>,
+    /// Past [`MAX_TAPE`] reads since the last call: not journaled.
+    tape_full: bool,
+    /// The largest monotonic reading given, and how far live readings are
+    /// moved forward to stay past those of the run before.
+    mono_floor: u64,
+    mono_shift: Option<u64>,
 }
 
 /// One node run's calls, as far as parking needs them: what they answered,
@@ -175,6 +217,7 @@ impl Parking {
             durable: replay.iter().any(|a| Answered::is_wait(&a.name)),
             state: Mutex::new(State {
                 answered: Some(Vec::new()),
+                tape_replay: replay.iter().flat_map(|a| a.tape.iter().cloned()).collect(),
                 replay: replay.into(),
                 ..State::default()
             }),
@@ -225,7 +268,10 @@ impl Parking {
             record: answer.unrecorded,
         };
         if answer.unrecorded.is_none() {
-            // Journaled before: remembered here, as `recorded` would.
+            // Journaled before, with the reads before it: remembered here,
+            // as `recorded` would.
+            state.tape_pending.clear();
+            state.tape_full = false;
             remember(&mut state, answer);
         }
         Some(replayed)
@@ -273,7 +319,9 @@ impl Parking {
     }
 
     /// A call ended (it is being journaled): remembered with its answer.
-    pub fn recorded(&self, entry: &JournalEntry) {
+    /// Gives the reads of clocks and seed the node made before it, to be
+    /// journaled with it.
+    pub fn recorded(&self, entry: &JournalEntry) -> Vec<TapeValue> {
         let mut state = self.lock();
         state.in_flight.remove(&entry.seq);
         if state
@@ -284,8 +332,10 @@ impl Parking {
             state.calling = None;
             state.task = None;
         }
+        let tape = std::mem::take(&mut state.tape_pending);
+        state.tape_full = false;
         if state.answered.is_none() {
-            return;
+            return tape;
         }
         let result = match entry.error_code {
             None => Ok(entry.result.clone()),
@@ -297,8 +347,37 @@ impl Parking {
             arguments: entry.arguments.clone(),
             result,
             unrecorded: None,
+            tape: tape.clone(),
         };
         remember(&mut state, answer);
+        tape
+    }
+
+    /// Keeps a read of the node's clocks or seed, to be journaled with its
+    /// next call.
+    fn read(state: &mut State, value: TapeValue, label: &str) {
+        if state.tape_pending.len() >= MAX_TAPE {
+            if !state.tape_full {
+                tracing::warn!(run = %label,
+                    "more than {MAX_TAPE} clock reads between two calls; later ones are not journaled, and a run after a wait may read others");
+                state.tape_full = true;
+            }
+            return;
+        }
+        state.tape_pending.push(value);
+    }
+
+    /// The journal's next read, when it is of this kind (else the replay
+    /// of reads ends: the node reads live from here).
+    fn replay_read(state: &mut State, kind: fn(&TapeValue) -> bool) -> Option<TapeValue> {
+        match state.tape_replay.front() {
+            Some(next) if kind(next) => state.tape_replay.pop_front(),
+            Some(_) => {
+                state.tape_replay.clear();
+                None
+            }
+            None => None,
+        }
     }
 
     /// The call with `key` made a task.
@@ -339,6 +418,7 @@ impl Parking {
                         since: Instant::now(),
                         on: ParkedOn::Wait(wait),
                         earlier: state.answered.take().unwrap_or_default(),
+                        tape: std::mem::take(&mut state.tape_pending),
                     };
                 }
             }
@@ -375,15 +455,69 @@ impl Parking {
                     task_id,
                 },
                 earlier: state.answered.take().unwrap_or_default(),
+                tape: std::mem::take(&mut state.tape_pending),
             };
         }
     }
+}
+
+impl Tape for Parking {
+    fn wall(&self, live: Duration) -> Duration {
+        let mut state = self.lock();
+        let now = match Self::replay_read(&mut state, |v| matches!(v, TapeValue::Wall(_))) {
+            Some(TapeValue::Wall(ns)) => Duration::from_nanos(ns),
+            _ => live,
+        };
+        let ns = u64::try_from(now.as_nanos()).unwrap_or(u64::MAX);
+        Self::read(&mut state, TapeValue::Wall(ns), &self.label);
+        now
+    }
+
+    fn monotonic(&self, live: u64) -> u64 {
+        let mut state = self.lock();
+        let now = match Self::replay_read(&mut state, |v| matches!(v, TapeValue::Mono(_))) {
+            Some(TapeValue::Mono(ns)) => ns,
+            _ => {
+                // Live readings go on from the run before's last.
+                let floor = state.mono_floor;
+                let shift = *state.mono_shift.get_or_insert(floor.saturating_sub(live));
+                live.saturating_add(shift).max(floor)
+            }
+        };
+        state.mono_floor = state.mono_floor.max(now);
+        Self::read(&mut state, TapeValue::Mono(now), &self.label);
+        now
+    }
+
+    fn seed(&self, live: [u8; 32]) -> [u8; 32] {
+        let mut state = self.lock();
+        let replayed = Self::replay_read(&mut state, |v| matches!(v, TapeValue::Seed(_)));
+        let seed = match replayed {
+            Some(TapeValue::Seed(hex)) => decode_seed(&hex).unwrap_or(live),
+            _ => live,
+        };
+        let hex = seed.iter().map(|b| format!("{b:02x}")).collect();
+        Self::read(&mut state, TapeValue::Seed(hex), &self.label);
+        seed
+    }
+}
+
+fn decode_seed(hex: &str) -> Option<[u8; 32]> {
+    let mut seed = [0u8; 32];
+    if hex.len() != 64 {
+        return None;
+    }
+    for (i, byte) in seed.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(seed)
 }
 
 /// Keeps `answer` for a run after parking, unless the run's answers would
 /// then exceed [`MAX_REMEMBERED`] (it can no longer park).
 fn remember(state: &mut State, answer: Answered) {
     let size = answer.name.len()
+        + answer.tape.len() * 24
         + json_len(&answer.arguments)
         + match &answer.result {
             Ok(value) => json_len(value),
@@ -475,6 +609,7 @@ mod tests {
             arguments: json!({"n": 1}),
             result: Ok(json!("first")),
             unrecorded: None,
+            tape: vec![],
         }];
         let again = Parking::new("r/s".into(), answers);
         assert!(again.replayed(1, "c.other", &json!({"n": 1})).is_none());
@@ -522,6 +657,7 @@ mod tests {
             arguments: json!({"ms": 5}),
             result: Ok(json!({"until_ms": 0})),
             unrecorded: None,
+            tape: vec![],
         };
         let called = Answered {
             seq: 2,
@@ -529,6 +665,7 @@ mod tests {
             arguments: json!({"n": 2}),
             result: Ok(json!("two")),
             unrecorded: None,
+            tape: vec![],
         };
         let again = Parking::new("r/s".into(), vec![slept.clone(), called.clone()]);
         assert!(
@@ -555,6 +692,53 @@ mod tests {
                 "the node ran differently after it waited: call 2: the run made c.one {\"n\":2}, this run made no call"
             )
         );
+    }
+
+    /// A node's reads of its clocks and seed are journaled with its next
+    /// call (and with the wait it parks on), and a run after the park reads
+    /// them again in order, whatever the clocks say now; past them it reads
+    /// live, its monotonic clock never going back.
+    #[tokio::test]
+    async fn clock_and_seed_reads_are_read_again_after_a_park() {
+        let first = Parking::new("r/s".into(), Vec::new());
+        let wall = first.wall(Duration::from_millis(1_000));
+        let seed = first.seed([7; 32]);
+        let mono = first.monotonic(5_000);
+        let tape = first.recorded(&entry(1, "c.one", json!("one")));
+        assert_eq!(
+            tape,
+            [
+                TapeValue::Wall(1_000_000_000),
+                TapeValue::Seed("07".repeat(32)),
+                TapeValue::Mono(5_000),
+            ]
+        );
+        let late = first.wall(Duration::from_millis(2_000));
+        assert_eq!(
+            first.park(
+                2,
+                crate::capability::WAIT_SIGNAL,
+                &json!({}),
+                Wait::Signal {
+                    name: "go".into(),
+                    timeout: None
+                }
+            ),
+            Parks::Yes
+        );
+        let parked = first.parks(AFTER).await;
+        let again = Parking::new("r/s".into(), parked.answers(Ok(json!("payload"))));
+        assert_eq!(again.wall(Duration::from_millis(9_000)), wall);
+        assert_eq!(again.seed([9; 32]), seed);
+        assert_eq!(again.monotonic(1), mono);
+        assert!(again.replayed(1, "c.one", &json!({"n": 1})).is_some());
+        // The read the run before made just before it waited, then live.
+        assert_eq!(again.wall(Duration::from_millis(9_000)), late);
+        assert_eq!(
+            again.wall(Duration::from_millis(9_000)),
+            Duration::from_millis(9_000)
+        );
+        assert!(again.monotonic(1) >= mono, "the monotonic clock went back");
     }
 
     #[tokio::test]

@@ -6,9 +6,15 @@
 //! "approve", "timeout_ms"?: <ms>, "sleep_ms"?: <ms>}`. `notify` is called
 //! with `{"text": …}` before and after the wait; with `sleep_ms`, the node
 //! first sleeps that long (durably too). Output: `{"asked": <first answer's
-//! text>, "decision": <the signal's payload>, "told": <second answer's
-//! text>}`. Without a signal within `timeout_ms`, it fails with `timeout`.
+//! text>, "asked_at": <ms>, "ticket": <hex>, "decision": <the signal's
+//! payload>, "told": <second answer's text>}`. Without a signal within
+//! `timeout_ms`, it fails with `timeout`.
+//!
+//! It reads the clock and a random number before it asks, and puts both in
+//! what it asks: the host journals such reads for a durable node, so each
+//! time the node runs again (after its waits, or a crash) it reads the same.
 
+use std::hash::{BuildHasher, RandomState};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -31,7 +37,14 @@ fn approve() -> String {
 }
 
 fn run(input: Input) -> Result<Value, wf_sdk::Error> {
-    let text = format!("approval needed for {}", input.request);
+    let asked_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let ticket = format!("{:016x}", RandomState::new().hash_one("ticket"));
+    let text = format!(
+        "approval needed for {} (asked at {asked_at}, ticket {ticket})",
+        input.request
+    );
     let asked = capability::call_tool(&input.notify, &json!({ "text": text }))?.text();
     if let Some(ms) = input.sleep_ms {
         wf_sdk::info!("sleeping {ms} ms before waiting");
@@ -44,7 +57,13 @@ fn run(input: Input) -> Result<Value, wf_sdk::Error> {
     };
     let text = format!("decision for {}: {decision}", input.request);
     let told = capability::call_tool(&input.notify, &json!({ "text": text }))?.text();
-    Ok(json!({ "asked": asked, "decision": decision, "told": told }))
+    Ok(json!({
+        "asked": asked,
+        "asked_at": asked_at,
+        "ticket": ticket,
+        "decision": decision,
+        "told": told,
+    }))
 }
 
 wf_sdk::node!(run);

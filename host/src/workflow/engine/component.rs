@@ -398,12 +398,14 @@ async fn journaled_answers(
             None => Ok(result),
         };
         let took = Duration::from_micros(call.duration_us);
+        let tape = tape_of(call.tape.as_ref());
         answers.push(Answered::journaled(
             call.seq,
             call.name,
             call.arguments,
             result,
             took,
+            tape,
         ));
     }
     tracing::info!(run = %ctx.run_id, step = %step.spec.id, item, attempt, answers = answers.len(),

@@ -235,8 +235,12 @@ impl CallJournal for StepJournal {
         self.parking.replayed(seq, name, arguments)
     }
 
+    fn tape(&self) -> Option<Arc<dyn crate::capability::Tape>> {
+        Some(self.parking.clone())
+    }
+
     async fn record(&self, entry: JournalEntry) {
-        self.parking.recorded(&entry);
+        let tape = self.parking.recorded(&entry);
         if entry.seq > MAX_JOURNALED_CALLS {
             if entry.seq == MAX_JOURNALED_CALLS + 1 {
                 tracing::warn!(run = %self.run_id, step = %self.step_id,
@@ -270,6 +274,7 @@ impl CallJournal for StepJournal {
             at: now_text(),
             result: (crate::capability::json_len(&result) <= crate::domain::MAX_CALL_RESULT)
                 .then_some(result),
+            tape: (!tape.is_empty()).then(|| json!(tape)),
         };
         if let Err(e) = self.store.record_call(&row, &self.fence).await {
             tracing::warn!(run = %self.run_id, step = %self.step_id, "cannot journal a call: {e}");

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::definition::{Definition, Spec, Step};
 use super::events::Events;
-use super::parking::{Answered, PARK_AFTER, Parked, ParkedOn, Parking};
+use super::parking::{Answered, PARK_AFTER, Parked, ParkedOn, Parking, tape_of};
 use crate::capability::{CallJournal, JournalEntry, Progress, Wait, truncate_utf8};
 use crate::domain::{
     CallRow, Failure, RunStatus, STEP_LOG, StepRow, StepStatus, Transition, now_text,
