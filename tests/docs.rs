@@ -343,6 +343,11 @@ fn the_triggers_guide_works_as_written() {
 }
 
 #[test]
+fn the_durable_nodes_guide_works_as_written() {
+    follow_guide("docs/durable.md");
+}
+
+#[test]
 fn the_changes_guide_works_as_written() {
     follow_guide("docs/changes.md");
 }
