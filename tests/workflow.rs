@@ -44,6 +44,7 @@ env = {{ WF_FIXTURE_WITNESS = "{witness}" }}
             &root.join("plugins/call.wasm").display().to_string(),
         )
         .replace("{flaky}", &guest("flaky").display().to_string())
+        .replace("{durable}", &guest("durable").display().to_string())
         .replace(
             "{approval}",
             &root.join("plugins/approval.wasm").display().to_string(),
@@ -1886,6 +1887,129 @@ async fn a_durable_wait_times_out_as_an_error_the_node_sees() {
     host.close().await;
 }
 
+/// A parent whose durable node runs child workflows: `child` echoes its
+/// input, `failing` fails (its call is denied), `stuck` waits for a signal
+/// that never comes.
+const FAMILY: &str = r#"[[workflows.parent.steps]]
+id = "lead"
+component = "{durable}"
+allow = ["fixture.echo", "workflow.child", "workflow.failing", "workflow.stuck", "workflow.nowhere"]
+
+[[workflows.ungranted.steps]]
+id = "lead"
+component = "{durable}"
+allow = ["fixture.echo"]
+
+[[workflows.child.steps]]
+id = "echo"
+component = "{echo}"
+
+[[workflows.failing.steps]]
+id = "call"
+component = "{call}"
+input = '{capability: "fixture.add", arguments: {a: 1, b: 2}}'
+
+[[workflows.stuck.steps]]
+id = "wait"
+component = "{durable}"
+"#;
+
+/// `run-workflow` runs a child to its end and gives the node its output,
+/// or its failure as an error the node sees; the child records its parent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_node_runs_child_workflows_and_sees_their_outcome() {
+    let host = Host::new(FAMILY).await;
+    let input = json!({"do": [
+        {"workflow": "child", "input": {"n": 1}},
+        {"workflow": "failing", "input": null},
+        {"workflow": "nowhere", "input": {}},
+        {"call": "fixture.echo", "arguments": {"text": "after"}},
+    ]});
+    let run = host.run("parent", input).await;
+    assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
+    let out = run.output.clone().unwrap();
+    assert_eq!(out[0], json!({"n": 1}));
+    assert_eq!(out[1]["error"], "denied", "{out}");
+    assert!(
+        out[1]["message"]
+            .as_str()
+            .unwrap()
+            .contains("of `failing` failed"),
+        "{out}"
+    );
+    assert_eq!(out[2]["error"], "unknown-workflow", "{out}");
+    assert_eq!(out[3], "after");
+    // The children are runs of their own, started by this one.
+    let (children, _) = host
+        .workflows
+        .list(&wf_host::domain::ListQuery {
+            workflow: Some("child".into()),
+            status: None,
+            limit: 10,
+            cursor: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(children.len(), 1);
+    let child = host
+        .workflows
+        .get(&children[0].run_id, false)
+        .await
+        .unwrap();
+    assert_eq!(child.trigger.as_ref().unwrap()["kind"], "parent");
+    assert_eq!(child.trigger.as_ref().unwrap()["run_id"], json!(run.run_id));
+    // Without the grant, no child starts.
+    let denied = host
+        .run(
+            "ungranted",
+            json!({"do": [{"workflow": "child", "input": 2}]}),
+        )
+        .await;
+    assert_eq!(denied.status, RunStatus::Succeeded, "{denied:#?}");
+    let out = denied.output.unwrap();
+    assert_eq!(out[0]["error"], "denied");
+    assert!(
+        out[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("`workflow.child`"),
+        "{out}"
+    );
+    host.close().await;
+}
+
+/// Cancelling a run whose node waits for a child cancels the child.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_parent_cancels_its_child() {
+    let host = Host::new(FAMILY).await;
+    let input = json!({"do": [{"workflow": "stuck", "input": {"do": [{"signal": "never"}]}}]});
+    let parent = host.workflows.start("parent", input, None).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let child = loop {
+        let (runs, _) = host
+            .workflows
+            .list(&wf_host::domain::ListQuery {
+                workflow: Some("stuck".into()),
+                status: None,
+                limit: 1,
+                cursor: None,
+            })
+            .await
+            .unwrap();
+        if let Some(run) = runs.first() {
+            break run.run_id.clone();
+        }
+        assert!(Instant::now() < deadline, "no child run started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    host.progress_says(&child, "wait", "waiting for signal `never`")
+        .await;
+    host.workflows.cancel(&parent.run_id).await.unwrap();
+    let child = host.finish(&child).await;
+    assert_eq!(child.status, RunStatus::Cancelled, "{child:#?}");
+    host.close().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_list_newest_first_in_pages_from_the_store() {
     let host = Host::new(
@@ -2356,6 +2480,160 @@ async fn a_durable_node_survives_a_sigkill_while_it_sleeps() {
             (json!(4), json!("fixture.echo")),
         ]
     );
+}
+
+/// The flow of a durable node end to end, against a server on the official
+/// Python SDK (its own process, so its record of calls outlives `serve`):
+/// it reads the clock, marks, sleeps 3 s, waits for a signal, runs a child
+/// workflow, makes two 1 s calls at once, marks again and reads the clock.
+/// `serve` is SIGKILLed during the sleep and restarted. The run succeeds;
+/// each call reached the server once; the clock read before the crash is
+/// the one the node read after it; the two calls overlapped at the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_flow_survives_a_sigkill_with_each_side_effect_once() {
+    use common::interop::{HttpServer, Sdk};
+    let python = HttpServer::start(Sdk::Python, "127.0.0.1:0");
+    let dir = tempfile::tempdir().unwrap();
+    let body = format!(
+        r#"[runtime]
+state = "state.db"
+
+[rpc]
+allow = ["python.call_log"]
+
+[connections.python]
+url = "{url}"
+
+[[workflows.flow.steps]]
+id = "lead"
+component = "{{durable}}"
+allow = ["python.echo", "python.sleep", "workflow.child"]
+
+[[workflows.child.steps]]
+id = "echo"
+component = "{{echo}}"
+"#,
+        url = python.url()
+    );
+    write_config(dir.path(), &body);
+    let serve = Serve::start(dir.path());
+    let input = json!({"do": [
+        {"clock": true},
+        {"call": "python.echo", "arguments": {"text": "start"}},
+        {"sleep_ms": 3000},
+        {"signal": "go"},
+        {"workflow": "child", "input": {"n": 1}},
+        {"together": [
+            {"call": "python.sleep", "arguments": {"ms": 1000}},
+            {"call": "python.sleep", "arguments": {"ms": 1000}},
+        ]},
+        {"call": "python.echo", "arguments": {"text": "end"}},
+        {"clock": true},
+    ]});
+    let started = serve
+        .call(
+            "workflow.start",
+            json!({"workflow": "flow", "input": input}),
+        )
+        .await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    let says = async |serve: &Serve, what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let got = serve.call("workflow.get", json!({"run_id": run_id})).await;
+            let said = got["steps"][0]["progress"]["message"]
+                .as_str()
+                .unwrap_or_default();
+            if said.starts_with(what) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "never said {what:?}: {got}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    says(&serve, "sleeping until").await;
+    serve.kill();
+
+    let serve = Serve::start(dir.path());
+    says(&serve, "waiting for signal `go`").await;
+    serve
+        .call(
+            "workflow.signal",
+            json!({"run_id": run_id, "signal": "go", "payload": "ok"}),
+        )
+        .await;
+    let done = serve
+        .call(
+            "workflow.wait",
+            json!({"run_id": run_id, "timeout_ms": 60000}),
+        )
+        .await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    let out = done["output"].as_array().unwrap().clone();
+    assert_eq!(out[1], "start");
+    assert_eq!(out[3], "ok");
+    assert_eq!(out[4], json!({"n": 1}), "the child's output");
+    assert_eq!(out[5], json!(["slept 1000ms", "slept 1000ms"]));
+    assert_eq!(out[6], "end");
+
+    // The clock read before the crash (journaled with the first call of the
+    // first attempt) is the one the node read after it.
+    let got = serve
+        .call("workflow.get", json!({"run_id": run_id, "calls": true}))
+        .await;
+    let calls = got["steps"][0]["calls"].as_array().unwrap().clone();
+    let first = calls
+        .iter()
+        .find(|c| c["attempt"] == 1 && c["seq"] == 1)
+        .unwrap();
+    let wall = first["tape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|r| r["wall"].as_u64())
+        .expect("a wall clock read before the first call");
+    assert_eq!(out[0], json!(wall / 1_000_000), "{first}");
+    assert!(
+        calls.iter().any(|c| c["attempt"] == 2),
+        "the node went on in a new attempt after the crash: {calls:?}"
+    );
+
+    // Each call reached the server once; the two sleeps overlapped.
+    let log = serve
+        .call(
+            "capability.call",
+            json!({"name": "python.call_log", "arguments": {}}),
+        )
+        .await;
+    let log: Value = serde_json::from_str(log["content"][0]["text"].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("call_log is not JSON ({e}): {log}"));
+    let of = |tool: &str| -> Vec<Value> {
+        log["calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["tool"] == tool)
+            .cloned()
+            .collect()
+    };
+    let echoes: Vec<Value> = of("echo")
+        .iter()
+        .map(|c| c["arguments"]["text"].clone())
+        .collect();
+    assert_eq!(echoes, [json!("start"), json!("end")], "{log}");
+    let sleeps = of("sleep");
+    assert_eq!(sleeps.len(), 2, "{log}");
+    let span = |c: &Value| (c["at"].as_f64().unwrap(), c["ended"].as_f64().unwrap());
+    let (a, b) = (span(&sleeps[0]), span(&sleeps[1]));
+    assert!(
+        a.0.max(b.0) < a.1.min(b.1),
+        "the two sleeps did not overlap at the server: {a:?} and {b:?}"
+    );
+    // One child run.
+    let children = serve
+        .call("workflow.list", json!({"workflow": "child"}))
+        .await;
+    assert_eq!(children["runs"].as_array().unwrap().len(), 1, "{children}");
 }
 
 /// Fifty runs at once call a slow upstream tool through a connection with

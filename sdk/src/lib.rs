@@ -167,6 +167,22 @@ pub mod durable {
         )
     }
 
+    /// Runs the configured workflow `name` on `input` as a child of this
+    /// run and returns its output once it ends. The node needs the grant
+    /// `workflow.<name>`; while the child runs, the node is let go.
+    ///
+    /// # Errors
+    /// With the child's own error code when it failed (`cancelled` when it
+    /// was cancelled), or `denied`, `unknown-workflow`, `invalid-input`,
+    /// `unavailable` (outside a workflow step).
+    pub fn run_workflow(name: &str, input: &Value) -> Result<Value, Error> {
+        match wit::run_workflow(name, &input.to_string()) {
+            Ok(output) => serde_json::from_str(&output)
+                .map_err(|e| Error::new("unavailable", format!("host returned invalid JSON: {e}"))),
+            Err(e) => Err(Error::new(e.code, e.message)),
+        }
+    }
+
     fn wait(name: &str, timeout_ms: Option<u64>) -> Result<Value, Error> {
         match wit::wait_signal(name, timeout_ms) {
             Ok(payload) => serde_json::from_str(&payload)

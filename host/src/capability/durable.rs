@@ -18,6 +18,8 @@ use crate::bindings::wf::node::durable as wit;
 pub const SLEEP: &str = "wf:sleep";
 /// The journal name of a wait for a signal.
 pub const WAIT_SIGNAL: &str = "wf:wait-signal";
+/// The journal name of a child run.
+pub const RUN_WORKFLOW: &str = "wf:run-workflow";
 
 /// What a parked node waits for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +31,14 @@ pub enum Wait {
         name: String,
         timeout: Option<Duration>,
     },
+    /// A child run of `workflow` on `input`, to its end. Its answer is
+    /// `{"run_id", "output"}` or `{"run_id"?, "error": {"code", "message"}}`.
+    Child { workflow: String, input: Value },
+}
+
+/// A child run's answer that is not an output.
+fn child_error(run_id: Option<&str>, code: &str, message: String) -> Value {
+    json!({"run_id": run_id, "error": {"code": code, "message": message}})
 }
 
 /// Milliseconds since the Unix epoch, now.
@@ -162,7 +172,80 @@ impl CapabilityCtx {
     }
 }
 
+impl CapabilityCtx {
+    /// `run-workflow`: the node lets go until its child run ends, and runs
+    /// again answered with the child's output or error. The answer (either)
+    /// is journaled as the wait's result.
+    async fn run_workflow(&self, name: &str, input: &str) -> wasmtime::Result<Value> {
+        let grant = format!("workflow.{name}");
+        if !self.grants.allows(&grant) {
+            return Ok(child_error(None, "denied", self.grants.denial(&grant)));
+        }
+        let input: Value = match serde_json::from_str(if input.is_empty() { "null" } else { input })
+        {
+            Ok(input) => input,
+            Err(e) => {
+                return Ok(child_error(
+                    None,
+                    "invalid-input",
+                    format!("the child's input is not JSON: {e}"),
+                ));
+            }
+        };
+        if self.journal.is_none() {
+            return Ok(child_error(
+                None,
+                "unavailable",
+                format!(
+                    "there is no run to be the parent of a run of `{name}`: `run-workflow` runs a child in a workflow step (`wf-host serve`), not in `wf-host run` or `wf-host test`"
+                ),
+            ));
+        }
+        let seq = self.next_seq();
+        let arguments = json!({ "workflow": name, "input": input });
+        if let Some(answer) = self.replayed_wait(seq, RUN_WORKFLOW, &arguments).await {
+            return Ok(
+                answer.unwrap_or_else(|e| child_error(None, e.code(), e.message().to_owned()))
+            );
+        }
+        let wait = Wait::Child {
+            workflow: name.to_owned(),
+            input,
+        };
+        self.park(seq, RUN_WORKFLOW, &arguments, wait).await?;
+        Ok(child_error(
+            None,
+            "unavailable",
+            "this step cannot let go of its node to wait for a child run".into(),
+        ))
+    }
+}
+
 impl wit::Host for CapabilityCtx {
+    async fn run_workflow(
+        &mut self,
+        name: String,
+        input: String,
+    ) -> wasmtime::Result<Result<String, wit::RunError>> {
+        tracing::debug!(run = %self.run_id, node = %self.node, workflow = %name, "run-workflow");
+        let answer = CapabilityCtx::run_workflow(self, &name, &input).await?;
+        let run_id = answer["run_id"].as_str().map(str::to_owned);
+        Ok(match answer.get("output") {
+            Some(output) => Ok(output.to_string()),
+            None => Err(wit::RunError {
+                run_id,
+                code: answer["error"]["code"]
+                    .as_str()
+                    .unwrap_or("unavailable")
+                    .to_owned(),
+                message: answer["error"]["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            }),
+        })
+    }
+
     async fn sleep(&mut self, ms: u64) -> wasmtime::Result<()> {
         tracing::debug!(run = %self.run_id, node = %self.node, ms, "sleep");
         CapabilityCtx::sleep(self, ms).await

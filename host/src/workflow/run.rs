@@ -509,6 +509,7 @@ impl Workflows {
             started,
             asleep: engine::Asleep::of_run(self.asleep.clone(), self.worker.wake.clone()),
             signals,
+            workflows: Arc::downgrade(self),
         });
         // What waiters get when the run ends here: the run as it started
         // (its input taken from `ctx` only when someone waits), with what its

@@ -8,9 +8,10 @@ It offers what the pool's scenarios need, like the fixture in host/src/fixture/:
   only `subscriptions/listen` subscribers) and `call_log`;
 - the resource `interop://greeting` and the prompt `greet {name}`.
 
-`call_log` answers {"calls": [{"tool", "arguments", "protocol"}],
+`call_log` answers {"calls": [{"tool", "arguments", "protocol", "at"}],
 "cancelled": [{"tool"}]}: every call before it and every call cancelled by
-`notifications/cancelled`, with the protocol revision each call came in on.
+`notifications/cancelled`, with the protocol revision each call came in on
+and when it came (Unix seconds; a `sleep` that finished has `ended` too).
 
     python server.py                 # stdio
     python server.py --http PORT     # streamable HTTP on 127.0.0.1:PORT/mcp (0 picks one)
@@ -23,6 +24,7 @@ import argparse
 import os
 import socket
 import sys
+import time
 from typing import Annotated
 
 import anyio
@@ -38,8 +40,10 @@ calls: list[dict] = []
 cancelled: list[dict] = []
 
 
-def record(tool: str, arguments: dict, ctx: Context) -> None:
-    calls.append({"tool": tool, "arguments": arguments, "protocol": ctx.protocol_version})
+def record(tool: str, arguments: dict, ctx: Context) -> dict:
+    entry = {"tool": tool, "arguments": arguments, "protocol": ctx.protocol_version, "at": time.time()}
+    calls.append(entry)
+    return entry
 
 
 @server.tool()
@@ -60,12 +64,13 @@ def add(a: float, b: float, ctx: Context) -> str:
 @server.tool()
 async def sleep(ms: int, ctx: Context) -> str:
     """Waits `ms` milliseconds; a cancelled call is recorded in call_log."""
-    record("sleep", {"ms": ms}, ctx)
+    entry = record("sleep", {"ms": ms}, ctx)
     try:
         await anyio.sleep(ms / 1000)
     except anyio.get_cancelled_exc_class():
         cancelled.append({"tool": "sleep"})
         raise
+    entry["ended"] = time.time()
     return f"slept {ms}ms"
 
 

@@ -22,6 +22,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::WorkflowError;
 use super::definition::{Definition, Spec, Step};
 use super::events::Events;
 use super::parking::{Answered, PARK_AFTER, Parked, ParkedOn, Parking, tape_of};
@@ -124,6 +125,9 @@ pub(crate) struct RunCtx {
     pub asleep: Asleep,
     /// Bumped when a signal is sent to the run: its wait steps look for it.
     pub signals: tokio::sync::watch::Receiver<u64>,
+    /// Where the run's child runs start (`run-workflow`); gone once the
+    /// host is.
+    pub workflows: std::sync::Weak<super::Workflows>,
 }
 
 /// Which runs of this process sleep: a run with a sleep step in flight does
