@@ -58,9 +58,15 @@ input = '{{capability: "fixture.sleep", arguments: {{ms: .input.ms}}}}'
 [[workflows.doze.steps]]
 id = "z"
 sleep = "3s"
+
+[[workflows.patient.steps]]
+id = "lead"
+component = "{durable}"
+allow = ["fixture.echo"]
 "#,
         witness = dir.join("witness.jsonl").display(),
         call = plugin("call").display(),
+        durable = guest("durable").display(),
     );
     let path = dir.join("wf.toml");
     std::fs::write(&path, text).unwrap();
@@ -607,6 +613,74 @@ async fn a_sleeping_run_of_a_killed_worker_wakes_on_another_on_time() {
         "woke {} ms late: it slept anew on the other worker",
         woke - until
     );
+}
+
+/// A durable node parked on one worker (waiting for a signal) is taken over
+/// by the other when the first is killed: the other goes on from the
+/// journal in the shared store (the call made before the wait is not made
+/// again), waits for the signal, and finishes the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_node_parked_on_a_killed_worker_goes_on_on_another() {
+    let (_pg, dir, a, b) = two_workers("1s");
+    let input = json!({"do": [
+        {"call": "fixture.echo", "arguments": {"text": "before"}},
+        {"signal": "go"},
+        {"call": "fixture.echo", "arguments": {"text": "after"}},
+    ]});
+    let started = call(
+        &a,
+        "workflow.start",
+        json!({"workflow": "patient", "input": input}),
+    )
+    .await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    // The worker whose node waits says so (progress is that worker's own).
+    let waits_on = async |serve: &Serve| {
+        let got = call(serve, "workflow.get", json!({"run_id": run_id})).await;
+        got["steps"][0]["progress"]["message"] == "waiting for signal `go`"
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (parked, other) = loop {
+        if waits_on(&a).await {
+            break (a, b);
+        }
+        if waits_on(&b).await {
+            break (b, a);
+        }
+        assert!(Instant::now() < deadline, "the node never waited");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    signal(&parked, libc::SIGKILL);
+    // The other worker claims the run once the lease runs out, and its node
+    // waits again, answered from the journal up to there.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !waits_on(&other).await {
+        assert!(
+            Instant::now() < deadline,
+            "the other worker's node never waited"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    call(
+        &other,
+        "workflow.signal",
+        json!({"run_id": run_id, "signal": "go", "payload": 7}),
+    )
+    .await;
+    let done = call(
+        &other,
+        "workflow.wait",
+        json!({"run_id": run_id, "timeout_ms": 30000}),
+    )
+    .await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert_eq!(done["output"], json!(["before", 7, "after"]));
+    let texts: Vec<Value> = read_witness(dir.path())
+        .iter()
+        .map(|c| c["arguments"]["text"].clone())
+        .collect();
+    assert_eq!(texts, [json!("before"), json!("after")], "each call once");
+    drop(parked);
 }
 
 /// Sleeping runs do not fill a worker up: with one step slot, a worker

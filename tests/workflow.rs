@@ -46,6 +46,14 @@ env = {{ WF_FIXTURE_WITNESS = "{witness}" }}
         .replace("{flaky}", &guest("flaky").display().to_string())
         .replace("{durable}", &guest("durable").display().to_string())
         .replace(
+            "{py-durable}",
+            &root.join("plugins/py-durable.wasm").display().to_string(),
+        )
+        .replace(
+            "{js-durable}",
+            &root.join("plugins/js-durable.wasm").display().to_string(),
+        )
+        .replace(
             "{approval}",
             &root.join("plugins/approval.wasm").display().to_string(),
         )
@@ -1803,7 +1811,7 @@ async fn a_durable_node_lets_go_while_it_waits_and_goes_on_with_the_signal() {
         ]
     );
     let waited = &step(&run, "ask").calls.as_ref().unwrap()[2];
-    assert_eq!(waited.result, Some(json!({"approved": true})));
+    assert_eq!(waited.result, Some(json!({"payload": {"approved": true}})));
     // The reads before the first call are journaled with it.
     let kinds: Vec<String> = calls[0]["tape"]
         .as_array()
@@ -1976,6 +1984,92 @@ async fn a_durable_node_runs_child_workflows_and_sees_their_outcome() {
         "{out}"
     );
     host.close().await;
+}
+
+/// The same durable flow in Python and in JavaScript (`plugins/py-durable`,
+/// `plugins/js-durable`): the clock, a call, a sleep, a signal, a child run,
+/// two calls at once, a call and the clock again. Each call is made once
+/// across the node's three runs, both clock reads give what the first run
+/// read, and the two calls overlapped at the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_durable_flow_runs_in_python_and_javascript() {
+    for node in ["{py-durable}", "{js-durable}"] {
+        let host = Host::new(&format!(
+            r#"[[workflows.flow.steps]]
+id = "lead"
+component = "{node}"
+allow = ["fixture.echo", "fixture.sleep", "workflow.child"]
+
+[[workflows.child.steps]]
+id = "echo"
+component = "{{echo}}"
+"#
+        ))
+        .await;
+        let input = json!({"do": [
+            {"clock": true},
+            {"call": "fixture.echo", "arguments": {"text": "start"}},
+            {"sleep_ms": 200},
+            {"signal": "go"},
+            {"workflow": "child", "input": {"n": 1}},
+            {"together": [
+                {"call": "fixture.sleep", "arguments": {"ms": 500}},
+                {"call": "fixture.sleep", "arguments": {"ms": 500}},
+            ]},
+            {"call": "fixture.echo", "arguments": {"text": "end"}},
+            {"clock": true},
+        ]});
+        let started = host.workflows.start("flow", input, None).await.unwrap();
+        let id = started.run_id;
+        host.progress_says(&id, "lead", "waiting for signal `go`")
+            .await;
+        let before = host.workflows.get(&id, true).await.unwrap();
+        host.workflows.signal(&id, "go", json!("ok")).await.unwrap();
+        let run = host.finish(&id).await;
+        assert_eq!(run.status, RunStatus::Succeeded, "{node}: {run:#?}");
+        let out = run.output.clone().unwrap();
+        assert_eq!(out[1], "start", "{node}: {out}");
+        assert_eq!(out[3], "ok", "{node}: {out}");
+        assert_eq!(out[4], json!({"n": 1}), "{node}: {out}");
+        assert_eq!(out[6], "end", "{node}: {out}");
+        // The clock read first was journaled with the first call, before
+        // the node was let go, and read again by its later runs.
+        let first = &step(&before, "lead").calls.as_ref().unwrap()[0];
+        let walls: Vec<i64> = first
+            .tape
+            .as_ref()
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|r| r["wall"].as_u64())
+            .map(|ns| (ns / 1_000_000) as i64)
+            .collect();
+        let read = out[0].as_i64().unwrap();
+        assert!(
+            walls.iter().any(|ms| (ms - read).abs() <= 1),
+            "{node}: the clock read {read}, not one the first run read {walls:?}"
+        );
+        let span = |r: &Value| {
+            let s = &r["structuredContent"];
+            (
+                s["started_ms"].as_u64().unwrap(),
+                s["ended_ms"].as_u64().unwrap(),
+            )
+        };
+        let (a, b) = (span(&out[5][0]), span(&out[5][1]));
+        assert!(
+            a.0.max(b.0) < a.1.min(b.1),
+            "{node}: no overlap: {a:?} {b:?}"
+        );
+        let tools: Vec<Value> = host.witness().iter().map(|c| c["tool"].clone()).collect();
+        assert_eq!(
+            tools,
+            [json!("echo"), json!("sleep"), json!("sleep"), json!("echo")],
+            "{node}: each call once"
+        );
+        host.close().await;
+    }
 }
 
 /// Cancelling a run whose node waits for a child cancels the child.

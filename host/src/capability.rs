@@ -17,7 +17,7 @@ use crate::bindings::wf::node::capability as wit;
 
 use crate::grants::Grants;
 use crate::trace;
-pub use durable::{RUN_WORKFLOW, SLEEP, WAIT_SIGNAL, Wait};
+pub use durable::{PENDING, RUN_WORKFLOW, SLEEP, WAIT_SIGNAL, Wait, is_pending};
 
 /// Why a capability call failed. Each case becomes the WIT case of the same name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -33,6 +33,7 @@ pub enum Wait {
     },
     /// A child run of `workflow` on `input`, to its end. Its answer is
     /// `{"run_id", "output"}` or `{"run_id"?, "error": {"code", "message"}}`.
+    /// (A signal's is `{"payload"}`.)
     Child { workflow: String, input: Value },
 }
 
@@ -145,7 +146,9 @@ impl CapabilityCtx {
     }
 
     /// `wait-signal`: the node lets go until the signal (or the timeout)
-    /// comes, and runs again answered with it.
+    /// comes, and runs again answered with it. The wait is journaled as
+    /// pending before the node lets go, so a host that takes the run over
+    /// after a crash goes on from the journal up to it.
     async fn wait_signal(
         &self,
         name: &str,
@@ -158,8 +161,11 @@ impl CapabilityCtx {
         }
         let seq = self.next_seq();
         let arguments = json!({ "signal": name, "timeout_ms": timeout_ms });
-        if let Some(answer) = self.replayed_wait(seq, WAIT_SIGNAL, &arguments).await {
-            return Ok(answer);
+        match self.replayed_wait(seq, WAIT_SIGNAL, &arguments).await {
+            Some(Ok(answer)) if !is_pending(&answer) => return Ok(Ok(answer["payload"].clone())),
+            Some(Err(e)) => return Ok(Err(e)),
+            Some(Ok(_)) => {}
+            None => self.record_pending(seq, WAIT_SIGNAL, &arguments).await,
         }
         let wait = Wait::Signal {
             name: name.to_owned(),
@@ -170,6 +176,22 @@ impl CapabilityCtx {
             "this step cannot let go of its node to wait for a signal".into(),
         )))
     }
+
+    /// Journals wait `seq` as begun but not answered ([`PENDING`]).
+    async fn record_pending(&self, seq: u32, name: &str, arguments: &Value) {
+        let pending = Ok(json!({ PENDING: true }));
+        self.record_wait(seq, name, arguments.clone(), &pending, Duration::ZERO)
+            .await;
+    }
+}
+
+/// The journal's answer of a wait that has begun and has no answer yet: a
+/// run of the node that gets it waits again.
+pub const PENDING: &str = "pending";
+
+/// Whether a wait's journaled answer is [`PENDING`].
+pub fn is_pending(answer: &Value) -> bool {
+    answer.get(PENDING) == Some(&Value::Bool(true))
 }
 
 impl CapabilityCtx {
@@ -203,10 +225,11 @@ impl CapabilityCtx {
         }
         let seq = self.next_seq();
         let arguments = json!({ "workflow": name, "input": input });
-        if let Some(answer) = self.replayed_wait(seq, RUN_WORKFLOW, &arguments).await {
-            return Ok(
-                answer.unwrap_or_else(|e| child_error(None, e.code(), e.message().to_owned()))
-            );
+        match self.replayed_wait(seq, RUN_WORKFLOW, &arguments).await {
+            Some(Ok(answer)) if !is_pending(&answer) => return Ok(answer),
+            Some(Err(e)) => return Ok(child_error(None, e.code(), e.message().to_owned())),
+            Some(Ok(_)) => {}
+            None => self.record_pending(seq, RUN_WORKFLOW, &arguments).await,
         }
         let wait = Wait::Child {
             workflow: name.to_owned(),

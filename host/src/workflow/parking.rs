@@ -142,13 +142,19 @@ impl Parked {
     /// calls', and `result` for the call it waited on.
     pub fn answers(self, result: Result<Value, CapabilityError>) -> Vec<Answered> {
         let mut answers = self.earlier;
+        // A wait journaled as pending before the node let go: its answer
+        // replaces it, with the reads before it.
+        let mut tape = self.tape;
+        if let Some(pending) = answers.pop_if(|a| a.seq == self.seq) {
+            tape.splice(0..0, pending.tape);
+        }
         answers.push(Answered {
             seq: self.seq,
             name: self.name,
             arguments: self.arguments,
             result,
             unrecorded: Some(self.since.elapsed()),
-            tape: self.tape,
+            tape,
         });
         answers
     }
@@ -528,10 +534,14 @@ fn remember(state: &mut State, answer: Answered) {
         state.answered = None;
         return;
     }
-    // In seq order, which calls made at once may end out of.
+    // In seq order, which calls made at once may end out of; an answer
+    // replaces the pending entry of its wait.
     if let Some(answered) = &mut state.answered {
         let at = answered.partition_point(|a| a.seq < answer.seq);
-        answered.insert(at, answer);
+        match answered.get_mut(at) {
+            Some(same) if same.seq == answer.seq => *same = answer,
+            _ => answered.insert(at, answer),
+        }
     }
 }
 

@@ -206,7 +206,7 @@ async fn follow_parked(
             .await;
             let taker = format!("{}/{}/{}", step.spec.id, journal.item, parked.seq);
             let result = take_signal(ctx, &name, &taker, timeout, stop).await?;
-            Ok(parked.answers(result))
+            Ok(parked.answers(result.map(|payload| json!({ "payload": payload }))))
         }
         ParkedOn::Wait(Wait::Child { workflow, input }) => {
             let key = format!("{}/{}/{}", journal.key_prefix(), parked.seq, workflow);
