@@ -2072,6 +2072,91 @@ component = "{{echo}}"
     }
 }
 
+/// A TOML step `workflow = "name"` runs that workflow as a child run on
+/// its input mapping and gives its output to the steps after it; a child
+/// that fails fails the step with the child's error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_step_runs_a_workflow_and_gives_its_output() {
+    let host = Host::new(
+        r#"[[workflows.parent.steps]]
+id = "kid"
+workflow = "child"
+input = '{n: .input.n}'
+[[workflows.parent.steps]]
+id = "after"
+component = "{echo}"
+needs = ["kid"]
+input = '{got: .steps.kid.output}'
+
+[[workflows.sad.steps]]
+id = "kid"
+workflow = "failing"
+
+[[workflows.child.steps]]
+id = "echo"
+component = "{echo}"
+
+[[workflows.failing.steps]]
+id = "call"
+component = "{call}"
+input = '{capability: "fixture.add", arguments: {a: 1, b: 2}}'
+"#,
+    )
+    .await;
+    let run = host.run("parent", json!({"n": 5})).await;
+    assert_eq!(run.status, RunStatus::Succeeded, "{run:#?}");
+    assert_eq!(run.output, Some(json!({"got": {"n": 5}})));
+    let kid = step(&run, "kid");
+    assert_eq!(kid.input.as_ref().unwrap()["workflow"], "child");
+    let sad = host.run("sad", json!({})).await;
+    assert_eq!(sad.status, RunStatus::Failed, "{sad:#?}");
+    let error = step(&sad, "kid").error.clone().unwrap();
+    assert_eq!(error.code, "denied", "{error:?}");
+    assert!(error.message.contains("of `failing` failed"), "{error:?}");
+    host.close().await;
+}
+
+/// A child step that names no workflow, or a workflow that runs itself
+/// through its children, is refused at load, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_step_naming_nothing_or_itself_is_refused_at_load() {
+    let unknown = Host::open(
+        r#"[[workflows.a.steps]]
+id = "kid"
+workflow = "nowhere"
+"#,
+        Options::default(),
+    )
+    .await
+    .err()
+    .expect("refused");
+    assert!(
+        unknown
+            .to_string()
+            .contains("`workflow = \"nowhere\"` names no configured workflow (there are a)"),
+        "{unknown}"
+    );
+    let cycle = Host::open(
+        r#"[[workflows.a.steps]]
+id = "to-b"
+workflow = "b"
+[[workflows.b.steps]]
+id = "to-a"
+workflow = "a"
+"#,
+        Options::default(),
+    )
+    .await
+    .err()
+    .expect("refused");
+    assert!(
+        cycle
+            .to_string()
+            .contains("runs itself as a child (a → b → a)"),
+        "{cycle}"
+    );
+}
+
 /// Cancelling a run whose node waits for a child cancels the child.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_a_parent_cancels_its_child() {

@@ -5,12 +5,12 @@
 //!    plain node built against `wf:node@0.1.0` (`tests/compat/call-0.1.0.wasm`)
 //!    and as a durable node (`tests/guests/durable.wasm`, which also reads
 //!    the clock, journaled): median run time of each, and the ratio.
-//! 2. **Resume**: a durable node that made 100 calls waits for a signal; the
-//!    time from the signal to the run's end (the node runs again, answered
-//!    100 times from its journal), beside a run of the same node that makes
-//!    no call (its own compute: instantiate, run, record).
+//! 2. **Resume**: the time from a signal to the run's end for a durable node
+//!    that waits for it, having made no call before, and having made 100
+//!    (each answered again from its journal when it runs again).
 //! 3. **Parked**: `PARKED` durable nodes waiting for a signal at once; the
-//!    process's resident memory above what it was before they started.
+//!    process's resident memory above idle (once the instance slots are
+//!    warm), and what each parked node adds (between a fifth and all).
 //!
 //! `cargo bench -p wf-host --bench durable` (`WF_BENCH_PARKED=n` for another
 //! count of parked nodes).
@@ -149,57 +149,57 @@ async fn overhead(workflows: &std::sync::Arc<Workflows>) {
     );
 }
 
-async fn resume(workflows: &std::sync::Arc<Workflows>) {
-    let mut actions: Vec<Value> = (0..RESUME_CALLS).map(echo).collect();
+/// Signal to end of a durable node that made `calls` calls and then waits.
+async fn resumed(workflows: &std::sync::Arc<Workflows>, calls: usize) -> Duration {
+    let mut actions: Vec<Value> = (0..calls).map(echo).collect();
     actions.push(json!({"signal": "go"}));
-    let waiting = json!({ "do": actions });
-    let bare = json!({ "do": [] });
-    let (mut resumes, mut bares) = (Vec::new(), Vec::new());
-    for round in 0..WARMUP + ROUNDS / 4 {
-        let started = workflows
-            .start("durable", waiting.clone(), None)
-            .await
-            .unwrap();
-        // Parked: the run sleeps (holds no step slot) once its node waits.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while workflows.waiting() == 0 {
-            assert!(Instant::now() < deadline, "the node never waited");
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        let start = Instant::now();
-        workflows
-            .signal(&started.run_id, "go", json!(1))
-            .await
-            .unwrap();
-        let done = workflows
-            .wait_run(&started.run_id, Duration::from_secs(60))
-            .await
-            .unwrap();
-        let took = start.elapsed();
-        assert_eq!(done.status.as_str(), "succeeded", "{done:?}");
-        let own = run(workflows, "durable", bare.clone()).await;
+    let started = workflows
+        .start("durable", json!({ "do": actions }), None)
+        .await
+        .unwrap();
+    // Parked: the run sleeps (holds no step slot) once its node waits.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while workflows.waiting() == 0 {
+        assert!(Instant::now() < deadline, "the node never waited");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let start = Instant::now();
+    workflows
+        .signal(&started.run_id, "go", json!(1))
+        .await
+        .unwrap();
+    let done = workflows
+        .wait_run(&started.run_id, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let took = start.elapsed();
+    assert_eq!(done.status.as_str(), "succeeded", "{done:?}");
+    took
+}
+
+async fn resume(workflows: &std::sync::Arc<Workflows>) {
+    let (mut none, mut many) = (Vec::new(), Vec::new());
+    for round in 0..WARMUP + ROUNDS / 2 {
+        let a = resumed(workflows, 0).await;
+        let b = resumed(workflows, RESUME_CALLS).await;
         if round >= WARMUP {
-            resumes.push(took);
-            bares.push(own);
+            none.push(a);
+            many.push(b);
         }
     }
-    let (r, own) = (median(resumes), median(bares));
+    let (none, many) = (median(none), median(many));
     println!(
-        "resume     {RESUME_CALLS} journaled calls: signal to end {:.2} ms; a run of the same node with no call {:.2} ms; resume beyond it {:.2} ms",
-        ms(r),
-        ms(own),
-        ms(r.saturating_sub(own))
+        "resume     signal to end: a node that made no call {:.2} ms, one that made {RESUME_CALLS} calls {:.2} ms ({:.1} µs a journaled call answered again)",
+        ms(none),
+        ms(many),
+        many.saturating_sub(none).as_secs_f64() * 1e6 / RESUME_CALLS as f64
     );
 }
 
-async fn parked(workflows: &std::sync::Arc<Workflows>) {
-    let count: usize = std::env::var("WF_BENCH_PARKED")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(PARKED);
-    let before = rss_mib();
+/// Parks `count` more durable nodes; their run ids.
+async fn park(workflows: &std::sync::Arc<Workflows>, count: usize) -> Vec<String> {
     let input = json!({"do": [echo(0), {"signal": "go"}]});
-    let start = Instant::now();
+    let already = workflows.waiting();
     let mut ids = Vec::with_capacity(count);
     for _ in 0..count {
         ids.push(
@@ -211,23 +211,45 @@ async fn parked(workflows: &std::sync::Arc<Workflows>) {
         );
     }
     let deadline = Instant::now() + Duration::from_secs(600);
-    while workflows.waiting() < count {
+    while workflows.waiting() < already + count {
         assert!(
             Instant::now() < deadline,
             "only {} of {count} parked",
-            workflows.waiting()
+            workflows.waiting() - already
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    ids
+}
+
+async fn parked(workflows: &std::sync::Arc<Workflows>) {
+    let count: usize = std::env::var("WF_BENCH_PARKED")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(PARKED);
+    // The instance slots warm first (64 nodes at once), so that what
+    // follows is what parked nodes hold.
+    let warm: Vec<_> = (0..64)
+        .map(|_| run(workflows, "durable", json!({"do": [echo(0)]})))
+        .collect();
+    futures::future::join_all(warm).await;
+    let idle = rss_mib();
+    let start = Instant::now();
+    let mut ids = park(workflows, count / 5).await;
+    let fifth = rss_mib();
+    ids.extend(park(workflows, count - count / 5).await);
     let took = start.elapsed();
-    let after = rss_mib();
+    let all = rss_mib();
+    let each = (all - fifth) * 1024.0 / (count - count / 5) as f64;
     println!(
-        "parked     {count} durable nodes waiting at once (parked in {:.1} s): RSS {:.0} MiB before, {:.0} MiB after: {:.0} MiB above ({:.1} KiB each)",
+        "parked     {count} durable nodes waiting at once (parked in {:.1} s): RSS {:.0} MiB idle, {:.0} MiB with {}, {:.0} MiB with all: {:.0} MiB above idle ({:.1} KiB a parked node)",
         took.as_secs_f64(),
-        before,
-        after,
-        after - before,
-        (after - before) * 1024.0 / count as f64
+        idle,
+        fifth,
+        count / 5,
+        all,
+        all - idle,
+        each
     );
     for id in &ids {
         let _ = workflows.cancel(id).await;

@@ -320,6 +320,9 @@ pub struct StepConfig {
     pub wait: Option<String>,
     /// JSON Schema the payload of a `wait` step's signal must satisfy.
     pub schema: Option<Value>,
+    /// A step that runs this configured workflow as a child run (on its
+    /// `input` mapping) and gives its output: no node runs.
+    pub workflow: Option<String>,
     /// jq over `{input, steps}` (plus `item`, `index` under `for_each`).
     pub input: Option<String>,
     /// jq condition; false skips the step.

@@ -129,6 +129,9 @@ pub struct StepSpec {
     /// A wait step: how long it waits before it fails `timeout`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wait_timeout_ms: Option<u64>,
+    /// A child step: the workflow it runs as a child run (no component).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<String>,
 }
 
 impl StepSpec {
@@ -142,9 +145,15 @@ impl StepSpec {
         self.wait.is_some()
     }
 
-    /// Whether the step runs a node (it neither sleeps nor waits).
+    /// Whether the step runs a child workflow, not a node.
+    pub fn runs_child(&self) -> bool {
+        self.workflow.is_some()
+    }
+
+    /// Whether the step runs a node (it neither sleeps, waits nor runs a
+    /// child).
     pub fn runs_node(&self) -> bool {
-        !self.sleeps() && !self.waits()
+        !self.sleeps() && !self.waits() && !self.runs_child()
     }
 }
 
@@ -230,7 +239,7 @@ impl Spec {
                 step: s.id.clone(),
                 message,
             };
-            if s.sleep.is_some() || s.until.is_some() || s.wait.is_some() {
+            if s.sleep.is_some() || s.until.is_some() || s.wait.is_some() || s.workflow.is_some() {
                 specs.push(nodeless_spec(s).map_err(step_err)?);
                 continue;
             }
@@ -239,7 +248,7 @@ impl Spec {
             }
             if s.component.as_os_str().is_empty() {
                 return Err(step_err(
-                    "needs `component` (a node), `sleep` or `until` (a durable sleep), or `wait` (a signal)".into(),
+                    "needs `component` (a node), `sleep` or `until` (a durable sleep), `wait` (a signal), or `workflow` (a child run)".into(),
                 ));
             }
             let path = config.resolve(&s.component);
@@ -332,15 +341,21 @@ impl Spec {
     }
 }
 
-/// A sleep step (`sleep` or `until`) or a wait step (`wait`): no node, so
-/// nothing of a node's may be set (but a wait step's `timeout`).
+/// A sleep step (`sleep` or `until`), a wait step (`wait`) or a child step
+/// (`workflow`): no node, so nothing of a node's may be set (but a wait
+/// step's `timeout`).
 fn nodeless_spec(s: &StepConfig) -> Result<StepSpec, String> {
     let waits = s.wait.is_some();
-    let what = if waits {
+    let what = if s.workflow.is_some() {
+        "a child step (`workflow`)"
+    } else if waits {
         "a wait step (`wait`)"
     } else {
         "a sleep step (`sleep` or `until`)"
     };
+    if s.workflow.is_some() && (waits || s.sleep.is_some() || s.until.is_some()) {
+        return Err("sets `workflow` and also `wait`, `sleep` or `until`; pick one".into());
+    }
     let node_only = [
         ("component", !s.component.as_os_str().is_empty()),
         ("allow", !s.allow.is_empty()),
@@ -379,6 +394,7 @@ fn nodeless_spec(s: &StepConfig) -> Result<StepSpec, String> {
         return Err("`timeout` must be more than 0".into());
     }
     Ok(StepSpec {
+        workflow: s.workflow.clone(),
         wait: s.wait.clone(),
         schema: s.schema.clone(),
         wait_timeout_ms: s
@@ -720,14 +736,85 @@ pub fn load_all(
     config: &Config,
     defaults: Limits,
 ) -> Result<BTreeMap<String, Definition>, DefinitionError> {
-    config
+    let all: BTreeMap<String, Definition> = config
         .workflows
         .iter()
         .map(|(name, w)| {
             let spec = Spec::from_config(name, w, config, defaults)?;
             Ok((name.clone(), Definition::compile(name, spec)?))
         })
-        .collect()
+        .collect::<Result<_, DefinitionError>>()?;
+    check_children(&all)?;
+    Ok(all)
+}
+
+/// Every child step names a configured workflow, and no workflow runs
+/// itself as a child, directly or through others (a run would start runs
+/// without end).
+fn check_children(all: &BTreeMap<String, Definition>) -> Result<(), DefinitionError> {
+    let children = |name: &str| -> Vec<(String, String)> {
+        all.get(name)
+            .map(|d| {
+                d.spec
+                    .steps
+                    .iter()
+                    .filter_map(|s| Some((s.id.clone(), s.workflow.clone()?)))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for (name, def) in all {
+        for step in &def.spec.steps {
+            let Some(child) = &step.workflow else {
+                continue;
+            };
+            if !all.contains_key(child) {
+                let known: Vec<&str> = all.keys().map(String::as_str).collect();
+                return Err(DefinitionError::Step {
+                    workflow: name.clone(),
+                    step: step.id.clone(),
+                    message: format!(
+                        "`workflow = \"{child}\"` names no configured workflow (there are {})",
+                        known.join(", ")
+                    ),
+                });
+            }
+        }
+        // Depth-first through the children: the path back to `name` is a
+        // cycle.
+        let mut stack: Vec<(String, Vec<String>)> = vec![(name.clone(), vec![name.clone()])];
+        let mut seen = std::collections::BTreeSet::new();
+        while let Some((at, path)) = stack.pop() {
+            for (step, child) in children(&at) {
+                if child == *name {
+                    let mut cycle = path.clone();
+                    cycle.push(child);
+                    return Err(DefinitionError::Step {
+                        workflow: name.clone(),
+                        step: if path.len() == 1 {
+                            step
+                        } else {
+                            def.spec
+                                .steps
+                                .iter()
+                                .find(|s| s.workflow.as_deref() == path.get(1).map(String::as_str))
+                                .map_or(step, |s| s.id.clone())
+                        },
+                        message: format!(
+                            "runs itself as a child ({}): a run would start runs without end",
+                            cycle.join(" → ")
+                        ),
+                    });
+                }
+                if seen.insert(child.clone()) {
+                    let mut next = path.clone();
+                    next.push(child.clone());
+                    stack.push((child, next));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

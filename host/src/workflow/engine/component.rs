@@ -42,6 +42,9 @@ pub(super) async fn run_step(
     if step.spec.waits() {
         return wait_step(ctx, step, data, attempt, None, stop).await;
     }
+    if step.spec.runs_child() {
+        return child_step(ctx, step, data, attempt, stop).await;
+    }
     // The attempt counter is the step's, shared by its items: every node run
     // (a first try or a retry) takes the next number, so the journal never
     // mixes two runs of the node.
@@ -210,103 +213,22 @@ async fn follow_parked(
         }
         ParkedOn::Wait(Wait::Child { workflow, input }) => {
             let key = format!("{}/{}/{}", journal.key_prefix(), parked.seq, workflow);
-            let answer = child_run(ctx, step, journal, workflow, input.clone(), key, stop).await?;
+            let answer =
+                child_run(ctx, step, Some(journal), workflow, input.clone(), key, stop).await?;
             Ok(parked.answers(Ok(answer)))
         }
     }
 }
 
-/// Starts (or, after a crash, finds again by its idempotency key) the child
-/// run of `workflow` on `input`, and follows it to its end: its answer is
-/// `{"run_id", "output"}` or `{"run_id", "error"}`. A stop because this run
-/// was cancelled cancels the child too; a host shutdown leaves it to run.
-async fn child_run(
+/// Says that the step let go of its node, and what it waits for: a
+/// `step.parked` event (with `what`) and the step's progress message.
+pub(super) async fn park_told(
     ctx: &RunCtx,
     step: &Step,
     journal: &StepJournal,
-    workflow: &str,
-    input: Value,
-    key: String,
-    stop: &CancellationToken,
-) -> Result<Value, Outcome> {
-    let error = |run_id: Option<&str>, code: &str, message: String| json!({"run_id": run_id, "error": {"code": code, "message": message}});
-    let Some(workflows) = ctx.workflows.upgrade() else {
-        return Err(Outcome::Interrupted);
-    };
-    let trigger = json!({"kind": "parent", "run_id": ctx.run_id, "step": step.spec.id});
-    let parent = crate::trace::TraceParent::none();
-    let child = match workflows
-        .start_triggered(workflow, input, Some(key), trigger, &parent)
-        .await
-    {
-        Ok(started) => started.run.run_id,
-        Err(e) => {
-            let code = match &e {
-                WorkflowError::UnknownWorkflow(_) => "unknown-workflow",
-                WorkflowError::InvalidInput { .. } => "invalid-input",
-                WorkflowError::ShuttingDown => return Err(Outcome::Interrupted),
-                _ => "unavailable",
-            };
-            return Ok(error(None, code, e.to_string()));
-        }
-    };
-    park_told(
-        ctx,
-        step,
-        journal,
-        json!({"child": child, "workflow": workflow}),
-        format!("waiting for run `{child}` of `{workflow}`"),
-    )
-    .await;
-    loop {
-        let record = tokio::select! {
-            record = workflows.wait_run(&child, Duration::from_secs(60)) => record,
-            () = stop.cancelled() => {
-                if ctx.cancel.is_cancelled() {
-                    tracing::info!(run = %ctx.run_id, child = %child, "the run is cancelled; so is its child");
-                    if let Err(e) = workflows.cancel(&child).await {
-                        tracing::warn!(run = %ctx.run_id, child = %child, "cannot cancel the child run: {e}");
-                    }
-                }
-                return Err(Outcome::Interrupted);
-            }
-        };
-        let record = match record {
-            Ok(record) => record,
-            Err(WorkflowError::ShuttingDown) => return Err(Outcome::Interrupted),
-            Err(e) => return Ok(error(Some(&child), "unavailable", e.to_string())),
-        };
-        if !record.status.is_finished() {
-            if workflows.is_closing() {
-                return Err(Outcome::Interrupted);
-            }
-            continue;
-        }
-        return Ok(match (record.status, record.output, record.error) {
-            (RunStatus::Succeeded, output, _) => {
-                json!({"run_id": child, "output": output.unwrap_or(Value::Null)})
-            }
-            (status, _, Some(failure)) => error(
-                Some(&child),
-                &failure.code,
-                format!(
-                    "run `{child}` of `{workflow}` {}: {}",
-                    status.as_str(),
-                    failure.message
-                ),
-            ),
-            (status, _, None) => error(
-                Some(&child),
-                status.as_str(),
-                format!("run `{child}` of `{workflow}` {}", status.as_str()),
-            ),
-        });
-    }
-}
-
-/// Says that the step let go of its node, and what it waits for: a
-/// `step.parked` event (with `what`) and the step's progress message.
-async fn park_told(ctx: &RunCtx, step: &Step, journal: &StepJournal, what: Value, message: String) {
+    what: Value,
+    message: String,
+) {
     tracing::info!(run = %ctx.run_id, step = %step.spec.id, item = journal.item,
         "the node waits; it is let go until {message}");
     let mut data = json!({"step": step.spec.id, "item": journal.item});

@@ -34,12 +34,14 @@ use crate::runtime::{Node, RunError, RunOptions, RunReport, Runtime};
 use crate::store::{Fence, Store, StoreError};
 use crate::trace;
 
+mod child;
 mod component;
 mod journal;
 mod sleep;
 mod wait;
 
-use component::{Attempt, run_step};
+use child::{child_run, child_step};
+use component::{Attempt, park_told, run_step};
 use journal::{StepJournal, step_journal};
 pub(crate) use journal::{StepProgress, answer_signal};
 use sleep::sleep_step;
