@@ -417,14 +417,23 @@ impl Parking {
                 let mut state = self.lock();
                 if let Some((seq, name, arguments, wait)) = state.waiting.take() {
                     self.parked.store(true, Ordering::Release);
+                    let mut earlier = state.answered.take().unwrap_or_default();
+                    let mut tape = std::mem::take(&mut state.tape_pending);
+                    // Its pending entry is not kept while it waits: its
+                    // answer takes its place, with the reads before it.
+                    if let Some(pending) = earlier.pop_if(|a| {
+                        a.seq == seq && a.result.as_ref().is_ok_and(crate::capability::is_pending)
+                    }) {
+                        tape.splice(0..0, pending.tape);
+                    }
                     return Parked {
                         seq,
                         name,
                         arguments,
                         since: Instant::now(),
                         on: ParkedOn::Wait(wait),
-                        earlier: state.answered.take().unwrap_or_default(),
-                        tape: std::mem::take(&mut state.tape_pending),
+                        earlier,
+                        tape,
                     };
                 }
             }

@@ -64,7 +64,11 @@ pub(super) async fn run_step(
             index: None,
             continues: attempt.continues,
         };
-        return match run_item(ctx, step, item, &input, &attempts, stop, span, Some(log)).await {
+        // The node gets its input as text: the values are not kept while it
+        // runs (or waits, for hours).
+        let text = input.to_string();
+        drop((input, data));
+        return match run_item(ctx, step, item, &text, &attempts, stop, span, Some(log)).await {
             Ok(output) => Outcome::Succeeded(output),
             Err(outcome) => outcome,
         };
@@ -114,13 +118,17 @@ pub(super) async fn run_step(
                 let mut item_data = (*data).clone();
                 item_data["item"] = item;
                 item_data["index"] = json!(index);
-                let result = match step_input(&step, &item_data, Some(index)).await {
+                let input = step_input(&step, &item_data, Some(index)).await;
+                drop((item_data, data));
+                let result = match input {
                     Ok(input) => {
                         let item = Item {
                             index: Some(index),
                             continues,
                         };
-                        run_item(&ctx, &step, item, &input, &attempts, &stop, &span, None).await
+                        let text = input.to_string();
+                        drop(input);
+                        run_item(&ctx, &step, item, &text, &attempts, &stop, &span, None).await
                     }
                     Err(f) => Err(Outcome::Failed(f)),
                 };
@@ -176,7 +184,9 @@ async fn follow_parked(
 ) -> Result<Vec<Answered>, Outcome> {
     let _asleep = ctx.asleep.enter();
     match &parked.on {
-        ParkedOn::Task { .. } => follow_task(ctx, step, journal, parked, stop).await,
+        // Boxed: a future holds room for its largest branch, and a parked
+        // step waits in this one for as long as it waits.
+        ParkedOn::Task { .. } => Box::pin(follow_task(ctx, step, journal, parked, stop)).await,
         ParkedOn::Wait(Wait::Sleep { until_ms }) => {
             let until = std::time::UNIX_EPOCH + Duration::from_millis(*until_ms);
             let at = humantime::format_rfc3339_millis(until).to_string();
@@ -213,8 +223,8 @@ async fn follow_parked(
         }
         ParkedOn::Wait(Wait::Child { workflow, input }) => {
             let key = format!("{}/{}/{}", journal.key_prefix(), parked.seq, workflow);
-            let answer =
-                child_run(ctx, step, Some(journal), workflow, input.clone(), key, stop).await?;
+            let child = child_run(ctx, step, Some(journal), workflow, input.clone(), key, stop);
+            let answer = Box::pin(child).await?;
             Ok(parked.answers(Ok(answer)))
         }
     }
@@ -438,14 +448,13 @@ async fn run_item(
     ctx: &RunCtx,
     step: &Step,
     item: Item,
-    input: &Value,
+    text: &str,
     attempts: &AtomicU32,
     stop: &CancellationToken,
     span: &tracing::Span,
     mut deferred: Option<&mut Option<Value>>,
 ) -> Result<Value, Outcome> {
     let node = &ctx.nodes[&step.spec.id];
-    let text = input.to_string();
     let mut tries = 0u32;
     let mut attempt = attempts.load(Ordering::Relaxed);
     let Item {
