@@ -497,7 +497,7 @@ async fn run_item(
                 journal: Some(journal.clone()),
                 span: span.clone(),
             };
-            let run = ctx.runtime.run(node, &text, opts);
+            let run = ctx.runtime.run(node, text, opts);
             tokio::pin!(run);
             tokio::select! {
                 report = &mut run => (report, None),
