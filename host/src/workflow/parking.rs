@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::capability::{CapabilityError, JournalEntry, Parks, Replayed, Tape, Wait, json_len};
+use crate::capability::{CapabilityError, JournalEntry, Parks, Replayed, Tape, Wait};
 
 /// The journal names of the node's own waits start with this
 /// ([`crate::capability::SLEEP`], [`crate::capability::WAIT_SIGNAL`]).
@@ -47,8 +47,10 @@ pub(crate) const MAX_REMEMBERED: usize = 4 << 20;
 pub(super) struct Answered {
     seq: u32,
     name: String,
-    arguments: Value,
-    result: Result<Value, CapabilityError>,
+    /// As JSON text: a parked step keeps its answers for as long as it
+    /// waits, and text is a tenth of the size of a JSON tree.
+    arguments: String,
+    result: Result<String, CapabilityError>,
     /// Not journaled yet: the call the parked run waited on, and how long
     /// that took.
     unrecorded: Option<Duration>,
@@ -93,8 +95,8 @@ impl Answered {
         Answered {
             seq,
             name,
-            arguments,
-            result,
+            arguments: arguments.to_string(),
+            result: result.map(|v| v.to_string()),
             unrecorded: Some(took),
             tape,
         }
@@ -151,8 +153,8 @@ impl Parked {
         answers.push(Answered {
             seq: self.seq,
             name: self.name,
-            arguments: self.arguments,
-            result,
+            arguments: self.arguments.to_string(),
+            result: result.map(|v| v.to_string()),
             unrecorded: Some(self.since.elapsed()),
             tape,
         });
@@ -250,7 +252,9 @@ impl Parking {
             });
         }
         let next = state.replay.front()?;
-        if next.seq != seq || next.name != name || next.arguments != *arguments {
+        // As the answer keeps it: JSON text (its keys in order).
+        let made = arguments.to_string();
+        if next.seq != seq || next.name != name || next.arguments != made {
             if self.durable {
                 let diverged = format!(
                     "the node ran differently after it waited: call {seq}: the run made {} {}, this run made {name} {arguments}",
@@ -270,7 +274,7 @@ impl Parking {
         }
         let answer = state.replay.pop_front()?;
         let replayed = Replayed {
-            result: answer.result.clone(),
+            result: answer.result.as_deref().map(parsed).map_err(Clone::clone),
             record: answer.unrecorded,
         };
         if answer.unrecorded.is_none() {
@@ -344,13 +348,13 @@ impl Parking {
             return tape;
         }
         let result = match entry.error_code {
-            None => Ok(entry.result.clone()),
+            None => Ok(entry.result.to_string()),
             Some(_) => Err(CapabilityError::from_json(&entry.result["error"])),
         };
         let answer = Answered {
             seq: entry.seq,
             name: entry.name.clone(),
-            arguments: entry.arguments.clone(),
+            arguments: entry.arguments.to_string(),
             result,
             unrecorded: None,
             tape: tape.clone(),
@@ -422,7 +426,10 @@ impl Parking {
                     // Its pending entry is not kept while it waits: its
                     // answer takes its place, with the reads before it.
                     if let Some(pending) = earlier.pop_if(|a| {
-                        a.seq == seq && a.result.as_ref().is_ok_and(crate::capability::is_pending)
+                        a.seq == seq
+                            && a.result
+                                .as_deref()
+                                .is_ok_and(|r| crate::capability::is_pending(&parsed(r)))
                     }) {
                         tape.splice(0..0, pending.tape);
                     }
@@ -528,14 +535,19 @@ fn decode_seed(hex: &str) -> Option<[u8; 32]> {
     Some(seed)
 }
 
+/// A kept answer's JSON text, read back (it was written from a value).
+fn parsed(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or(Value::Null)
+}
+
 /// Keeps `answer` for a run after parking, unless the run's answers would
 /// then exceed [`MAX_REMEMBERED`] (it can no longer park).
 fn remember(state: &mut State, answer: Answered) {
     let size = answer.name.len()
         + answer.tape.len() * 24
-        + json_len(&answer.arguments)
+        + answer.arguments.len()
         + match &answer.result {
-            Ok(value) => json_len(value),
+            Ok(value) => value.len(),
             Err(e) => e.message().len(),
         };
     state.bytes += size;
@@ -625,8 +637,8 @@ mod tests {
         let answers = vec![Answered {
             seq: 1,
             name: "c.one".into(),
-            arguments: json!({"n": 1}),
-            result: Ok(json!("first")),
+            arguments: json!({"n": 1}).to_string(),
+            result: Ok(json!("first").to_string()),
             unrecorded: None,
             tape: vec![],
         }];
@@ -673,16 +685,16 @@ mod tests {
         let slept = Answered {
             seq: 1,
             name: crate::capability::SLEEP.into(),
-            arguments: json!({"ms": 5}),
-            result: Ok(json!({"until_ms": 0})),
+            arguments: json!({"ms": 5}).to_string(),
+            result: Ok(json!({"until_ms": 0}).to_string()),
             unrecorded: None,
             tape: vec![],
         };
         let called = Answered {
             seq: 2,
             name: "c.one".into(),
-            arguments: json!({"n": 2}),
-            result: Ok(json!("two")),
+            arguments: json!({"n": 2}).to_string(),
+            result: Ok(json!("two").to_string()),
             unrecorded: None,
             tape: vec![],
         };
