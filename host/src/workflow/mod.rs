@@ -82,7 +82,8 @@ impl Default for Options {
 
 /// The workflows of one config: definitions and what is exposed.
 struct Loaded {
-    definitions: BTreeMap<String, Definition>,
+    /// Shared by every run that starts on them.
+    definitions: BTreeMap<String, Arc<Definition>>,
     exposed: BTreeMap<String, Arc<Exposed>>,
     schedules: Vec<schedule::Schedule>,
     webhooks: BTreeMap<String, Arc<webhook::Webhook>>,
@@ -94,7 +95,10 @@ impl Loaded {
         runtime: &Runtime,
     ) -> Result<Loaded, WorkflowError> {
         Ok(Loaded {
-            definitions: definition::load_all(config, runtime.limits())?,
+            definitions: definition::load_all(config, runtime.limits())?
+                .into_iter()
+                .map(|(name, def)| (name, Arc::new(def)))
+                .collect(),
             exposed: mcp::exposed_workflows(config)?,
             schedules: schedule::load_all(config)?,
             webhooks: webhook::load_all(config)?,
@@ -469,7 +473,7 @@ impl Workflows {
     }
 
     /// The definition of `workflow`.
-    pub fn definition(&self, workflow: &str) -> Option<Definition> {
+    pub fn definition(&self, workflow: &str) -> Option<Arc<Definition>> {
         self.loaded().definitions.get(workflow).cloned()
     }
 

@@ -59,7 +59,7 @@ pub struct Started {
 
 /// What [`Workflows::launch`] needs to drive a run.
 struct Launch {
-    def: Definition,
+    def: Arc<Definition>,
     nodes: HashMap<String, Node>,
     run: RunRow,
     /// The run's stored steps.
@@ -401,7 +401,7 @@ impl Workflows {
                     })
                 });
                 let nodes = self.nodes_of(&needed)?;
-                Ok((def, nodes))
+                Ok((Arc::new(def), nodes))
             });
         match prepared {
             Ok((def, nodes)) => {

@@ -97,7 +97,8 @@ pub(super) async fn jq<T: Send + 'static>(
 /// What a run needs while it is driven.
 pub(crate) struct RunCtx {
     pub run_id: String,
-    pub def: Definition,
+    /// Shared with the other runs of the same definition.
+    pub def: Arc<Definition>,
     /// The node of each step id that may still run.
     pub nodes: HashMap<String, Node>,
     pub input: Value,
