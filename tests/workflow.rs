@@ -254,7 +254,7 @@ until = '.input.at'"#,
         (
             r#"[[workflows.w.steps]]
 id = "a""#,
-            "workflow `w`, step `a`: needs `component` (a node), `sleep` or `until` (a durable sleep), or `wait` (a signal)".to_owned(),
+            "workflow `w`, step `a`: needs `component` (a node), `sleep` or `until` (a durable sleep), `wait` (a signal), or `workflow` (a child run)".to_owned(),
         ),
         (
             r#"[workflows.w]

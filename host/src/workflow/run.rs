@@ -495,7 +495,7 @@ impl Workflows {
             run_id: run.run_id.clone(),
             def,
             nodes,
-            input: run.input,
+            input: run.input.to_string(),
             store: self.store.clone(),
             runtime: self.runtime.clone(),
             slots: self.slots.clone(),
@@ -569,7 +569,7 @@ impl Workflows {
                     ended = started.filter(|_| done_tx.receiver_count() > 0).map(|run| {
                         Box::new(RunRecord {
                             status,
-                            input: run_ctx.input.clone(),
+                            input: run_ctx.input_value(),
                             output: finished.output,
                             error: finished.error,
                             finished_at: Some(finished.at),

@@ -101,7 +101,9 @@ pub(crate) struct RunCtx {
     pub def: Arc<Definition>,
     /// The node of each step id that may still run.
     pub nodes: HashMap<String, Node>,
-    pub input: Value,
+    /// The run's input, as JSON text: a run keeps it for as long as it
+    /// lives (days, for one that waits), and text is a fraction of a tree.
+    pub input: String,
     pub store: Arc<dyn Store>,
     pub runtime: Arc<Runtime>,
     /// Step slots shared by every run of the host.
@@ -131,6 +133,13 @@ pub(crate) struct RunCtx {
     /// Where the run's child runs start (`run-workflow`); gone once the
     /// host is.
     pub workflows: std::sync::Weak<super::Workflows>,
+}
+
+impl RunCtx {
+    /// The run's input.
+    pub fn input_value(&self) -> Value {
+        serde_json::from_str(&self.input).unwrap_or(Value::Null)
+    }
 }
 
 /// Which runs of this process sleep: a run with a sleep step in flight does
@@ -468,9 +477,9 @@ async fn launch_ready(
             || step.for_each.is_some()
             || step.until.is_some();
         let data = if has_jq {
-            context(&ctx.input, states, None)
+            context(&ctx.input_value(), states, None)
         } else {
-            context(&ctx.input, states, Some(&step.spec.needs))
+            context(&ctx.input_value(), states, Some(&step.spec.needs))
         };
         let state = states.get_mut(id).expect("every step has a state");
         state.status = StepStatus::Running;
@@ -779,7 +788,7 @@ pub(crate) fn start_of<'a>(id: &'a str, attempt: u32, input: &'a Value) -> Trans
 /// object keyed by id when there are several).
 async fn run_output(ctx: &RunCtx, states: &HashMap<String, StepState>) -> Result<Value, Failure> {
     if let Some(expr) = ctx.def.output.clone() {
-        let data = context(&ctx.input, states, None);
+        let data = context(&ctx.input_value(), states, None);
         return jq("output-mapping", move || expr.eval(&data)).await;
     }
     let output_of = |id: &String| states[id].output.clone().unwrap_or(Value::Null);
