@@ -714,6 +714,33 @@ impl CapabilityCtx {
         result
     }
 
+    /// Journals entry `seq` (a call, or a wait) with `result`.
+    async fn record_entry(
+        &self,
+        seq: u32,
+        name: &str,
+        arguments: Value,
+        result: &Result<Value, CapabilityError>,
+        duration: std::time::Duration,
+    ) {
+        let Some(journal) = &self.journal else {
+            return;
+        };
+        journal
+            .record(JournalEntry {
+                seq,
+                name: name.to_owned(),
+                arguments,
+                error_code: result.as_ref().err().map(CapabilityError::code),
+                duration,
+                result: match result {
+                    Ok(value) => value.clone(),
+                    Err(e) => serde_json::json!({"error": e.to_json()}),
+                },
+            })
+            .await;
+    }
+
     /// The sequence number of the node's next call or wait.
     fn next_seq(&self) -> u32 {
         self.calls
@@ -757,20 +784,7 @@ impl CapabilityCtx {
                 (result, started.elapsed())
             }
         };
-        journal
-            .record(JournalEntry {
-                seq,
-                name: name.to_owned(),
-                arguments,
-                error_code: result.as_ref().err().map(CapabilityError::code),
-                duration,
-                result: match &result {
-                    Ok(value) => value.clone(),
-                    Err(e) => {
-                        serde_json::json!({"error": e.to_json()})
-                    }
-                },
-            })
+        self.record_entry(seq, name, arguments, &result, duration)
             .await;
         result
     }

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
-use super::{CapabilityCtx, CapabilityError, JournalEntry, Parks, Replayed};
+use super::{CapabilityCtx, CapabilityError, Parks, Replayed};
 use crate::bindings::wf::node::durable as wit;
 
 /// The journal name of a sleep.
@@ -50,33 +50,6 @@ fn now_ms() -> u64 {
 }
 
 impl CapabilityCtx {
-    /// Journals a wait's entry `seq` with `result`, as a call's.
-    async fn record_wait(
-        &self,
-        seq: u32,
-        name: &str,
-        arguments: Value,
-        result: &Result<Value, CapabilityError>,
-        duration: Duration,
-    ) {
-        let Some(journal) = &self.journal else {
-            return;
-        };
-        journal
-            .record(JournalEntry {
-                seq,
-                name: name.to_owned(),
-                arguments,
-                error_code: result.as_ref().err().map(CapabilityError::code),
-                duration,
-                result: match result {
-                    Ok(value) => value.clone(),
-                    Err(e) => json!({"error": e.to_json()}),
-                },
-            })
-            .await;
-    }
-
     /// The answer of wait `seq` when the journal has it (journaling it
     /// now if it was not yet).
     async fn replayed_wait(
@@ -88,7 +61,7 @@ impl CapabilityCtx {
         let journal = self.journal.as_ref()?;
         let Replayed { result, record } = journal.replayed(seq, name, arguments)?;
         if let Some(duration) = record {
-            self.record_wait(seq, name, arguments.clone(), &result, duration)
+            self.record_entry(seq, name, arguments.clone(), &result, duration)
                 .await;
         }
         Some(result)
@@ -130,7 +103,7 @@ impl CapabilityCtx {
             None => {
                 let until_ms = now_ms().saturating_add(ms);
                 let result = Ok(json!({ "until_ms": until_ms }));
-                self.record_wait(seq, SLEEP, arguments.clone(), &result, Duration::ZERO)
+                self.record_entry(seq, SLEEP, arguments.clone(), &result, Duration::ZERO)
                     .await;
                 until_ms
             }
@@ -180,7 +153,7 @@ impl CapabilityCtx {
     /// Journals wait `seq` as begun but not answered ([`PENDING`]).
     async fn record_pending(&self, seq: u32, name: &str, arguments: &Value) {
         let pending = Ok(json!({ PENDING: true }));
-        self.record_wait(seq, name, arguments.clone(), &pending, Duration::ZERO)
+        self.record_entry(seq, name, arguments.clone(), &pending, Duration::ZERO)
             .await;
     }
 }

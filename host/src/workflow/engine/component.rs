@@ -218,8 +218,15 @@ async fn follow_parked(
             )
             .await;
             let taker = format!("{}/{}/{}", step.spec.id, journal.item, parked.seq);
-            let result = take_signal(ctx, &name, &taker, timeout, stop).await?;
-            Ok(parked.answers(result.map(|payload| json!({ "payload": payload }))))
+            let deadline = timeout.map(|t| Instant::now() + t);
+            let result = match take_signal(ctx, &name, &taker, deadline, stop).await? {
+                Some(payload) => Ok(json!({ "payload": payload })),
+                None => Err(crate::capability::CapabilityError::Timeout(format!(
+                    "no `{name}` signal came within {}",
+                    humantime::format_duration(timeout.unwrap_or_default())
+                ))),
+            };
+            Ok(parked.answers(result))
         }
         ParkedOn::Wait(Wait::Child { workflow, input }) => {
             let key = format!("{}/{}/{}", journal.key_prefix(), parked.seq, workflow);
@@ -251,52 +258,6 @@ pub(super) async fn park_told(
         total: None,
         message: Some(message),
     });
-}
-
-/// The payload of the signal `name` sent to the run, taken for `taker` (a
-/// restart takes the same one again); a timeout error when none came
-/// within `timeout`.
-async fn take_signal(
-    ctx: &RunCtx,
-    name: &str,
-    taker: &str,
-    timeout: Option<Duration>,
-    stop: &CancellationToken,
-) -> Result<Result<Value, crate::capability::CapabilityError>, Outcome> {
-    let deadline = timeout.map(|t| Instant::now() + t);
-    let mut sent = ctx.signals.clone();
-    let poll = if ctx.store.shared() {
-        SIGNAL_POLL_SHARED
-    } else {
-        SIGNAL_POLL_ALONE
-    };
-    loop {
-        // Seen before looking, so a signal sent while looking wakes the wait.
-        sent.borrow_and_update();
-        match ctx.store.take_signal(&ctx.run_id, name, taker).await {
-            Ok(Some(payload)) => return Ok(Ok(payload)),
-            Ok(None) => {}
-            Err(e) if e.is_unavailable() => {
-                tracing::warn!(run = %ctx.run_id, "cannot look for signal `{name}`: {e}");
-            }
-            Err(e) => return Err(store_failure(e)),
-        }
-        tokio::select! {
-            Ok(()) = sent.changed() => {}
-            _ = tokio::time::sleep(poll) => {}
-            _ = sleep_until(deadline), if deadline.is_some() => {
-                // A signal sent just before the deadline still counts.
-                if let Ok(Some(payload)) = ctx.store.take_signal(&ctx.run_id, name, taker).await {
-                    return Ok(Ok(payload));
-                }
-                return Ok(Err(crate::capability::CapabilityError::Timeout(format!(
-                    "no `{name}` signal came within {}",
-                    humantime::format_duration(timeout.unwrap_or_default())
-                ))));
-            }
-            _ = stop.cancelled() => return Err(Outcome::Interrupted),
-        }
-    }
 }
 
 /// A step parked on an upstream task: its node run was stopped while its

@@ -45,7 +45,7 @@ use component::{Attempt, park_told, run_step};
 use journal::{StepJournal, step_journal};
 pub(crate) use journal::{StepProgress, answer_signal};
 use sleep::sleep_step;
-use wait::wait_step;
+use wait::{take_signal, wait_step};
 
 /// How long one jq evaluation may take. Expressions come from the config,
 /// but the data they walk comes from nodes and upstream servers.

@@ -52,6 +52,34 @@ pub(super) async fn wait_step(
         Instant::now() + left
     });
     let _asleep = ctx.asleep.enter();
+    match take_signal(ctx, signal, &step.spec.id, deadline, stop).await {
+        Ok(Some(payload)) => Outcome::Succeeded(payload),
+        Ok(None) => {
+            let limit = step.spec.wait_timeout_ms.unwrap_or_default();
+            Outcome::Failed(Failure::new(
+                "timeout",
+                format!(
+                    "no `{signal}` signal came within {}",
+                    humantime::format_duration(Duration::from_millis(limit))
+                ),
+            ))
+        }
+        Err(outcome) => outcome,
+    }
+}
+
+/// The payload of the signal `name` sent to the run, taken for `taker` (a
+/// wait step's id, or a durable node's wait: a restart takes the same one
+/// again); `None` when `deadline` passed first. Holds nothing while it
+/// waits: it looks when a signal is sent here, and every so often for one
+/// sent through another worker.
+pub(super) async fn take_signal(
+    ctx: &RunCtx,
+    name: &str,
+    taker: &str,
+    deadline: Option<Instant>,
+    stop: &CancellationToken,
+) -> Result<Option<Value>, Outcome> {
     let mut sent = ctx.signals.clone();
     let poll = if ctx.store.shared() {
         SIGNAL_POLL_SHARED
@@ -61,41 +89,25 @@ pub(super) async fn wait_step(
     loop {
         // Seen before looking, so a signal sent while looking wakes the wait.
         sent.borrow_and_update();
-        match ctx
-            .store
-            .take_signal(&ctx.run_id, signal, &step.spec.id)
-            .await
-        {
-            Ok(Some(payload)) => return Outcome::Succeeded(payload),
+        match ctx.store.take_signal(&ctx.run_id, name, taker).await {
+            Ok(Some(payload)) => return Ok(Some(payload)),
             Ok(None) => {}
             Err(e) if e.is_unavailable() => {
-                tracing::warn!(run = %ctx.run_id, step = %step.spec.id,
-                    "cannot look for the step's signal: {e}");
+                tracing::warn!(run = %ctx.run_id, "cannot look for signal `{name}`: {e}");
             }
-            Err(e) => return store_failure(e),
+            Err(e) => return Err(store_failure(e)),
         }
         tokio::select! {
             Ok(()) = sent.changed() => {}
             _ = tokio::time::sleep(poll) => {}
             _ = sleep_until(deadline), if deadline.is_some() => {
                 // A signal sent just before the deadline still counts.
-                if let Ok(Some(payload)) = ctx
-                    .store
-                    .take_signal(&ctx.run_id, signal, &step.spec.id)
-                    .await
-                {
-                    return Outcome::Succeeded(payload);
+                if let Ok(Some(payload)) = ctx.store.take_signal(&ctx.run_id, name, taker).await {
+                    return Ok(Some(payload));
                 }
-                let limit = step.spec.wait_timeout_ms.unwrap_or_default();
-                return Outcome::Failed(Failure::new(
-                    "timeout",
-                    format!(
-                        "no `{signal}` signal came within {}",
-                        humantime::format_duration(Duration::from_millis(limit))
-                    ),
-                ));
+                return Ok(None);
             }
-            _ = stop.cancelled() => return Outcome::Interrupted,
+            _ = stop.cancelled() => return Err(Outcome::Interrupted),
         }
     }
 }
