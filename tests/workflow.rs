@@ -5,7 +5,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -2813,6 +2813,78 @@ component = "{{echo}}"
         .call("workflow.list", json!({"workflow": "child"}))
         .await;
     assert_eq!(children["runs"].as_array().unwrap().len(), 1, "{children}");
+}
+
+/// `wf-host replay` on a durable node's run: its waits are answered from the
+/// journal (no sleep, no signal needed) and its clock and random reads read
+/// again, so the same build replays with the same calls and output; another
+/// build is told where it differs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_run_replays_from_its_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    write_config(
+        dir.path(),
+        &format!("[runtime]\nstate = \"state.db\"\n\n{APPROVAL}"),
+    );
+    let serve = Serve::start(dir.path());
+    let input = json!({"request": "r", "notify": "fixture.echo", "sleep_ms": 100});
+    let started = serve
+        .call("workflow.start", json!({"workflow": "w", "input": input}))
+        .await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = serve.call("workflow.get", json!({"run_id": run_id})).await;
+        if got["steps"][0]["progress"]["message"] == "waiting for signal `approve`" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never waited: {got}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    serve
+        .call(
+            "workflow.signal",
+            json!({"run_id": run_id, "signal": "approve", "payload": "yes"}),
+        )
+        .await;
+    let done = serve
+        .call(
+            "workflow.wait",
+            json!({"run_id": run_id, "timeout_ms": 30000}),
+        )
+        .await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    serve.kill();
+    let replay = |component: PathBuf| {
+        let out = Command::new(wf_host_bin())
+            .args(["replay", &run_id, "--config"])
+            .arg(dir.path().join("wf.toml"))
+            .arg("--component")
+            .arg(format!("ask={}", component.display()))
+            .env("WF_HOST_CACHE_DIR", dir.path().join("cache"))
+            .env_remove("WF_HOST_STATE")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let started = Instant::now();
+    let (code, stdout, stderr) = replay(repo_root().join("plugins/approval.wasm"));
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert_eq!(stdout.trim(), "step `ask`: same calls (4) and same output");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the replay waited"
+    );
+    let (code, stdout, stderr) = replay(guest("durable"));
+    assert_ne!(code, Some(0), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("different calls: call 1: the run made fixture.echo"),
+        "{stdout}{stderr}"
+    );
 }
 
 /// Fifty runs at once call a slow upstream tool through a connection with

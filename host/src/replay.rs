@@ -6,7 +6,11 @@
 //!
 //! Calls are matched in order, on name and arguments. A call denied by the
 //! step's grants never reaches a backend and is not compared (it is denied
-//! again, as before).
+//! again, as before). A durable node's waits (`wf:sleep`,
+//! `wf:wait-signal`, `wf:run-workflow`) are answered from the journal the
+//! same way, in their turn, and its clock reads and random seed are read
+//! again from it: a replay of a run that waited for days takes no longer
+//! than its node's compute.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -16,7 +20,9 @@ use async_trait::async_trait;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
-use crate::capability::{CapabilityBackend, CapabilityEntry, CapabilityError};
+use crate::capability::{
+    CallJournal, CapabilityBackend, CapabilityEntry, CapabilityError, JournalEntry, Replayed, Tape,
+};
 use crate::domain::{CallRow, StepStatus};
 use crate::runtime::{RunOptions, Runtime, RuntimeConfig};
 use crate::store::Store;
@@ -221,6 +227,7 @@ pub async fn replay(
                     run_id: format!("replay-{run_id}-{id}"),
                     limits: Some(step.limits),
                     grants: step.grants.clone(),
+                    journal: Some(Arc::new(Replaying(backend.clone()))),
                     ..RunOptions::default()
                 },
             )
@@ -265,6 +272,8 @@ fn skipped(call: &CallRow) -> bool {
 struct Journal {
     calls: Vec<CallRow>,
     state: Mutex<JournalState>,
+    /// The clock reads and seed of the run, in order, read again.
+    tape: Mutex<std::collections::VecDeque<Value>>,
 }
 
 #[derive(Default)]
@@ -276,10 +285,25 @@ struct JournalState {
 
 impl Journal {
     fn new(calls: Vec<CallRow>) -> Journal {
+        let tape = calls
+            .iter()
+            .filter_map(|c| c.tape.as_ref()?.as_array().cloned())
+            .flatten()
+            .collect();
         Journal {
             calls: calls.into_iter().filter(|c| !skipped(c)).collect(),
             state: Mutex::default(),
+            tape: Mutex::new(tape),
         }
+    }
+
+    /// The run's next read of `kind` (`wall`, `mono`, `seed`), when it is
+    /// the next one.
+    fn read(&self, kind: &str) -> Option<Value> {
+        let mut tape = self.tape.lock().unwrap_or_else(|e| e.into_inner());
+        let value = tape.front()?.get(kind)?.clone();
+        tape.pop_front();
+        Some(value)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, JournalState> {
@@ -354,6 +378,62 @@ fn diverged() -> CapabilityError {
     CapabilityError::Unavailable(
         "replay: this call is not the one the run made next; see the report".to_owned(),
     )
+}
+
+impl Tape for Journal {
+    fn wall(&self, live: std::time::Duration) -> std::time::Duration {
+        self.read("wall")
+            .and_then(|v| v.as_u64())
+            .map_or(live, std::time::Duration::from_nanos)
+    }
+
+    fn monotonic(&self, live: u64) -> u64 {
+        self.read("mono").and_then(|v| v.as_u64()).unwrap_or(live)
+    }
+
+    fn seed(&self, live: [u8; 32]) -> [u8; 32] {
+        let hex = self.read("seed");
+        let hex = hex.as_ref().and_then(Value::as_str).unwrap_or_default();
+        let mut seed = [0u8; 32];
+        for (i, byte) in seed.iter_mut().enumerate() {
+            match hex
+                .get(2 * i..2 * i + 2)
+                .and_then(|b| u8::from_str_radix(b, 16).ok())
+            {
+                Some(b) => *byte = b,
+                None => return live,
+            }
+        }
+        seed
+    }
+}
+
+/// The journal as a durable node's: its waits answered from it in their
+/// turn (its calls go to the backend, [`Journal`] too), its clock reads and
+/// seed read again from it, nothing recorded.
+struct Replaying(Arc<Journal>);
+
+#[async_trait]
+impl CallJournal for Replaying {
+    fn key_prefix(&self) -> &str {
+        "replay"
+    }
+
+    async fn record(&self, _: JournalEntry) {}
+
+    fn replayed(&self, _seq: u32, name: &str, arguments: &Value) -> Option<Replayed> {
+        if !name.starts_with("wf:") {
+            return None;
+        }
+        Some(Replayed {
+            result: self.0.answer(name.to_owned(), arguments.clone()),
+            record: None,
+        })
+    }
+
+    fn tape(&self) -> Option<Arc<dyn Tape>> {
+        Some(self.0.clone())
+    }
 }
 
 #[async_trait]
