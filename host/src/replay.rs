@@ -392,19 +392,11 @@ impl Tape for Journal {
     }
 
     fn seed(&self, live: [u8; 32]) -> [u8; 32] {
-        let hex = self.read("seed");
-        let hex = hex.as_ref().and_then(Value::as_str).unwrap_or_default();
-        let mut seed = [0u8; 32];
-        for (i, byte) in seed.iter_mut().enumerate() {
-            match hex
-                .get(2 * i..2 * i + 2)
-                .and_then(|b| u8::from_str_radix(b, 16).ok())
-            {
-                Some(b) => *byte = b,
-                None => return live,
-            }
-        }
-        seed
+        self.read("seed")
+            .as_ref()
+            .and_then(Value::as_str)
+            .and_then(crate::workflow::decode_seed)
+            .unwrap_or(live)
     }
 }
 

@@ -7,7 +7,7 @@
 //! runs again with it. Where there is no journal (`wf-host run`, `wf-host
 //! test`), a sleep sleeps in place and a wait for a signal is unavailable.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -44,9 +44,7 @@ fn child_error(run_id: Option<&str>, code: &str, message: String) -> Value {
 
 /// Milliseconds since the Unix epoch, now.
 fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    u64::try_from(crate::domain::now_ms()).unwrap_or(0)
 }
 
 impl CapabilityCtx {

@@ -43,6 +43,7 @@ pub(crate) use engine::answer_signal;
 pub use maintenance::DEFAULT_LEASE;
 pub use mcp::Exposed;
 use mode::Mode;
+pub(crate) use parking::decode_seed;
 pub use run::Started;
 use run::{Done, Live, NodeError};
 

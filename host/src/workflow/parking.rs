@@ -515,24 +515,18 @@ impl Tape for Parking {
         let mut state = self.lock();
         let replayed = Self::replay_read(&mut state, |v| matches!(v, TapeValue::Seed(_)));
         let seed = match replayed {
-            Some(TapeValue::Seed(hex)) => decode_seed(&hex).unwrap_or(live),
+            Some(TapeValue::Seed(text)) => decode_seed(&text).unwrap_or(live),
             _ => live,
         };
-        let hex = seed.iter().map(|b| format!("{b:02x}")).collect();
-        Self::read(&mut state, TapeValue::Seed(hex), &self.label);
+        Self::read(&mut state, TapeValue::Seed(hex::encode(seed)), &self.label);
         seed
     }
 }
 
-fn decode_seed(hex: &str) -> Option<[u8; 32]> {
-    let mut seed = [0u8; 32];
-    if hex.len() != 64 {
-        return None;
-    }
-    for (i, byte) in seed.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(seed)
+/// A journaled seed (`{"seed": "<hex>"}`), read back; `None` for one
+/// that is not 32 bytes of hex.
+pub(crate) fn decode_seed(text: &str) -> Option<[u8; 32]> {
+    hex::decode(text).ok()?.try_into().ok()
 }
 
 /// A kept answer's JSON text, read back (it was written from a value).
