@@ -1138,6 +1138,24 @@ impl Serve {
         Serve { child, url }
     }
 
+    /// Waits until the first step of `run_id` reports progress starting with
+    /// `what` (a parked step says what it waits for); the message.
+    async fn says(&self, run_id: &str, what: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let got = self.call("workflow.get", json!({"run_id": run_id})).await;
+            let said = got["steps"][0]["progress"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            if said.starts_with(what) {
+                return said;
+            }
+            assert!(Instant::now() < deadline, "never said {what:?}: {got}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     async fn call(&self, method: &str, params: Value) -> Value {
         let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
         let text = common::http_client()
@@ -1614,15 +1632,8 @@ allow = ["fixture.sleep", "fixture.echo"]
     );
     assert_eq!(results[2]["content"][0]["text"], "third");
     // Journaled in the order given, each with its own key.
-    let calls = serde_json::to_value(step(&run, "both").calls.as_ref().unwrap()).unwrap();
-    let journaled: Vec<(Value, Value)> = calls
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| (c["seq"].clone(), c["name"].clone()))
-        .collect();
     assert_eq!(
-        journaled,
+        journal_of(&run, "both"),
         [
             (json!(1), json!("fixture.sleep")),
             (json!(2), json!("fixture.sleep")),
@@ -1716,6 +1727,18 @@ component = "{approval}"
 allow = ["fixture.echo"]
 "#;
 
+/// The journal of step `id` of `run` (with its calls): `(seq, name)` of each
+/// call and wait, in order.
+fn journal_of(run: &RunRecord, id: &str) -> Vec<(Value, Value)> {
+    let calls = serde_json::to_value(step(run, id).calls.as_ref().unwrap()).unwrap();
+    calls
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["seq"].clone(), c["name"].clone()))
+        .collect()
+}
+
 /// What `approval` asks, given its output (the time and ticket it read).
 fn asked_text(request: &str, output: &Value) -> String {
     format!(
@@ -1795,14 +1818,8 @@ async fn a_durable_node_lets_go_while_it_waits_and_goes_on_with_the_signal() {
         ]
     );
     let calls = serde_json::to_value(step(&run, "ask").calls.as_ref().unwrap()).unwrap();
-    let journal: Vec<(Value, Value)> = calls
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| (c["seq"].clone(), c["name"].clone()))
-        .collect();
     assert_eq!(
-        journal,
+        journal_of(&run, "ask"),
         [
             (json!(1), json!("fixture.echo")),
             (json!(2), json!("wf:sleep")),
@@ -2589,28 +2606,13 @@ async fn a_durable_node_survives_a_sigkill_while_it_sleeps() {
         .call("workflow.start", json!({"workflow": "w", "input": input}))
         .await;
     let run_id = started["run_id"].as_str().unwrap().to_owned();
-    let says = async |serve: &Serve, what: &str| {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let got = serve.call("workflow.get", json!({"run_id": run_id})).await;
-            let said = got["steps"][0]["progress"]["message"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned();
-            if said.starts_with(what) {
-                return said;
-            }
-            assert!(Instant::now() < deadline, "never said {what:?}: {got}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
-    let sleeping = says(&serve, "sleeping until").await;
+    let sleeping = serve.says(&run_id, "sleeping until").await;
     serve.kill();
 
     let serve = Serve::start(dir.path());
     // The same wake time, then the wait for the signal.
-    assert_eq!(says(&serve, "sleeping until").await, sleeping);
-    says(&serve, "waiting for signal `approve`").await;
+    assert_eq!(serve.says(&run_id, "sleeping until").await, sleeping);
+    serve.says(&run_id, "waiting for signal `approve`").await;
     serve
         .call(
             "workflow.signal",
@@ -2716,25 +2718,11 @@ component = "{{echo}}"
         )
         .await;
     let run_id = started["run_id"].as_str().unwrap().to_owned();
-    let says = async |serve: &Serve, what: &str| {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let got = serve.call("workflow.get", json!({"run_id": run_id})).await;
-            let said = got["steps"][0]["progress"]["message"]
-                .as_str()
-                .unwrap_or_default();
-            if said.starts_with(what) {
-                return;
-            }
-            assert!(Instant::now() < deadline, "never said {what:?}: {got}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
-    says(&serve, "sleeping until").await;
+    serve.says(&run_id, "sleeping until").await;
     serve.kill();
 
     let serve = Serve::start(dir.path());
-    says(&serve, "waiting for signal `go`").await;
+    serve.says(&run_id, "waiting for signal `go`").await;
     serve
         .call(
             "workflow.signal",
@@ -2832,15 +2820,7 @@ async fn a_durable_run_replays_from_its_journal() {
         .call("workflow.start", json!({"workflow": "w", "input": input}))
         .await;
     let run_id = started["run_id"].as_str().unwrap().to_owned();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let got = serve.call("workflow.get", json!({"run_id": run_id})).await;
-        if got["steps"][0]["progress"]["message"] == "waiting for signal `approve`" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never waited: {got}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    serve.says(&run_id, "waiting for signal `approve`").await;
     serve
         .call(
             "workflow.signal",

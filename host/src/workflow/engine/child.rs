@@ -77,16 +77,15 @@ pub(super) async fn child_run(
             return Ok(error(None, code, e.to_string()));
         }
     };
-    let told = json!({"child": child, "workflow": workflow});
     let message = format!("waiting for run `{child}` of `{workflow}`");
     match journal {
-        Some(journal) => park_told(ctx, step, journal, told, message).await,
+        Some(journal) => {
+            let told = json!({"child": child, "workflow": workflow});
+            park_told(ctx, step, journal, told, message).await;
+        }
         None => {
             tracing::info!(run = %ctx.run_id, step = %step.spec.id, "{message}");
-            let mut data = json!({"step": step.spec.id});
-            if let (Some(data), Value::Object(told)) = (data.as_object_mut(), told) {
-                data.extend(told);
-            }
+            let data = json!({"step": step.spec.id, "child": child, "workflow": workflow});
             ctx.events.emit(&ctx.run_id, "step.child", data).await;
         }
     }
