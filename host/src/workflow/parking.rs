@@ -143,20 +143,16 @@ impl Parked {
     /// The answers a run of the node after this one is given: its earlier
     /// calls', and `result` for the call it waited on.
     pub fn answers(self, result: Result<Value, CapabilityError>) -> Vec<Answered> {
+        // (A wait's pending entry was taken out when it parked, its reads
+        // moved to `tape`.)
         let mut answers = self.earlier;
-        // A wait journaled as pending before the node let go: its answer
-        // replaces it, with the reads before it.
-        let mut tape = self.tape;
-        if let Some(pending) = answers.pop_if(|a| a.seq == self.seq) {
-            tape.splice(0..0, pending.tape);
-        }
         answers.push(Answered {
             seq: self.seq,
             name: self.name,
             arguments: self.arguments.to_string(),
             result: result.map(|v| v.to_string()),
             unrecorded: Some(self.since.elapsed()),
-            tape,
+            tape: self.tape,
         });
         answers
     }
