@@ -489,7 +489,8 @@ fn run_denies_ungranted_capabilities() {
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(
         stderr(&out),
-        "error: `call` failed: node returned error `denied`: `fixture.echo` is not granted to this node (this node has no grants); allow it with the grant `fixture.echo` or `fixture.*`\n"
+        "hint: `wf-host run` grants a node the `allow` of the config's workflows whose `component` is this same file, matched by its path; `plugins/call.wasm` is none of them. Grant on the command line with `--allow PATTERN`, or name this path in the config\n\
+         error: `call` failed: node returned error `denied`: `fixture.echo` is not granted to this node (this node has no grants); allow it with the grant `fixture.echo` or `fixture.*`\n"
     );
     let out = wf_host(
         &[
@@ -679,4 +680,156 @@ output_includes = { content = [{ text = "hi" }] }
     .unwrap();
     let out = one(&unused);
     assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+}
+
+/// A durable node's waits are answered by its case: a sleep of ten minutes is
+/// over at once, `wait-signal` gets the case's payload, and `run-workflow`
+/// gets the case's output or error of that workflow. Recorded against the
+/// official Python SDK server, the cassette holds the node's tool calls only;
+/// replayed with no server, the case passes again with its waits answered
+/// the same way, and a changed payload is seen in the output.
+#[test]
+fn a_durable_nodes_case_answers_its_waits_and_replays_from_a_cassette() {
+    let dir = tempfile::tempdir().unwrap();
+    let (python, script) = {
+        let root = repo_root().join("tests/interop/python");
+        (root.join(".venv/bin/python"), root.join("server.py"))
+    };
+    let config = dir.path().join("wf.toml");
+    std::fs::write(
+        &config,
+        format!("[connections.py]\ncommand = {python:?}\nargs = [{script:?}]\n"),
+    )
+    .unwrap();
+    // JSON: the output holds a `null` (the sleep's), which TOML cannot say.
+    let case = dir.path().join("approval.json");
+    let written = |payload: Value| {
+        let case_json = json!({
+            "input": {"do": [
+                {"call": "py.echo", "arguments": {"text": "asked"}},
+                {"sleep_ms": 600000},
+                {"signal": "approve"},
+                {"workflow": "review", "input": {"n": 1}},
+                {"workflow": "audit", "input": {}},
+                {"call": "py.echo", "arguments": {"text": "told"}},
+            ]},
+            "allow": ["py.echo", "workflow.review", "workflow.audit"],
+            "signals": {"approve": payload},
+            "workflows": {
+                "review": {"output": {"score": 7}},
+                "audit": {"error": {"code": "failed", "message": "no auditor today"}},
+            },
+            "expect": {"output": [
+                "asked", null, {"ok": true}, {"score": 7},
+                {"error": "failed", "message": "no auditor today"}, "told",
+            ]},
+        });
+        std::fs::write(&case, case_json.to_string()).unwrap();
+    };
+    written(json!({"ok": true}));
+    let node = guest("durable").display().to_string();
+    let case_arg = case.display().to_string();
+    let config_arg = config.display().to_string();
+    let started = std::time::Instant::now();
+    let out = wf_host(
+        &[
+            "test",
+            &node,
+            "--case",
+            &case_arg,
+            "--record",
+            "--config",
+            &config_arg,
+        ],
+        None,
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(300),
+        "the case's ten-minute sleep was slept"
+    );
+    let tape = std::fs::read_to_string(dir.path().join("approval.cassette.jsonl")).unwrap();
+    let lines: Vec<Value> = tape
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let names: Vec<_> = lines.iter().map(|l| l["name"].clone()).collect();
+    assert_eq!(names, [json!("py.echo"), json!("py.echo")], "{tape}");
+
+    // From the cassette, with no config: the same, waits answered by the case.
+    let out = wf_host(&["test", &node, "--case", &case_arg], None);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    // The payload is the case's: another one is another output.
+    written(json!({"ok": false}));
+    let out = wf_host(&["test", &node, "--case", &case_arg], None);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(stdout(&out).contains("false"), "{}", stdout(&out));
+}
+
+/// Grants follow the component's path: a copy of a granted node at another
+/// path is denied, and `wf-host run` says why (the config's workflow names
+/// a file of the same name elsewhere) and how to grant it (`--allow`); with
+/// `--allow` it runs. Without a config, the hint says to give one or
+/// `--allow`.
+#[test]
+fn a_denied_run_says_where_grants_come_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("call.wasm");
+    std::fs::copy(repo_root().join("plugins/call.wasm"), &copy).unwrap();
+    let config = dir.path().join("wf.toml");
+    let original = repo_root().join("plugins/call.wasm");
+    std::fs::write(
+        &config,
+        format!(
+            "[connections.fixture]\ncommand = \"wf-host\"\nargs = [\"fixture-server\"]\n\n[workflows.call]\ncomponent = {:?}\nallow = [\"fixture.echo\"]\n",
+            original.display().to_string()
+        ),
+    )
+    .unwrap();
+    let input = r#"{"capability": "fixture.echo", "arguments": {"text": "hi"}}"#;
+    let (copy, config) = (copy.display().to_string(), config.display().to_string());
+    let out = wf_host(&["run", &copy, "--config", &config, "--input", input], None);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(said.contains("matched by its path"), "{said}");
+    assert!(
+        said.contains("workflow `call` names") && said.contains("another file of the same name"),
+        "{said}"
+    );
+    assert!(said.contains("--allow PATTERN"), "{said}");
+
+    let out = wf_host(
+        &[
+            "run",
+            &copy,
+            "--config",
+            &config,
+            "--allow",
+            "fixture.echo",
+            "--input",
+            input,
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+
+    let out = wf_host(&["run", &copy, "--input", input], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("or `--config FILE`"),
+        "{}",
+        stderr(&out)
+    );
 }

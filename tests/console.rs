@@ -379,6 +379,16 @@ async fn start_choice(c: &Client) -> (Option<String>, bool) {
     (label, choice[2] == json!(true))
 }
 
+/// Opens the console at `base`, gives the token it asks for, and waits
+/// for the runs page.
+async fn sign_in(c: &Client, base: &str) {
+    c.goto(&format!("{base}/")).await.unwrap();
+    wait_for(c, "#login:not([hidden])").await;
+    wait_for(c, "#token").await.send_keys(TOKEN).await.unwrap();
+    click(c, "#login-button").await;
+    wait_for(c, "#runs-view:not([hidden])").await;
+}
+
 /// Whether `css` is there and displayed.
 async fn displayed(c: &Client, css: &str) -> bool {
     with(c, css, |e| Box::pin(async move { e.is_displayed().await })).await
@@ -803,11 +813,7 @@ async fn a_waiting_run_is_approved_with_a_click() {
     let run_id = started["result"]["run_id"].as_str().unwrap().to_owned();
     let driver = ChromeDriver::start().await;
     let c = driver.browser().await;
-    c.goto(&format!("{}/", serve.base)).await.unwrap();
-    wait_for(&c, "#login:not([hidden])").await;
-    wait_for(&c, "#token").await.send_keys(TOKEN).await.unwrap();
-    click(&c, "#login-button").await;
-    wait_for(&c, "#runs-view:not([hidden])").await;
+    sign_in(&c, &serve.base).await;
 
     let schedule = r#"#schedules-body tr[data-schedule="nightly"]"#;
     wait_for(&c, schedule).await;
@@ -836,6 +842,117 @@ async fn a_waiting_run_is_approved_with_a_click() {
         got["result"]["steps"][1]["output"],
         json!({"approved": true, "comment": "ship it"}),
         "{got}"
+    );
+    c.close().await.unwrap();
+}
+
+/// `release`: a child step that runs `approval`, whose one step is the
+/// durable `approval` node (it asks, sleeps 8 s, waits for `approve`).
+fn durable(dir: &Path) -> PathBuf {
+    let approval = plugin("approval");
+    let path = dir.join("wf.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"[connections.fixture]
+command = "wf-host"
+args = ["fixture-server"]
+
+[[workflows.approval.steps]]
+id = "ask"
+component = {approval:?}
+allow = ["fixture.echo"]
+
+[[workflows.release.steps]]
+id = "child"
+workflow = "approval"
+input = '{{request: .input.release, notify: "fixture.echo", sleep_ms: 8000}}'
+"#
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// A child step and a durable node that wait are shown `waiting`, with what
+/// for: the parent's step links to its child run; the child's durable step
+/// says until when it sleeps, then offers Approve and Reject for the signal
+/// its node waits for. The step's journal lists its calls and waits in order,
+/// with the clock reads before them. A click resumes the node, and both runs
+/// succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_durable_node_and_child_run_are_shown_and_approved() {
+    let serve = Serve::start(durable, &["--token", TOKEN]);
+    let driver = ChromeDriver::start().await;
+    let c = driver.browser().await;
+    sign_in(&c, &serve.base).await;
+    // Started once the browser is ready: the node sleeps 8 s, and the page
+    // is to see it asleep.
+    let started = serve
+        .rpc(
+            "workflow.start",
+            json!({"workflow": "release", "input": {"release": "7.2"}}),
+            Some(TOKEN),
+        )
+        .await;
+    let run_id = started["result"]["run_id"].as_str().unwrap().to_owned();
+    c.goto(&format!("{}/#/runs/{run_id}", serve.base))
+        .await
+        .unwrap();
+    wait_for(&c, "#run-view:not([hidden])").await;
+    step_with_status(&c, "child", "waiting").await;
+    let link = wait_for(&c, ".wait-box a.run-link").await;
+    let child = link.text().await.unwrap();
+    assert!(text_of(&c, ".wait-box").await.contains("approval"));
+    look_fine(&c, "durable-parent").await;
+
+    click(&c, ".wait-box a.run-link").await;
+    wait_for(&c, "#run-id").await;
+    let deadline = Instant::now() + WAIT;
+    while text_of(&c, "#run-id").await != child {
+        assert!(Instant::now() < deadline, "the link did not open {child}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    step_with_status(&c, "ask", "waiting").await;
+    assert!(
+        text_of(&c, "#step-detail").await.contains("Sleeps until"),
+        "{}",
+        text_of(&c, "#step-detail").await
+    );
+    wait_for(&c, "#signal-comment")
+        .await
+        .send_keys("go")
+        .await
+        .unwrap();
+    // The journal: the call, the sleep, the wait, each in its turn, and
+    // the clock and random reads before the first call.
+    let journal = text_of(&c, "table.calls").await;
+    let order: Vec<usize> = ["fixture.echo", "wf:sleep", "wf:wait-signal"]
+        .iter()
+        .map(|name| {
+            journal
+                .find(name)
+                .unwrap_or_else(|| panic!("{name}: {journal}"))
+        })
+        .collect();
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{journal}");
+    let reads = text_of(&c, "table.calls tr.call td.tape").await;
+    assert!(reads.contains("wall") && reads.contains("seed"), "{reads}");
+    look_fine(&c, "durable-waiting").await;
+    click(&c, "#approve-step").await;
+    wait_for(&c, r#"#run-status[data-status="succeeded"]"#).await;
+
+    let done = serve
+        .rpc(
+            "workflow.wait",
+            json!({"run_id": run_id, "timeout_ms": 30000}),
+            Some(TOKEN),
+        )
+        .await;
+    assert_eq!(done["result"]["status"], "succeeded", "{done}");
+    assert_eq!(
+        done["result"]["output"]["decision"],
+        json!({"approved": true, "comment": "go"})
     );
     c.close().await.unwrap();
 }
@@ -880,11 +997,7 @@ async fn a_question_from_upstream_is_answered_in_a_form() {
     let run_id = started["result"]["run_id"].as_str().unwrap().to_owned();
     let driver = ChromeDriver::start().await;
     let c = driver.browser().await;
-    c.goto(&format!("{}/", serve.base)).await.unwrap();
-    wait_for(&c, "#login:not([hidden])").await;
-    wait_for(&c, "#token").await.send_keys(TOKEN).await.unwrap();
-    click(&c, "#login-button").await;
-    wait_for(&c, "#runs-view:not([hidden])").await;
+    sign_in(&c, &serve.base).await;
     let row = format!(r#"#runs-body tr[data-run-id="{run_id}"]"#);
     wait_for(&c, &row).await;
     click(&c, &format!("{row} a.run-link")).await;

@@ -1,8 +1,10 @@
-//! The doc check: every command in the README runs as written, from the folder
-//! the README says, and prints what the README says it prints. The guides (the
-//! README's "Writing a node" and `docs/*.md`) are followed top to bottom in an
-//! empty folder: their blocks marked ```` ```sh run ```` run in one shell
-//! session, and a block marked ```` ```<lang> file=PATH ```` is written to PATH.
+//! The doc check: every command in the README and in the reference pages
+//! ([`REFERENCE_PAGES`]) runs as written, from the repository root, and prints
+//! what the page says it prints. The guides (the README's "Writing a node" and
+//! `docs/*.md`) are followed top to bottom in an empty folder: their blocks
+//! marked ```` ```sh run ```` run in one shell session, and a block marked
+//! ```` ```<lang> file=PATH ```` is written to PATH. Every relative link of the
+//! README and `docs/*.md` leads to a file, and its `#anchor` to a heading.
 //!
 //! `cargo run --release -- ARGS` is run as `wf-host ARGS` with the binary built
 //! for these tests (the same program, without a second release build). A
@@ -17,6 +19,17 @@ use std::process::{Command, Stdio};
 use serde_json::Value;
 
 use common::*;
+
+/// The pages the README's reference moved to, checked as the README is: their
+/// ```` ```sh ```` blocks run from the repository root (a `# prints X`, or
+/// the prose after the block, says what the first command prints), and their
+/// marked blocks, if any, are followed as a guide.
+const REFERENCE_PAGES: &[&str] = &[
+    "docs/configuration.md",
+    "docs/workflows.md",
+    "docs/rpc.md",
+    "docs/operations.md",
+];
 
 /// Commands that are not run here, and why.
 const NOT_RUN: &[(&str, &str)] = &[
@@ -168,9 +181,30 @@ fn said_to_print(blocks: &[Block], index: usize) -> Option<String> {
 
 #[test]
 fn readme_commands_work_as_written() {
+    let ran = commands_work_as_written("README.md");
+    assert!(ran >= 6, "only {ran} README commands ran");
+}
+
+#[test]
+fn reference_pages_commands_work_as_written() {
+    let mut ran = 0;
+    for page in REFERENCE_PAGES {
+        ran += commands_work_as_written(page);
+        let markdown = std::fs::read_to_string(repo_root().join(page)).unwrap();
+        if blocks(&markdown).iter().any(|b| guide_step(b).is_some()) {
+            follow_guide(page);
+        }
+    }
+    assert!(ran >= 3, "only {ran} commands of the reference pages ran");
+}
+
+/// Runs the unmarked ```` ```sh ```` blocks of `file` (the README or a
+/// reference page) from the repository root, checks what they print, and
+/// returns how many commands ran.
+fn commands_work_as_written(file: &str) -> usize {
     let root = repo_root();
-    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
-    let all = blocks(&readme);
+    let markdown = std::fs::read_to_string(root.join(file)).unwrap();
+    let all = blocks(&markdown);
     let cache = tempfile::tempdir().unwrap();
     let mut ran = 0;
     for (index, block) in all.iter().enumerate() {
@@ -181,7 +215,7 @@ fn readme_commands_work_as_written() {
         let commands = commands(&block.text);
         let said = said_to_print(&all, index);
         for (n, (command, prints)) in commands.iter().enumerate() {
-            let what = format!("README.md:{}: `{command}`", block.line);
+            let what = format!("{file}:{}: `{command}`", block.line);
             if let Some((_, why)) = NOT_RUN.iter().find(|(c, _)| c == command) {
                 eprintln!("not run here ({why}): {command}");
                 continue;
@@ -205,9 +239,12 @@ fn readme_commands_work_as_written() {
             ran += 1;
         }
     }
-    assert!(ran >= 6, "only {ran} README commands ran");
     // Nothing the commands did was left in the repository.
-    assert!(!root.join("examples/.wf-host").exists());
+    assert!(
+        !root.join("examples/.wf-host").exists(),
+        "{file}: a command left examples/.wf-host behind"
+    );
+    ran
 }
 
 /// `curl … localhost:7878/rpc …` against `wf-host serve --config
@@ -347,6 +384,21 @@ fn the_durable_nodes_guide_works_as_written() {
     follow_guide("docs/durable.md");
 }
 
+/// The durable guide's node is the one `wf-host new --durable` writes.
+#[test]
+fn the_durable_nodes_guide_shows_the_template_as_written() {
+    let root = repo_root();
+    let guide = std::fs::read_to_string(root.join("docs/durable.md")).unwrap();
+    let shown = guide
+        .split("```rust file=src/lib.rs\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("docs/durable.md shows src/lib.rs");
+    let template =
+        std::fs::read_to_string(root.join("host/templates/rust/src/durable.rs")).unwrap();
+    assert_eq!(shown, template);
+}
+
 #[test]
 fn the_changes_guide_works_as_written() {
     follow_guide("docs/changes.md");
@@ -375,4 +427,111 @@ fn the_javascript_guide_works_as_written() {
 #[test]
 fn the_c_guide_works_as_written() {
     follow_guide("docs/c.md");
+}
+
+/// Every relative link of the README and `docs/*.md` (outside code blocks)
+/// leads to a file or folder of the repository, and a `#anchor` to a heading
+/// of the page it names.
+#[test]
+fn links_in_the_docs_lead_somewhere() {
+    let root = repo_root();
+    let mut pages = vec![std::path::PathBuf::from("README.md")];
+    let mut docs: Vec<_> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
+        .map(|path| path.strip_prefix(&root).unwrap().to_owned())
+        .collect();
+    docs.sort();
+    pages.extend(docs);
+    let mut broken = Vec::new();
+    for page in &pages {
+        let markdown = std::fs::read_to_string(root.join(page)).unwrap();
+        let dir = root.join(page).parent().unwrap().to_owned();
+        let mut fenced = false;
+        for (n, line) in markdown.lines().enumerate() {
+            if line.starts_with("```") {
+                fenced = !fenced;
+                continue;
+            }
+            if fenced {
+                continue;
+            }
+            for target in link_targets(line) {
+                let (path, anchor) = match target.split_once('#') {
+                    Some((path, anchor)) => (path, Some(anchor)),
+                    None => (target, None),
+                };
+                let file = if path.is_empty() {
+                    root.join(page)
+                } else {
+                    dir.join(path)
+                };
+                let at = format!("{}:{}: `{target}`", page.display(), n + 1);
+                if !file.exists() {
+                    broken.push(format!("{at}: no such file"));
+                    continue;
+                }
+                let Some(anchor) = anchor else { continue };
+                let text = std::fs::read_to_string(&file).unwrap_or_default();
+                if !anchors(&text).iter().any(|a| a == anchor) {
+                    broken.push(format!("{at}: no heading with that anchor"));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+/// The targets of a line's `[text](target)` links that are not URLs.
+fn link_targets(line: &str) -> Vec<&str> {
+    line.match_indices("](")
+        .filter_map(|(i, _)| {
+            let rest = &line[i + 2..];
+            let target = &rest[..rest.find(')')?];
+            (!target.is_empty() && !target.contains(char::is_whitespace)).then_some(target)
+        })
+        .filter(|target| {
+            !target.split_once(':').is_some_and(|(scheme, _)| {
+                !scheme.is_empty() && scheme.chars().all(|c| c.is_ascii_lowercase())
+            })
+        })
+        .collect()
+}
+
+/// The anchors GitHub gives a page's headings (outside code blocks): the
+/// heading lower-cased, without punctuation but `-` and `_`, spaces made `-`;
+/// a repeated one gets `-1`, `-2`, and so on.
+fn anchors(markdown: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut seen = std::collections::HashMap::<String, usize>::new();
+    let mut fenced = false;
+    for line in markdown.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        let hashes = line.len() - line.trim_start_matches('#').len();
+        if fenced || !(1..=6).contains(&hashes) {
+            continue;
+        }
+        let Some(heading) = line[hashes..].strip_prefix(' ') else {
+            continue;
+        };
+        let slug: String = heading
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+            .map(|c| if c == ' ' { '-' } else { c })
+            .collect();
+        let count = seen.entry(slug.clone()).or_insert(0);
+        out.push(if *count == 0 {
+            slug
+        } else {
+            format!("{slug}-{count}")
+        });
+        *count += 1;
+    }
+    out
 }

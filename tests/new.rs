@@ -65,27 +65,23 @@ fn readme_commands(readme: &str) -> Vec<(String, Option<Value>)> {
         .collect()
 }
 
-/// `wf-host new`, then the three commands of the project's README (build, run
-/// against the fixture, test) as written: each must succeed and print what the
-/// README says. Prints how long each took.
-fn new_build_run_test(language: &str) {
-    let work = tempfile::tempdir().unwrap();
-    let cache = tempfile::tempdir().unwrap();
-    let out = wf_host(&["new", language, "my-node"], work.path(), cache.path());
-    assert_success(&format!("wf-host new {language} my-node"), &out);
-    let project = work.path().join("my-node");
+/// `wf-host new` (with `extra` arguments), then the commands of the
+/// project's README as written: each must succeed and print what the README
+/// says, and its test must pass its case. Prints how long each took. The
+/// project's folder, and the commands with what each said to print.
+fn new_and_follow_readme(
+    language: &str,
+    extra: &[&str],
+    work: &Path,
+    cache: &Path,
+) -> (PathBuf, Vec<(String, Option<Value>)>) {
+    let mut args = vec!["new", language, "my-node"];
+    args.extend(extra);
+    let out = wf_host(&args, work, cache);
+    assert_success(&args.join(" "), &out);
+    let project = work.join("my-node");
     let readme = std::fs::read_to_string(project.join("README.md")).unwrap();
     let commands = readme_commands(&readme);
-    let verbs: Vec<&str> = commands
-        .iter()
-        .map(|(c, _)| c.split_whitespace().nth(1).unwrap_or(""))
-        .collect();
-    assert_eq!(
-        verbs,
-        ["build", "run", "test"],
-        "{language}: README commands"
-    );
-
     let path = format!(
         "{}:{}",
         wf_host_bin().parent().unwrap().display(),
@@ -98,7 +94,7 @@ fn new_build_run_test(language: &str) {
             .args(["-euo", "pipefail", "-c", command])
             .current_dir(&project)
             .env("PATH", &path)
-            .env("WF_HOST_CACHE_DIR", cache.path())
+            .env("WF_HOST_CACHE_DIR", cache)
             .env("CARGO_TARGET_DIR", cargo_target_dir())
             .stdin(Stdio::null())
             .output()
@@ -121,7 +117,35 @@ fn new_build_run_test(language: &str) {
             );
         }
     }
-    let component = project.join("my-node.wasm");
+    eprintln!(
+        "{language} {extra:?}: {} ({} bytes)",
+        timings.join(", "),
+        std::fs::metadata(project.join("my-node.wasm"))
+            .unwrap()
+            .len()
+    );
+    (project, commands)
+}
+
+/// The commands' verbs: `build` of `wf-host build`.
+fn verbs(commands: &[(String, Option<Value>)]) -> Vec<&str> {
+    commands
+        .iter()
+        .map(|(c, _)| c.split_whitespace().nth(1).unwrap_or(""))
+        .collect()
+}
+
+/// `wf-host new`, then the three commands of the project's README (build, run
+/// against the fixture, test) as written.
+fn new_build_run_test(language: &str) {
+    let work = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let (project, commands) = new_and_follow_readme(language, &[], work.path(), cache.path());
+    assert_eq!(
+        verbs(&commands),
+        ["build", "run", "test"],
+        "{language}: README commands"
+    );
     assert_eq!(commands[1].1, Some(json!({"echoed": "hi"})), "{language}");
 
     // Without wf.toml nothing is granted: the node passes the `denied` on.
@@ -140,11 +164,64 @@ fn new_build_run_test(language: &str) {
         stderr.contains("node returned error `denied`: `fixture.echo` is not granted"),
         "{language}: {stderr}"
     );
+}
 
-    eprintln!(
-        "{language}: {} ({} bytes)",
-        timings.join(", "),
-        std::fs::metadata(&component).unwrap().len()
+/// `wf-host new --durable`: the approval flow builds and passes its case
+/// (whose `[signals]` answers its wait); a case that sends another payload
+/// gets it back, and one that sends none fails `timeout`. Outside a
+/// workflow step (`wf-host run`) there is no run to signal, and it says so.
+fn new_durable_build_test(language: &str) {
+    let work = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let (project, commands) =
+        new_and_follow_readme(language, &["--durable"], work.path(), cache.path());
+    assert_eq!(verbs(&commands), ["build", "test"], "{language}");
+    let case = project.join("cases/approved.toml");
+    let text = std::fs::read_to_string(&case).unwrap();
+    std::fs::write(
+        project.join("cases/rejected.toml"),
+        text.replace("approved = true", "approved = false"),
+    )
+    .unwrap();
+    let silent = text.replace("approve = { approved = true }", "").replace(
+        "output_includes = { decision = { approved = true } }",
+        "error = { code = \"timeout\", message_contains = \"no `approve` signal\" }",
+    );
+    let silent = silent.replace("  { tool = \"echo\" },\n", "");
+    std::fs::write(project.join("cases/silent.toml"), silent).unwrap();
+    let out = wf_host(
+        &[
+            "test",
+            "my-node.wasm",
+            "--case",
+            "cases/rejected.toml",
+            "cases/silent.toml",
+        ],
+        &project,
+        cache.path(),
+    );
+    assert_success(&format!("{language}: more cases"), &out);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("2 passed, 0 failed"),
+        "{language}"
+    );
+    let out = wf_host(
+        &[
+            "run",
+            "my-node.wasm",
+            "--config",
+            "wf.toml",
+            "--input",
+            r#"{"request": "x"}"#,
+        ],
+        &project,
+        cache.path(),
+    );
+    assert_eq!(out.status.code(), Some(1), "{language}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("there is no run to send signal `approve` to"),
+        "{language}: {stderr}"
     );
 }
 
@@ -166,6 +243,26 @@ fn a_new_js_node_builds_runs_and_passes_its_case() {
 #[test]
 fn a_new_c_node_builds_runs_and_passes_its_case() {
     new_build_run_test("c");
+}
+
+#[test]
+fn a_new_durable_rust_node_builds_and_passes_its_case() {
+    new_durable_build_test("rust");
+}
+
+#[test]
+fn a_new_durable_python_node_builds_and_passes_its_case() {
+    new_durable_build_test("python");
+}
+
+#[test]
+fn a_new_durable_js_node_builds_and_passes_its_case() {
+    new_durable_build_test("js");
+}
+
+#[test]
+fn a_new_durable_c_node_builds_and_passes_its_case() {
+    new_durable_build_test("c");
 }
 
 #[test]

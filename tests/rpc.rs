@@ -89,6 +89,15 @@ impl Server {
                 break rest.to_owned();
             }
         };
+        // Then where its console is, and where it keeps its state.
+        let console = lines.next().unwrap().unwrap();
+        assert_eq!(
+            console,
+            format!("console: {}", url.trim_end_matches("rpc")),
+            "the console's address comes next"
+        );
+        let state = lines.next().unwrap().unwrap();
+        assert!(state.starts_with("state: "), "{state}");
         std::thread::spawn(move || for _ in lines {});
         Server {
             child,
@@ -534,6 +543,35 @@ input = '{{copied: .steps.first.output}}'
     assert_eq!(status["state"]["last_event_id"], 8, "{status}");
 }
 
+/// A workflow name that is not configured is refused with the configured
+/// ones, in the message and in the error's data, the closest first; one
+/// that is near a configured name says which it likely meant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_workflow_names_the_closest_one() {
+    let (state, _dir) = state().await;
+    let got = answer(
+        &state,
+        r#"{"jsonrpc":"2.0","id":1,"method":"workflow.start","params":{"workflow":"Echoo"}}"#,
+    )
+    .await
+    .unwrap();
+    let error = &got["error"];
+    assert_eq!(error["code"], -32001, "{got}");
+    assert_eq!(error["data"]["workflows"][0], "echo", "{got}");
+    let message = error["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(
+            "unknown workflow `Echoo`; did you mean `echo`? The workflows are `echo`, "
+        ),
+        "{message}"
+    );
+    let known = error["data"]["workflows"].as_array().unwrap();
+    assert!(
+        known.len() > 1 && known.iter().any(|k| k == "call"),
+        "{got}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_error_code_is_spec_exact() {
     let (state, _dir) = state().await;
@@ -580,7 +618,7 @@ async fn every_error_code_is_spec_exact() {
         ),
         (
             r#"{"jsonrpc":"2.0","id":1,"method":"workflow.start","params":{"workflow":"nope"}}"#,
-            json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32001, "message": "unknown workflow `nope`"}}),
+            json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32001, "message": "unknown workflow `nope`; the workflows are `spin`, `call`, `echo`", "data": {"workflows": ["spin", "call", "echo"]}}}),
         ),
         (
             r#"{"jsonrpc":"2.0","id":1,"method":"workflow.get","params":["run-0"]}"#,

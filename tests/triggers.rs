@@ -679,7 +679,7 @@ async fn an_approval_through_rpc_resumes_the_run_and_bad_signals_are_refused() {
         late["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("it is succeeded"),
+            .contains("it has finished as `succeeded`"),
         "{late}"
     );
 }

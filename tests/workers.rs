@@ -650,6 +650,15 @@ async fn a_durable_node_parked_on_a_killed_worker_goes_on_on_another() {
         assert!(Instant::now() < deadline, "the node never waited");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
+    // The worker that does not drive the run sees the step wait too, and
+    // for what, from the shared store.
+    let seen = call(&other, "workflow.get", json!({"run_id": run_id})).await;
+    let step = &seen["steps"][0];
+    assert_eq!(step["status"], "waiting", "{seen}");
+    assert_eq!(
+        step["waiting_for"],
+        json!([{"item": 0, "signal": "go", "timeout_at": null}])
+    );
     signal(&parked, libc::SIGKILL);
     // The other worker claims the run once the lease runs out, and its node
     // waits again, answered from the journal up to there.

@@ -1138,17 +1138,27 @@ impl Serve {
         Serve { child, url }
     }
 
-    /// Waits until the first step of `run_id` reports progress starting with
-    /// `what` (a parked step says what it waits for); the message.
+    /// Waits until the first step of `run_id` is `waiting` and reports
+    /// progress starting with `what` (a parked step says what it waits
+    /// for); the message. Its `waiting_for` says the same.
     async fn says(&self, run_id: &str, what: &str) -> String {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let got = self.call("workflow.get", json!({"run_id": run_id})).await;
-            let said = got["steps"][0]["progress"]["message"]
+            let step = &got["steps"][0];
+            let said = step["progress"]["message"]
                 .as_str()
                 .unwrap_or_default()
                 .to_owned();
-            if said.starts_with(what) {
+            if said.starts_with(what) && step["status"] == "waiting" {
+                let waits = &step["waiting_for"][0];
+                let key = match what {
+                    w if w.starts_with("sleeping") => "sleep_until",
+                    w if w.starts_with("waiting for signal") => "signal",
+                    w if w.starts_with("waiting for run") => "child",
+                    _ => "task",
+                };
+                assert!(!waits[key].is_null(), "{said:?} but waits for {waits}");
                 return said;
             }
             assert!(Instant::now() < deadline, "never said {what:?}: {got}");
@@ -1755,14 +1765,14 @@ impl Host {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let run = self.workflows.get(run_id, false).await.unwrap();
-            let said = run
-                .steps
-                .iter()
-                .flatten()
-                .find(|s| s.id == step)
+            let record = run.steps.iter().flatten().find(|s| s.id == step);
+            let said = record
                 .and_then(|s| s.progress.as_ref())
                 .and_then(|p| p.message.clone());
-            if said.as_deref() == Some(message) {
+            // A parked step is `waiting`, and says for what.
+            let waiting = record
+                .is_some_and(|s| s.status == StepStatus::Waiting && !s.waiting_for.is_empty());
+            if said.as_deref() == Some(message) && waiting {
                 return;
             }
             assert!(
@@ -3600,8 +3610,9 @@ async fn watch_reloads_a_changed_config() {
 /// `wf-host replay`: a run of the Python `answer` node (a resource read, a
 /// tool call, a tool error it handles) replayed with its C and JavaScript
 /// builds makes the same calls and gives the same output, with no server
-/// (exit 0); replayed with `echo`, which calls nothing, it names the first
-/// call that differs (exit 1).
+/// (exit 0), also read beside the `serve` that is using the state file;
+/// replayed with `echo`, which calls nothing, it names the first call that
+/// differs (exit 1); with a build that fails first, its error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_with_a_new_build_passes_or_names_the_divergence() {
     let dir = tempfile::tempdir().unwrap();
@@ -3634,7 +3645,6 @@ input = '{{skip_fail: false}}'
         .await;
     assert_eq!(done["status"], "succeeded", "{done}");
     let run_id = done["run_id"].as_str().unwrap().to_owned();
-    serve.kill();
     let replay = |component: &str, extra: &[&str]| {
         let out = Command::new(wf_host_bin())
             .args(["replay", &run_id, "--config"])
@@ -3652,6 +3662,20 @@ input = '{{skip_fail: false}}'
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     };
+    // While `serve` runs on the state file: read beside it.
+    let (code, stdout, stderr) = replay("c-answer.wasm", &[]);
+    assert_eq!(code, Some(0), "beside a running serve: {stdout}{stderr}");
+    let ok = serve
+        .call(
+            "workflow.start",
+            json!({"workflow": "answer", "input": {}, "wait": true}),
+        )
+        .await;
+    assert_eq!(
+        ok["status"], "succeeded",
+        "serve writes on after a replay: {ok}"
+    );
+    serve.kill();
     for build in ["c-answer.wasm", "js-answer.wasm", "py-answer.wasm"] {
         let (code, stdout, stderr) = replay(build, &[]);
         assert_eq!(code, Some(0), "{build}: {stdout}{stderr}");
@@ -3676,6 +3700,16 @@ input = '{{skip_fail: false}}'
     let report: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(report[0]["verdict"], "different_calls", "{report}");
     assert_eq!(report[0]["seq"], 1);
+    // A build that fails before the call: its own error says why.
+    let (code, stdout, stderr) = replay("call.wasm", &[]);
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("the new build made no call: it failed first with `invalid-input`: "),
+        "{stdout}"
+    );
+    let (_, stdout, _) = replay("call.wasm", &["--json"]);
+    let report: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report[0]["failed"]["code"], "invalid-input", "{report}");
 
     // `--component` as given, for a usage error (exit 2): its stderr.
     let usage_error = |component: &str| {

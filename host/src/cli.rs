@@ -64,7 +64,7 @@ and is JSON `null` otherwise.")]
     #[command(after_help = "Examples:
   wf-host serve --config examples/fixture.toml
   curl -s localhost:7878/rpc -H 'Content-Type: application/json' -d '{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"workflow.start\",\"params\":{\"workflow\":\"echo\",\"input\":[1],\"wait\":true}}'
-  WF_HOST_TOKEN=secret wf-host serve --listen 0.0.0.0:7878 --config wf.toml
+  WF_HOST_TOKEN=$(openssl rand -hex 32) wf-host serve --listen 0.0.0.0:7878 --config wf.toml
 
 Only workflows named in the config can be started. Binding to a non-loopback
 address requires a bearer token. Requests must be `Content-Type: application/json`;
@@ -83,7 +83,8 @@ period, then cancel them and close every MCP session.")]
 
 A case file (TOML or JSON) gives the input, the grants (`allow`), optional canned
 tool results (`[canned.<tool>]`) and what to expect (`[expect]`: `output`,
-`output_includes` or `error`, and optionally `calls`). See the README.
+`output_includes` or `error`, and optionally `calls`); a durable node's waits are answered
+by `[signals]` and `[workflows.<name>]`. See docs/operations.md, \"Testing a component\".
 
 Exit codes: 0 every case passed; 1 a case failed (a diff is printed); 2 usage,
 case file or load errors.")]
@@ -165,7 +166,7 @@ enum TokenCommand {
   wf-host token new ci
 
 Give the token to the caller (it is not stored anywhere) and paste the entry
-into the config, then fill in its scopes. See the README, \"Tokens and scopes\".")]
+into the config, then fill in its scopes. See docs/rpc.md, \"Tokens and scopes\".")]
     New {
         /// The token's name: recorded with the runs it starts.
         name: String,
@@ -595,6 +596,7 @@ async fn run_node(args: RunArgs) -> Result<(), Failure> {
     };
     let input = read_input(&args)?;
     let mut patterns = config.grants_for_component(&component);
+    let granted_by_config = !patterns.is_empty();
     patterns.extend(args.allow.iter().cloned());
     let grants = Arc::new(Grants::new(&patterns).map_err(usage)?);
     let pool = match config.connections.is_empty() {
@@ -617,6 +619,13 @@ async fn run_node(args: RunArgs) -> Result<(), Failure> {
         // Close sessions and reap MCP server processes before exiting.
         pool.shutdown().await;
     }
+    if let Err(wf_host::runtime::RunError::Node { code, .. }) = &report.result
+        && code == "denied"
+        && !granted_by_config
+    {
+        let config_given = args.common.config.is_some();
+        eprintln!("{}", grants_hint(&config, &component, config_given));
+    }
     match report.result {
         Ok(output) => {
             println!("{output}");
@@ -628,6 +637,33 @@ async fn run_node(args: RunArgs) -> Result<(), Failure> {
             error: anyhow!("`{}` failed: {e}", node.name()),
         }),
     }
+}
+
+/// Where a denied node's grants would come from: the config's workflows
+/// that name the same file (by its path), or `--allow`.
+fn grants_hint(config: &Config, component: &Path, config_given: bool) -> String {
+    if !config_given {
+        return "hint: a node reaches nothing unless granted: give `--allow PATTERN` (such as `--allow 'fixture.*'`), or `--config FILE` with a workflow whose `component` is this file and whose `allow` grants it".to_owned();
+    }
+    let name = component.file_name();
+    let same_name = config.workflows.iter().find_map(|(workflow, w)| {
+        let steps = w.steps.iter().map(|s| &s.component);
+        w.component
+            .iter()
+            .chain(steps)
+            .find(|c| c.file_name() == name)
+            .map(|c| {
+                format!(
+                    " (workflow `{workflow}` names `{}`, another file of the same name)",
+                    c.display()
+                )
+            })
+    });
+    format!(
+        "hint: `wf-host run` grants a node the `allow` of the config's workflows whose `component` is this same file, matched by its path; `{}` is none of them{}. Grant on the command line with `--allow PATTERN`, or name this path in the config",
+        component.display(),
+        same_name.unwrap_or_default()
+    )
 }
 
 /// `wf-host mcp`: the exposed workflows as an MCP server on stdio, until the
@@ -750,10 +786,9 @@ async fn run_workflow(args: RunArgs, name: &str) -> Result<(), Failure> {
     let result = async {
         let workflows = host.workflows();
         if workflows.definition(name).is_none() {
-            return Err(usage(anyhow!(
-                "config has no workflow `{name}`; it has: {}",
-                workflows.names().join(", ")
-            )));
+            let unknown =
+                wf_host::workflow::WorkflowError::unknown_workflow(name, workflows.names());
+            return Err(usage(unknown));
         }
         let record = workflows
             .start(name, input, None)
@@ -977,6 +1012,14 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
         })?;
     let local = listener.local_addr().map_err(|e| usage(anyhow!(e)))?;
     eprintln!("wf-host listening on http://{local}/rpc");
+    eprintln!("console: http://{local}/");
+    let (backend, location) = workflows.state_location();
+    match location.as_str() {
+        ":memory:" => {
+            eprintln!("state: in memory (lost when wf-host stops; --state FILE keeps it)")
+        }
+        _ => eprintln!("state: {location} ({backend})"),
+    }
     let reloader = args.common.config.clone().zip(seen).map(|(path, seen)| {
         Arc::new(Reloader::new(
             path,
@@ -985,6 +1028,7 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
             pool.clone(),
             rpc_grants.clone(),
             rpc_tokens.clone(),
+            config.runtime.clone(),
             tokens_required,
         ))
     });
@@ -1048,7 +1092,8 @@ async fn replay_run(args: ReplayArgs) -> Result<(), Failure> {
     if !workflow::is_postgres_url(&state) && !Path::new(&state).exists() {
         return Err(usage(anyhow!("there is no state file {state}")));
     }
-    let store = wf_host::store::open(&state).await.map_err(usage)?;
+    // Read beside a wf-host that may be serving from it.
+    let store = wf_host::store::open_to_read(&state).await.map_err(usage)?;
     let rc = runtime_config(&config, &args.common, config_limits(&config));
     let components = args.components.into_iter().collect();
     let reports = wf_host::replay::replay(store, &args.run_id, &components, rc)
@@ -1152,16 +1197,23 @@ async fn fixture_server(args: FixtureArgs) -> Result<(), Failure> {
 const WATCH_EVERY: Duration = Duration::from_millis(500);
 
 /// Says on stderr what a reload did.
+/// (A refused reload is said once, by its warning.)
 fn say_reload(reloaded: &Result<ReloadReport, ReloadError>) {
-    match reloaded {
-        Ok(r) => eprintln!(
-            "wf-host reloaded {}: workflows added {:?}, removed {:?}, changed {:?}",
+    if let Ok(r) = reloaded {
+        eprintln!(
+            "wf-host reloaded {}: workflows added {:?}, removed {:?}, changed {:?}{}",
             r.config.path.display(),
             r.workflows.added,
             r.workflows.removed,
-            r.workflows.changed
-        ),
-        Err(e) => eprintln!("wf-host kept its configuration: {e}"),
+            r.workflows.changed,
+            match r.not_applied.is_empty() {
+                true => String::new(),
+                false => format!(
+                    "; not applied until a restart: {}",
+                    r.not_applied.join(", ")
+                ),
+            }
+        );
     }
 }
 

@@ -82,7 +82,7 @@ pub struct Config {
 }
 
 /// `[runtime]`: limits and the precompile cache.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RuntimeSection {
     #[serde(default, with = "humantime_serde")]
@@ -120,6 +120,39 @@ pub struct RuntimeSection {
     pub keep_resident: Option<ByteSize>,
     /// The OAuth token store (default `.wf-host/tokens.json` beside the file).
     pub tokens: Option<PathBuf>,
+}
+
+impl RuntimeSection {
+    /// The keys whose values differ from `other`'s (a reload applies none
+    /// of them: they take effect when the host starts).
+    pub fn changed_keys(&self, other: &RuntimeSection) -> Vec<&'static str> {
+        let mut keys = Vec::new();
+        macro_rules! compare {
+            ($($key:ident),*) => {
+                $(if self.$key != other.$key {
+                    keys.push(stringify!($key));
+                })*
+            };
+        }
+        compare!(
+            timeout,
+            max_memory,
+            cache_dir,
+            cache,
+            state,
+            lease,
+            max_concurrent_steps,
+            keep_runs,
+            keep_for,
+            max_concurrent_runs,
+            max_input,
+            max_output,
+            pagemap_scan,
+            keep_resident,
+            tokens
+        );
+        keys
+    }
 }
 
 /// `[rpc]`: the grants of JSON-RPC clients.

@@ -364,7 +364,7 @@ impl WorkflowServer {
             let waiting: Vec<&crate::workflow::StepRecord> = waiting
                 .into_iter()
                 .filter(|s| {
-                    let signal = s.input.as_ref().and_then(|i| i["signal"].as_str());
+                    let signal = s.waited_signal();
                     !signal.is_some_and(|n| answered.iter().any(|a| a == n))
                 })
                 .collect();
@@ -413,11 +413,7 @@ impl WorkflowServer {
                     )));
                 }
                 if let Some(token) = &token {
-                    let signal = step
-                        .input
-                        .as_ref()
-                        .and_then(|i| i["signal"].as_str())
-                        .unwrap_or_default();
+                    let signal = step.waited_signal().unwrap_or_default();
                     let mut note =
                         ProgressNotificationParam::new(token.clone(), reported.len() as f64)
                             .with_total(exposed.steps as f64);
@@ -563,11 +559,7 @@ async fn ask_client(
     let Some(payload) = tasks::answer_payload(&answer) else {
         return;
     };
-    let signal = step
-        .input
-        .as_ref()
-        .and_then(|i| i["signal"].as_str())
-        .unwrap_or_default();
+    let signal = step.waited_signal().unwrap_or_default();
     if let Err(e) = workflows.signal(&run_id, signal, payload).await {
         tracing::warn!(run = %run_id, step = %step.id, "the client's answer is not taken: {e}");
     }

@@ -65,6 +65,10 @@ pub struct ConfigStatus {
     pub last_error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error_at: Option<String>,
+    /// `[runtime]` keys the config in force changed since the host started:
+    /// not applied until it restarts.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub restart_needed: Vec<String>,
 }
 
 /// Reloads one config file into a running host.
@@ -74,6 +78,8 @@ pub struct Reloader {
     pool: Pool,
     grants: RpcGrants,
     tokens: RpcTokens,
+    /// `[runtime]` as the host started with it: a reload does not apply it.
+    runtime: crate::config::RuntimeSection,
     /// The server listens beyond loopback with no `--token`: a config
     /// without named tokens would leave it open, and is refused.
     tokens_required: bool,
@@ -99,6 +105,9 @@ pub struct ReloadError {
 pub struct ReloadReport {
     #[serde(flatten)]
     pub workflows: Reloaded,
+    /// What the new config changed that the reload did not apply (`[runtime]
+    /// timeout`, …): it takes effect when the host restarts.
+    pub not_applied: Vec<String>,
     pub config: ConfigStatus,
 }
 
@@ -166,6 +175,7 @@ impl Reloader {
     /// A reloader for the host that the config at `path` started; `seen`
     /// was taken with [`Stamps::of_config`] before the config was read and
     /// [`Stamps::with_components`] before its components were.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         path: PathBuf,
         seen: Stamps,
@@ -173,6 +183,7 @@ impl Reloader {
         pool: Pool,
         grants: RpcGrants,
         tokens: RpcTokens,
+        runtime: crate::config::RuntimeSection,
         tokens_required: bool,
     ) -> Reloader {
         let sha256 = std::fs::read(&path)
@@ -186,6 +197,7 @@ impl Reloader {
                 reloads: 0,
                 last_error: None,
                 last_error_at: None,
+                restart_needed: Vec::new(),
             }),
             seen: Mutex::new(seen),
             path,
@@ -193,6 +205,7 @@ impl Reloader {
             pool,
             grants,
             tokens,
+            runtime,
             tokens_required,
             turn: tokio::sync::Mutex::new(()),
         }
@@ -220,7 +233,13 @@ impl Reloader {
         let seen = self.seen().again();
         *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = seen.clone();
         match self.switch(seen).await {
-            Ok((workflows, sha256)) => {
+            Ok((workflows, sha256, runtime)) => {
+                let not_applied: Vec<String> = self
+                    .runtime
+                    .changed_keys(&runtime)
+                    .into_iter()
+                    .map(|key| format!("[runtime] {key}"))
+                    .collect();
                 let config = {
                     let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
                     status.loaded_at = now();
@@ -228,11 +247,21 @@ impl Reloader {
                     status.reloads += 1;
                     status.last_error = None;
                     status.last_error_at = None;
+                    status.restart_needed = not_applied.clone();
                     status.clone()
                 };
                 tracing::info!(config = %self.path.display(), why, added = ?workflows.added,
                     removed = ?workflows.removed, changed = ?workflows.changed, "config reloaded");
-                Ok(ReloadReport { workflows, config })
+                if !not_applied.is_empty() {
+                    tracing::warn!(config = %self.path.display(),
+                        "reloaded, but {} changed since start and take effect only when wf-host restarts",
+                        not_applied.join(", "));
+                }
+                Ok(ReloadReport {
+                    workflows,
+                    not_applied,
+                    config,
+                })
             }
             Err(message) => {
                 tracing::warn!(config = %self.path.display(), why,
@@ -248,7 +277,12 @@ impl Reloader {
         }
     }
 
-    async fn switch(&self, seen: Stamps) -> Result<(Reloaded, String), String> {
+    /// Switches to the config file as it is now: what the workflows did,
+    /// the text's sha256, and its `[runtime]` (not applied).
+    async fn switch(
+        &self,
+        seen: Stamps,
+    ) -> Result<(Reloaded, String, crate::config::RuntimeSection), String> {
         let text = tokio::fs::read(&self.path)
             .await
             .map_err(|e| format!("cannot read {}: {e}", self.path.display()))?;
@@ -283,7 +317,7 @@ impl Reloader {
         self.pool.update(config.connections.clone());
         self.grants.store(grants);
         self.tokens.store(tokens);
-        Ok((report, sha256))
+        Ok((report, sha256, config.runtime))
     }
 
     /// Reloads whenever a watched file (the config, or a component it names)

@@ -24,7 +24,7 @@ use crate::capability::{
     CallJournal, CapabilityBackend, CapabilityEntry, CapabilityError, JournalEntry, Replayed, Tape,
 };
 use crate::domain::{CallRow, StepStatus};
-use crate::runtime::{RunOptions, Runtime, RuntimeConfig};
+use crate::runtime::{RunError, RunOptions, Runtime, RuntimeConfig};
 use crate::store::Store;
 use crate::workflow::{Definition, Spec};
 
@@ -46,6 +46,10 @@ pub enum Verdict {
         seq: usize,
         expected: Option<Call>,
         got: Option<Call>,
+        /// The new build's own error, when it failed instead of making
+        /// the call (`{code, message}`).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        failed: Option<Value>,
     },
     /// The same calls, another output (or an error where it had succeeded).
     DifferentOutput { expected: Value, got: Value },
@@ -72,7 +76,12 @@ impl StepReplay {
             Verdict::Same { calls } => {
                 format!("step `{step}`: same calls ({calls}) and same output")
             }
-            Verdict::DifferentCalls { seq, expected, got } => {
+            Verdict::DifferentCalls {
+                seq,
+                expected,
+                got,
+                failed,
+            } => {
                 let show = |c: &Option<Call>| match c {
                     Some(c) => format!("{} {}", c.name, c.arguments),
                     None => "no call".to_owned(),
@@ -82,6 +91,13 @@ impl StepReplay {
                     show(expected),
                     show(got)
                 );
+                if let (None, Some(failed)) = (got, failed) {
+                    text.push_str(&format!(
+                        ": it failed first with `{}`: {}",
+                        failed["code"].as_str().unwrap_or_default(),
+                        failed["message"].as_str().unwrap_or_default()
+                    ));
+                }
                 if let (Some(e), Some(g)) = (expected, got)
                     && e.name == g.name
                 {
@@ -234,9 +250,24 @@ pub async fn replay(
             .await;
         let got = match &report.result {
             Ok(text) => serde_json::from_str(text).unwrap_or(Value::String(text.clone())),
+            Err(RunError::Node { code, message }) => {
+                json!({"error": {"code": code, "message": message}})
+            }
             Err(e) => json!({"error": {"code": e.code(), "message": e.to_string()}}),
         };
         let verdict = match backend.verdict() {
+            // The calls it did not make: its own error says why.
+            Some(Verdict::DifferentCalls {
+                seq,
+                expected,
+                got: None,
+                ..
+            }) if report.result.is_err() => Verdict::DifferentCalls {
+                seq,
+                expected,
+                got: None,
+                failed: Some(got["error"].clone()),
+            },
             Some(calls) => calls,
             None if row.status == StepStatus::Succeeded && row.output.as_ref() != Some(&got) => {
                 Verdict::DifferentOutput {
@@ -331,6 +362,7 @@ impl Journal {
                     arguments: missing.arguments.clone(),
                 }),
                 got: None,
+                failed: None,
             })
     }
 
@@ -354,6 +386,7 @@ impl Journal {
                     arguments: e.arguments.clone(),
                 }),
                 got: Some(got),
+                failed: None,
             });
             return Err(diverged());
         }

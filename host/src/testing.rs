@@ -17,6 +17,10 @@
 //! calls = [{ tool = "echo", arguments = { text = "hi" } }] # optional; `[]` means none
 //! ```
 //!
+//! A durable node's waits are answered by the case: its sleeps are over at
+//! once, `wait-signal` gets `signals.<name>` and `run-workflow` gets
+//! `workflows.<name>` (`{ output = … }` or `{ error = { code, message } }`).
+//!
 //! `wf-host test <COMPONENT> --case <FILE>` runs cases from any language's test
 //! runner; [`run_case`] is the same thing for Rust tests.
 
@@ -66,6 +70,14 @@ pub struct Case {
     /// How calls are matched against the case's cassette, when it has one.
     #[serde(default)]
     pub cassette: CassetteOptions,
+    /// What a durable node's `wait-signal` gets: signal name → payload. A
+    /// wait for a signal not given here fails `timeout`.
+    #[serde(default)]
+    pub signals: BTreeMap<String, Value>,
+    /// What a durable node's `run-workflow` gets: workflow name → `{output}`
+    /// or `{error = {code, message}}`.
+    #[serde(default)]
+    pub workflows: BTreeMap<String, ChildAnswer>,
     pub expect: Expect,
     /// The case file ([`Case::load`]); its cassette is beside it.
     #[serde(skip)]
@@ -145,6 +157,13 @@ impl Case {
             ));
         }
         Grants::new(&case.allow).map_err(|e| parse_error(e.to_string()))?;
+        for (workflow, answer) in &case.workflows {
+            if answer.output.is_some() == answer.error.is_some() {
+                return Err(parse_error(format!(
+                    "[workflows.{workflow}] needs exactly one of `output`, `error`"
+                )));
+            }
+        }
         for pointer in &case.cassette.ignore {
             if !pointer.starts_with('/') {
                 return Err(parse_error(format!(
@@ -396,6 +415,10 @@ async fn run_node(
             &case.input.to_string(),
             RunOptions {
                 grants: Arc::new(grants),
+                journal: Some(Arc::new(waits::CaseWaits {
+                    signals: case.signals.clone(),
+                    workflows: case.workflows.clone(),
+                })),
                 ..RunOptions::default()
             },
         )
@@ -462,6 +485,9 @@ async fn replay_case(
 }
 
 mod cassette;
+mod waits;
+
+pub use waits::{ChildAnswer, ChildError};
 
 fn check(expect: &Expect, outcome: &Result<Value, Value>, calls: &[Value]) -> Vec<String> {
     let mut failures = Vec::new();

@@ -4,13 +4,14 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use wf_host::scaffold::{self, BuildError, Language};
+use wf_host::scaffold::{self, BuildError, Kind, Language};
 
 use super::{EXIT_RUN_FAILED, Failure, usage};
 
 #[derive(Args)]
 #[command(after_help = "Example:
   wf-host new python my-node && cd my-node && wf-host build
+  wf-host new rust approval --durable   (a node that waits for a signal)
 
 The project holds the node, the WIT package (wit/), a wf.toml that runs it
 against the fixture MCP server, a test case (cases/), a .gitignore and a README.")]
@@ -26,6 +27,10 @@ pub(super) struct NewArgs {
     /// instead of a copy of it in the project.
     #[arg(long, value_name = "PATH")]
     sdk: Option<PathBuf>,
+    /// A durable node instead of the echo one: it asks for approval, waits
+    /// for the `approve` signal (let go meanwhile), and tells the decision.
+    #[arg(long)]
+    durable: bool,
 }
 
 #[derive(Args)]
@@ -56,7 +61,12 @@ pub(super) fn new(args: NewArgs) -> Result<(), Failure> {
         )));
     }
     let dir = args.dir.unwrap_or_else(|| PathBuf::from(&args.name));
-    let project = scaffold::new_project(args.language, &args.name, &dir, args.sdk.as_deref())
+    let kind = if args.durable {
+        Kind::Durable
+    } else {
+        Kind::Echo
+    };
+    let project = scaffold::new_project(args.language, kind, &args.name, &dir, args.sdk.as_deref())
         .map_err(usage)?;
     println!(
         "created {} node `{}` in {}/",
@@ -66,15 +76,11 @@ pub(super) fn new(args: NewArgs) -> Result<(), Failure> {
     );
     println!("\nNext:");
     println!("  cd {}", dir.display());
-    println!("  wf-host build");
-    println!(
-        "  wf-host run {} --config wf.toml --input '{{\"text\": \"hi\"}}'",
-        project.component
-    );
-    println!(
-        "  wf-host test {} --case cases/echo.toml",
-        project.component
-    );
+    for command in &project.tries {
+        // What it prints is the README's to say.
+        let command = command.split("   # ").next().unwrap_or(command);
+        println!("  {command}");
+    }
     Ok(())
 }
 

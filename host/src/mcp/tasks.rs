@@ -40,7 +40,7 @@ const TASK_TRIGGER: &str = "mcp-task";
 /// answer's content is the signal's payload.
 pub(super) fn approval_request(run_id: &str, step: &StepRecord) -> ElicitRequestParams {
     let input = step.input.clone().unwrap_or(Value::Null);
-    let signal = input["signal"].as_str().unwrap_or_default().to_owned();
+    let signal = step.waited_signal().unwrap_or_default().to_owned();
     let request = &input["request"];
     let what = if request.is_null() {
         String::new()
@@ -182,18 +182,13 @@ impl WorkflowServer {
             })?;
             // A step that waits no more was answered already (a retried
             // round, a second poller).
-            if !step.waits_for_signal() {
+            let Some(signal) = step.waited_signal() else {
                 continue;
-            }
+            };
             let Some(payload) = answer_payload(&answer) else {
                 continue;
             };
-            let signal = step
-                .input
-                .as_ref()
-                .and_then(|i| i["signal"].as_str())
-                .unwrap_or_default()
-                .to_owned();
+            let signal = signal.to_owned();
             sends.push((step_id, signal, payload));
         }
         for (step_id, signal, payload) in sends {

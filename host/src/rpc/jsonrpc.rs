@@ -10,7 +10,7 @@ pub const METHOD_NOT_FOUND: i64 = -32601;
 pub const INVALID_PARAMS: i64 = -32602;
 pub const INTERNAL_ERROR: i64 = -32603;
 
-/// Application error codes (documented in the README and `rpc.discover`).
+/// Application error codes (documented in docs/rpc.md and `rpc.discover`).
 pub const UNKNOWN_WORKFLOW: i64 = -32001;
 pub const UNKNOWN_RUN: i64 = -32002;
 pub const DENIED: i64 = -32003;

@@ -270,8 +270,15 @@ fn api_error(e: ApiError) -> RpcError {
 }
 
 fn workflow_error(e: WorkflowError) -> RpcError {
+    if let WorkflowError::UnknownWorkflow { known, .. } = &e {
+        return RpcError {
+            code: jsonrpc::UNKNOWN_WORKFLOW,
+            data: Some(json!({ "workflows": known })),
+            message: e.to_string(),
+        };
+    }
     let code = match &e {
-        WorkflowError::UnknownWorkflow(_) => jsonrpc::UNKNOWN_WORKFLOW,
+        WorkflowError::UnknownWorkflow { .. } => jsonrpc::UNKNOWN_WORKFLOW,
         WorkflowError::UnknownRun(_) => jsonrpc::UNKNOWN_RUN,
         WorkflowError::ShuttingDown => jsonrpc::SHUTTING_DOWN,
         WorkflowError::NotWaiting { .. } => jsonrpc::NOT_WAITING,

@@ -206,9 +206,9 @@ pub fn document() -> Value {
                     } }
                 }
             })),
-            method("host.reload", "Loads the config file again and, when all of it is valid, switches to it (as SIGHUP does): workflows, schedules, webhooks, exposed tools, connections (unchanged ones keep their sessions) and `[rpc] allow`. Running runs keep their definitions. -32009 when the new config is invalid: nothing changed, the old one keeps serving.", vec![], json!({
+            method("host.reload", "Loads the config file again and, when all of it is valid, switches to it (as SIGHUP does): workflows, schedules, webhooks, exposed tools, connections (unchanged ones keep their sessions), `[rpc] allow` and `[[rpc.tokens]]`. Running runs keep their definitions. `not_applied` lists what changed that applies only at a restart (`[runtime]` keys). -32009 when the new config is invalid: nothing changed, the old one keeps serving.", vec![], json!({
                 "type": "object", "properties": {
-                    "added": { "type": "array" }, "removed": { "type": "array" }, "changed": { "type": "array" },
+                    "added": { "type": "array" }, "removed": { "type": "array" }, "changed": { "type": "array" }, "not_applied": { "type": "array", "description": "What changed that applies only when wf-host restarts, such as `[runtime] timeout`." },
                     "config": { "type": "object", "properties": {
                         "path": { "type": "string" }, "loaded_at": { "type": "string" },
                         "sha256": { "type": "string" }, "reloads": { "type": "integer" }

@@ -2,16 +2,18 @@
 //! template embedded in the binary, `wf-host build` builds it by its language,
 //! and `wf-host wit` writes the WIT package.
 //!
-//! Every template is a minimal node that calls the fixture's `echo` tool, with
-//! the WIT package in `wit/`, a `wf.toml` that grants it `fixture.echo`, a test
-//! case in `cases/`, a `.gitignore` and a README with the three commands that
-//! build, run and test it.
+//! Every template is a minimal node that calls the fixture's `echo` tool
+//! ([`Kind::Echo`]), or a durable one that asks for approval, waits for a
+//! signal and tells the decision ([`Kind::Durable`]), with the WIT package in
+//! `wit/`, a `wf.toml` that grants it `fixture.echo`, a test case in `cases/`,
+//! a `.gitignore` and a README with the commands that build, run and test it.
 //!
 //! ```no_run
 //! # fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use wf_host::scaffold::{self, Language};
+//! use wf_host::scaffold::{self, Kind, Language};
 //!
-//! let project = scaffold::new_project(Language::Python, "my-node", "my-node".as_ref(), None)?;
+//! let project =
+//!     scaffold::new_project(Language::Python, Kind::Echo, "my-node", "my-node".as_ref(), None)?;
 //! let built = scaffold::build(&project.dir)?;
 //! println!("built {}", built.component.display()); // my-node/my-node.wasm
 //! # Ok(()) }
@@ -74,6 +76,16 @@ impl std::str::FromStr for Language {
     }
 }
 
+/// What a new node does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Calls the fixture's `echo` tool with the text it gets.
+    Echo,
+    /// A durable node: asks for approval, waits for the `approve` signal,
+    /// tells the decision.
+    Durable,
+}
+
 /// Why a project or the WIT could not be written.
 #[derive(Debug, thiserror::Error)]
 pub enum ScaffoldError {
@@ -102,6 +114,8 @@ pub struct Project {
     pub component: String,
     /// Every file written, relative to `dir`.
     pub files: Vec<PathBuf>,
+    /// The commands that build, run and test it, as its README gives them.
+    pub tries: Vec<String>,
 }
 
 /// Writes a new node project for `language` named `name` into `dir`, which
@@ -114,6 +128,7 @@ pub struct Project {
 /// that cannot be written.
 pub fn new_project(
     language: Language,
+    kind: Kind,
     name: &str,
     dir: &Path,
     sdk: Option<&Path>,
@@ -130,12 +145,13 @@ pub fn new_project(
         sdk: sdk.as_deref(),
     };
     let mut files = Vec::new();
-    for (path, text) in templates::files(language, &vars) {
+    for (path, text) in templates::files(language, kind, &vars) {
         write(&dir.join(&path), &text)?;
         files.push(path);
     }
     Ok(Project {
         dir: dir.to_owned(),
+        tries: kind.tries(vars.file),
         component,
         files,
     })
@@ -216,7 +232,7 @@ mod tests {
         for language in Language::ALL {
             let tmp = tempfile::tempdir().unwrap();
             let dir = tmp.path().join("hello-node");
-            let project = new_project(language, "hello-node", &dir, None).unwrap();
+            let project = new_project(language, Kind::Echo, "hello-node", &dir, None).unwrap();
             assert_eq!(project.component, "hello-node.wasm");
             for file in [
                 "README.md",
@@ -244,16 +260,45 @@ mod tests {
             );
             // A second `new` into the same folder refuses.
             assert!(matches!(
-                new_project(language, "hello-node", &dir, None),
+                new_project(language, Kind::Echo, "hello-node", &dir, None),
                 Err(ScaffoldError::NotEmpty(_))
             ));
         }
     }
 
     #[test]
+    fn every_language_writes_a_durable_project() {
+        for language in Language::ALL {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path().join("ok");
+            let project = new_project(language, Kind::Durable, "ok", &dir, None).unwrap();
+            assert!(dir.join("cases/approved.toml").is_file());
+            assert!(!dir.join("cases/echo.toml").exists());
+            let case: toml::Table = std::fs::read_to_string(dir.join("cases/approved.toml"))
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert_eq!(case["signals"]["approve"]["approved"].as_bool(), Some(true));
+            let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
+            assert!(readme.contains("durable node"), "{language}: {readme}");
+            assert!(!readme.contains("{{"), "{language}: {readme}");
+            for command in &project.tries {
+                assert!(readme.contains(command.as_str()), "{language}: {command}");
+            }
+            assert_eq!(
+                project.tries,
+                [
+                    "wf-host build",
+                    "wf-host test ok.wasm --case cases/approved.toml"
+                ]
+            );
+        }
+    }
+
+    #[test]
     fn the_rust_template_has_the_sdk_and_a_small_release_profile() {
         let tmp = tempfile::tempdir().unwrap();
-        new_project(Language::Rust, "tiny", tmp.path(), None).unwrap();
+        new_project(Language::Rust, Kind::Echo, "tiny", tmp.path(), None).unwrap();
         let manifest: toml::Table = std::fs::read_to_string(tmp.path().join("Cargo.toml"))
             .unwrap()
             .parse()
@@ -311,7 +356,7 @@ mod tests {
     fn sdk_option_makes_a_path_dependency() {
         let tmp = tempfile::tempdir().unwrap();
         let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../sdk");
-        new_project(Language::Rust, "tiny", tmp.path(), Some(&sdk)).unwrap();
+        new_project(Language::Rust, Kind::Echo, "tiny", tmp.path(), Some(&sdk)).unwrap();
         let manifest = std::fs::read_to_string(tmp.path().join("Cargo.toml")).unwrap();
         let expected = std::fs::canonicalize(&sdk).unwrap();
         assert!(manifest.contains(&format!("path = {:?}", expected.display().to_string())));
@@ -319,6 +364,7 @@ mod tests {
         assert!(matches!(
             new_project(
                 Language::Rust,
+                Kind::Echo,
                 "x",
                 &tmp.path().join("other"),
                 Some(tmp.path())

@@ -176,12 +176,15 @@ impl Writer {
     /// Opens a writing connection to the SQLite database at `path` (already
     /// in WAL mode) and starts the thread that owns it. The thread ends when
     /// the last handle is dropped, after the writes already queued.
-    pub(super) fn start(path: &Path) -> Result<Writer, String> {
-        let conn = Connection::open_with_flags(
-            path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(|e| e.to_string())?;
+    /// `read_only`: the file is another process's, opened to be read; a
+    /// write fails.
+    pub(super) fn start(path: &Path, read_only: bool) -> Result<Writer, String> {
+        let mode = match read_only {
+            true => OpenFlags::SQLITE_OPEN_READ_ONLY,
+            false => OpenFlags::SQLITE_OPEN_READ_WRITE,
+        };
+        let conn = Connection::open_with_flags(path, mode | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+            .map_err(|e| e.to_string())?;
         let setup = || -> rusqlite::Result<()> {
             // As the store's other connections: see `SqliteStore::open`.
             conn.busy_timeout(Duration::from_secs(10))?;

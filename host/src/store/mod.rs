@@ -546,6 +546,26 @@ pub async fn open(state: &str) -> Result<Arc<dyn Store>, StoreError> {
     })
 }
 
+/// Opens the state at `state` to read runs from it while another wf-host
+/// may be using it: a SQLite file is opened read-only beside its writer
+/// (its lock is not taken); PostgreSQL is shared anyway.
+///
+/// # Errors
+/// [`StoreError::Open`]: `:memory:` (nothing outlives its process), or as
+/// [`open`].
+pub async fn open_to_read(state: &str) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(if is_postgres_url(state) {
+        Arc::new(postgres::PgStore::open(state).await?)
+    } else if state == ":memory:" {
+        return Err(StoreError::Open {
+            path: state.to_owned(),
+            message: "an in-memory state lives in its own process; read it over `workflow.get` of that wf-host".into(),
+        });
+    } else {
+        Arc::new(sqlite::SqliteStore::open_read_only(state).await?)
+    })
+}
+
 #[cfg(test)]
 mod migration_tests {
     /// Each backend's list is its directory: every file, in order, with

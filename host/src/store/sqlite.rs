@@ -111,6 +111,21 @@ impl SqlStore<SqliteDb> {
         })
     }
 
+    /// Opens the state file at `path` to read it, while another wf-host
+    /// may be using it (a file in WAL mode is read beside its writer): no
+    /// lock, no migration, no checkpoints; a write fails.
+    ///
+    /// # Errors
+    /// [`StoreError::Open`] for a missing file, one that is not wf-host
+    /// state, or one of another schema version than this wf-host's.
+    pub async fn open_read_only(path: &str) -> Result<SqliteStore, StoreError> {
+        let db = SqliteDb::open_read_only(path).await?;
+        Ok(SqlStore {
+            location: db.location.clone(),
+            db,
+        })
+    }
+
     /// The pool, for tests that inspect the file.
     pub fn pool(&self) -> &SqlitePool {
         &self.db.pool
@@ -232,7 +247,7 @@ impl SqliteDb {
             .map_err(|e| open_err(e.to_string()))?;
         let store = SqliteDb {
             pool: writes.clone(),
-            writer: Writer::start(path).map_err(open_err)?,
+            writer: Writer::start(path, false).map_err(open_err)?,
             writes,
             location: location.to_owned(),
             _lock: Some(lock),
@@ -256,6 +271,57 @@ impl SqliteDb {
             pool,
             _checkpoints: Some(stop.drop_guard()),
             ..store
+        })
+    }
+
+    async fn open_read_only(location: &str) -> Result<SqliteDb, StoreError> {
+        let path = Path::new(location);
+        let open_err = |message: String| StoreError::Open {
+            path: location.to_owned(),
+            message,
+        };
+        if !path.is_file() {
+            return Err(open_err("there is no such state file".into()));
+        }
+        // Not `immutable`: what the writer has in its WAL is read too.
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .read_only(true)
+            .busy_timeout(Duration::from_secs(10));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(2)
+            .test_before_acquire(false)
+            .connect_with(options)
+            .await
+            .map_err(|e| open_err(e.to_string()))?;
+        let app_id: i64 = sqlx::query_scalar("PRAGMA application_id")
+            .fetch_one(&pool)
+            .await
+            .map_err(|e| open_err(e.to_string()))?;
+        if app_id != APPLICATION_ID {
+            return Err(open_err(FOREIGN.into()));
+        }
+        let version: Option<i64> =
+            sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
+                .fetch_one(&pool)
+                .await
+                .map_err(|e| open_err(e.to_string()))?;
+        let ours = MIGRATIONS.last().map(|m| m.0);
+        if version != ours {
+            return Err(open_err(format!(
+                "it has the schema of another wf-host version ({}; this one reads {}): read it with that version, or open it read-write (stop the other wf-host first)",
+                version.unwrap_or(0),
+                ours.unwrap_or(0)
+            )));
+        }
+        Ok(SqliteDb {
+            writes: pool.clone(),
+            writer: Writer::start(path, true).map_err(open_err)?,
+            pool,
+            location: location.to_owned(),
+            _lock: None,
+            _checkpoints: None,
+            _temp: None,
         })
     }
 

@@ -150,13 +150,28 @@ pub struct StepRecord {
     /// that wait for an answer (`workflow.answer`), by item.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub questions: Vec<crate::domain::QuestionRow>,
+    /// While the step waits: what for, one entry per waiting item (a step
+    /// that is not a `for_each` has one, item 0): `{signal, timeout_at?}`,
+    /// `{sleep_until}`, `{child, workflow}` (a child run) or `{task, call,
+    /// connection}` (an upstream task). A step waiting for the answer to an
+    /// upstream question has its `questions` instead.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub waiting_for: Vec<Value>,
 }
 
 impl StepRecord {
-    /// A wait step waiting for its signal (a step waiting for the answer to
-    /// an upstream question shows `waiting` too, with its `questions`).
+    /// The signal the step waits for: a wait step's, or a durable node's
+    /// that waits in `wait-signal`.
+    pub fn waited_signal(&self) -> Option<&str> {
+        if self.status != StepStatus::Waiting {
+            return None;
+        }
+        self.waiting_for.iter().find_map(|w| w["signal"].as_str())
+    }
+
+    /// Whether the step waits for a signal ([`StepRecord::waited_signal`]).
     pub fn waits_for_signal(&self) -> bool {
-        self.status == StepStatus::Waiting && self.questions.is_empty()
+        self.waited_signal().is_some()
     }
 }
 
@@ -216,11 +231,48 @@ impl From<RunRow> for RunRecord {
     }
 }
 
+impl WorkflowError {
+    /// [`WorkflowError::UnknownWorkflow`]: `name` is none of `known`, which
+    /// it lists closest first.
+    pub fn unknown_workflow(name: &str, mut known: Vec<String>) -> WorkflowError {
+        let lower = name.to_lowercase();
+        let likeness = |k: &String| strsim::jaro_winkler(&lower, &k.to_lowercase());
+        known.sort_by(|a, b| likeness(b).total_cmp(&likeness(a)).then_with(|| a.cmp(b)));
+        WorkflowError::UnknownWorkflow {
+            name: name.to_owned(),
+            known,
+        }
+    }
+}
+
+/// What an unknown workflow's error adds: the likely one, and the others.
+fn known_hint(name: &str, known: &[String]) -> String {
+    const SHOWN: usize = 10;
+    let Some(first) = known.first() else {
+        return "; no workflows are configured".to_owned();
+    };
+    let close = strsim::jaro_winkler(&name.to_lowercase(), &first.to_lowercase()) >= 0.8;
+    let mut listed = known
+        .iter()
+        .take(SHOWN)
+        .map(|k| format!("`{k}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if known.len() > SHOWN {
+        listed.push_str(&format!(" and {} more", known.len() - SHOWN));
+    }
+    match close {
+        true => format!("; did you mean `{first}`? The workflows are {listed}"),
+        false => format!("; the workflows are {listed}"),
+    }
+}
+
 /// Why a workflow could not be loaded, started or found.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkflowError {
-    #[error("unknown workflow `{0}`")]
-    UnknownWorkflow(String),
+    /// `known`: the configured workflows, the closest to `name` first.
+    #[error("unknown workflow `{name}`{}", known_hint(.name, .known))]
+    UnknownWorkflow { name: String, known: Vec<String> },
     #[error("unknown run `{0}`")]
     UnknownRun(String),
     #[error("the host is shutting down")]
@@ -480,6 +532,12 @@ impl Workflows {
 
     /// The state's backend, location and counts, for `host.status`.
     ///
+    /// Where the state is: its backend and its path or URL (without a
+    /// password).
+    pub fn state_location(&self) -> (&'static str, String) {
+        (self.store.backend(), self.store.location())
+    }
+
     /// # Errors
     /// [`WorkflowError::Store`].
     pub async fn state_status(&self) -> Result<Value, WorkflowError> {
@@ -625,8 +683,17 @@ impl Workflows {
         } else {
             Vec::new()
         };
+        let rows = self.store.steps(run_id).await?;
+        // What its parked steps wait for, from the events that say so.
+        let mut parked = if run.status == RunStatus::Running
+            && rows.iter().any(|r| r.status == StepStatus::Running)
+        {
+            self.parked_steps(run_id).await?
+        } else {
+            HashMap::new()
+        };
         let mut steps = Vec::new();
-        for row in self.store.steps(run_id).await? {
+        for row in rows {
             let asked: Vec<_> = if row.status == StepStatus::Running {
                 questions
                     .extract_if(.., |q| q.step_id == row.step_id)
@@ -639,11 +706,28 @@ impl Workflows {
             } else {
                 None
             };
+            let waiting_for: Vec<Value> = match row.status {
+                // A wait step: its signal, and until when.
+                StepStatus::Waiting => {
+                    let input = row.input.as_ref().unwrap_or(&Value::Null);
+                    vec![
+                        json!({"item": 0, "signal": input["signal"], "timeout_at": input["timeout_at"]}),
+                    ]
+                }
+                // A step its upstream asked a question waits for the answer
+                // (its `questions`); a parked one, for what it parked on.
+                StepStatus::Running if asked.is_empty() => parked
+                    .remove(&row.step_id)
+                    .map(|items| items.into_values().collect())
+                    .unwrap_or_default(),
+                _ => Vec::new(),
+            };
             steps.push(StepRecord {
-                // A step its upstream asked a question waits for the answer.
-                // It is stored `running`: its node holds the call, and after
-                // a restart runs again (and is asked again).
-                status: if asked.is_empty() {
+                // A step that waits while its node is let go, or for the
+                // answer to a question its upstream asked, is stored
+                // `running`: after a restart its node runs again (and waits,
+                // or is asked, again).
+                status: if asked.is_empty() && waiting_for.is_empty() {
                     row.status
                 } else {
                     StepStatus::Waiting
@@ -662,12 +746,62 @@ impl Workflows {
                     .then(|| progress.get(&row.step_id).cloned())
                     .flatten(),
                 questions: asked,
+                waiting_for,
                 id: row.step_id,
             });
         }
         let mut record = RunRecord::from(run);
         record.steps = Some(steps);
         Ok(record)
+    }
+
+    /// What the parked items of `run_id`'s steps wait for, by step and
+    /// item: each item's last `step.parked` event that no later
+    /// `step.resumed`, `step.started` or `step.finished` of it (or of its
+    /// step) ended.
+    async fn parked_steps(
+        &self,
+        run_id: &str,
+    ) -> Result<HashMap<String, BTreeMap<u64, Value>>, WorkflowError> {
+        const PAGE: u32 = 500;
+        let mut parked: HashMap<String, BTreeMap<u64, Value>> = HashMap::new();
+        let mut after = 0;
+        loop {
+            let page = self.store.events(Some(run_id), after, PAGE).await?;
+            let full = page.len() == PAGE as usize;
+            for event in page {
+                after = event.id;
+                let Value::Object(mut data) = event.data else {
+                    continue;
+                };
+                let Some(Value::String(step)) = data.remove("step") else {
+                    continue;
+                };
+                let item = data.get("item").and_then(Value::as_u64);
+                match event.kind.as_str() {
+                    "step.parked" => {
+                        let item = item.unwrap_or(0);
+                        data.insert("item".into(), json!(item));
+                        parked
+                            .entry(step)
+                            .or_default()
+                            .insert(item, Value::Object(data));
+                    }
+                    "step.resumed" => {
+                        if let Some(items) = parked.get_mut(&step) {
+                            items.remove(&item.unwrap_or(0));
+                        }
+                    }
+                    "step.started" | "step.finished" => {
+                        parked.remove(&step);
+                    }
+                    _ => {}
+                }
+            }
+            if !full {
+                return Ok(parked);
+            }
+        }
     }
 
     /// The log records of `run_id`'s node attempts, by step, oldest first

@@ -181,7 +181,7 @@ impl Workflows {
         };
         let def = self
             .definition(workflow)
-            .ok_or_else(|| WorkflowError::UnknownWorkflow(workflow.to_owned()))?;
+            .ok_or_else(|| WorkflowError::unknown_workflow(workflow, self.names()))?;
         if self.tasks.is_closed() {
             return Err(WorkflowError::ShuttingDown);
         }

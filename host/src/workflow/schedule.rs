@@ -96,23 +96,29 @@ impl Schedule {
             ));
         }
         let fields = c.cron.split_whitespace().count();
-        if !(5..=6).contains(&fields) {
+        let nickname = c.cron.trim_start().starts_with('@');
+        if !nickname && !(5..=6).contains(&fields) {
             return Err(err(format!(
-                "`cron = \"{}\"` has {fields} fields; write 5 (minute hour day-of-month month day-of-week) or 6 (seconds first)",
-                c.cron
+                "`cron = \"{}\"` has {fields} fields; write 5 (minute hour day-of-month month day-of-week), 6 (seconds first), or one of {}",
+                c.cron,
+                NICKNAMES.join(", ")
             )));
         }
-        let cron = CronParser::builder()
-            .seconds(Seconds::Optional)
-            .year(Year::Disallowed)
-            .build()
-            .parse(&c.cron)
-            .map_err(|e| {
-                err(format!(
-                    "`cron = \"{}\"` is not a cron pattern: {e}",
+        let cron = parse_cron(&c.cron).map_err(|e| {
+            let field = (!nickname).then(|| bad_field(&c.cron)).flatten();
+            err(match field {
+                Some((value, (what, range))) => format!(
+                    "`cron = \"{}\"`: its {what} field is `{value}`, and {what} is {range} ({e})",
                     c.cron
-                ))
-            })?;
+                ),
+                None if nickname => format!(
+                    "`cron = \"{}\"` is not a cron pattern: {e}; the named ones are {}",
+                    c.cron,
+                    NICKNAMES.join(", ")
+                ),
+                None => format!("`cron = \"{}\"` is not a cron pattern: {e}", c.cron),
+            })
+        })?;
         let zone = c.timezone.as_deref().unwrap_or("UTC");
         let timezone: Tz = zone.parse().map_err(|_| {
             err(format!(
@@ -252,6 +258,54 @@ pub fn load_all(config: &crate::config::Config) -> Result<Vec<Schedule>, Definit
     Ok(all)
 }
 
+/// The named patterns a `cron` may be instead of fields (croner's).
+const NICKNAMES: [&str; 6] = [
+    "@yearly",
+    "@annually",
+    "@monthly",
+    "@weekly",
+    "@daily",
+    "@hourly",
+];
+
+/// The fields of a five-field pattern, and what each may be; a six-field
+/// one has the seconds first.
+const FIELDS: [(&str, &str); 5] = [
+    ("minute", "0–59"),
+    ("hour", "0–23"),
+    ("day-of-month", "1–31 (or L, W)"),
+    ("month", "1–12 or JAN–DEC"),
+    ("day-of-week", "0–7 or SUN–SAT (0 and 7 are Sunday)"),
+];
+const SECONDS: (&str, &str) = ("second", "0–59");
+
+fn parse_cron(pattern: &str) -> Result<Cron, croner::errors::CronError> {
+    CronParser::builder()
+        .seconds(Seconds::Optional)
+        .year(Year::Disallowed)
+        .build()
+        .parse(pattern)
+}
+
+/// The first field of `pattern` (5 or 6 fields) that does not parse on its
+/// own (every other field `*`): its text, name and range.
+fn bad_field(pattern: &str) -> Option<(String, (&'static str, &'static str))> {
+    let fields: Vec<&str> = pattern.split_whitespace().collect();
+    let names: Vec<(&str, &str)> = match fields.len() {
+        5 => FIELDS.to_vec(),
+        6 => std::iter::once(SECONDS).chain(FIELDS).collect(),
+        _ => return None,
+    };
+    (0..fields.len()).find_map(|i| {
+        let alone: Vec<&str> = (0..fields.len())
+            .map(|j| if j == i { fields[j] } else { "*" })
+            .collect();
+        parse_cron(&alone.join(" "))
+            .is_err()
+            .then(|| (fields[i].to_owned(), names[i]))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,6 +326,42 @@ mod tests {
         DateTime::parse_from_rfc3339(text)
             .unwrap()
             .timestamp_millis()
+    }
+
+    #[test]
+    fn named_patterns_and_bad_fields_are_told() {
+        let hourly = schedule("@hourly", "UTC");
+        assert_eq!(
+            hourly.next_after(ms("2026-01-01T00:00:30Z")),
+            Some(ms("2026-01-01T01:00:00Z"))
+        );
+        let daily = schedule("@daily", "UTC");
+        assert_eq!(
+            daily.next_after(ms("2026-01-01T00:00:30Z")),
+            Some(ms("2026-01-02T00:00:00Z"))
+        );
+        let refused = |cron: &str| {
+            Schedule::compile(
+                "w",
+                &ScheduleConfig {
+                    cron: cron.into(),
+                    ..ScheduleConfig::default()
+                },
+            )
+            .unwrap_err()
+            .to_string()
+        };
+        let e = refused("0 61 * * *");
+        assert!(
+            e.contains("its hour field is `61`, and hour is 0–23"),
+            "{e}"
+        );
+        let e = refused("0 0 * 13 *");
+        assert!(e.contains("its month field is `13`"), "{e}");
+        let e = refused("61 0 0 * * *");
+        assert!(e.contains("its second field is `61`"), "{e}");
+        let e = refused("@often");
+        assert!(e.contains("the named ones are @yearly"), "{e}");
     }
 
     #[test]

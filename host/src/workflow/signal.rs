@@ -284,7 +284,7 @@ impl Workflows {
         if run.status.is_finished() {
             return Err(WorkflowError::NotWaiting {
                 run_id: run_id.to_owned(),
-                message: format!("it is {}; {why}", run.status.as_str()),
+                message: format!("it has finished as `{}`; {why}", run.status.as_str()),
             });
         }
         Ok(run)

@@ -684,14 +684,17 @@
       el("h3", null, "Step ", el("code", { text: step.id })),
       el("dl", { class: "summary" }, ...facts.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", null, v)])),
     ];
-    // A wait step waits for a signal; a step asked a question waits for its answer.
-    if (step.status === "waiting" && (step.questions || []).length === 0) parts.push(signalBox(step));
+    // A step waits for a signal (a wait step, or a durable node), a time, a
+    // child run or an upstream task; a step asked a question, for its answer.
+    for (const what of step.status === "waiting" ? step.waiting_for || [] : []) {
+      parts.push(what.signal !== undefined ? signalBox(step, what) : waitBox(what));
+    }
     for (const asked of step.questions || []) parts.push(questionBox(step, asked));
     if (step.input !== undefined) parts.push(el("h4", { text: "Input" }), json(step.input));
     if (step.output !== undefined) parts.push(el("h4", { text: "Output" }), json(step.output));
     if (step.error) parts.push(el("h4", { text: "Error" }), errorBox(step.error));
     parts.push(el("h4", { text: "Logs" }), logList(step.logs || []));
-    parts.push(el("h4", { text: "Capability calls" }), callTable(step.calls || []));
+    parts.push(el("h4", { text: "Journal" }), callTable(step.calls || []));
     box.replaceChildren(...parts);
   }
 
@@ -699,9 +702,22 @@
   // with `{approved, comment}` as its payload, which becomes its output).
   const signalDrafts = new Map();
 
-  function signalBox(step) {
-    const input = step.input || {};
-    const signal = String(input.signal || "");
+  // What a parked step waits for that no one here answers: a time, a child
+  // run (linked), an upstream task.
+  function waitBox(what) {
+    const item = what.item ? ` (item ${what.item})` : "";
+    let said;
+    if (what.sleep_until !== undefined) said = ["Sleeps until ", when(what.sleep_until)];
+    else if (what.child !== undefined)
+      said = ["Waits for run ", runLink(String(what.child)), " of ", el("code", { text: String(what.workflow || "") })];
+    else if (what.task !== undefined)
+      said = ["Waits for task ", el("code", { text: String(what.task) }), " of ", el("code", { text: String(what.call || "") })];
+    else said = ["Waits: ", el("code", { text: JSON.stringify(what) })];
+    return el("div", { class: "wait-box" }, el("p", null, ...said, item + "."));
+  }
+
+  function signalBox(step, what) {
+    const signal = String(what.signal || "");
     // What was typed survives the step's re-rendering (live updates).
     const draftKey = lastRun.run_id + "/" + step.id;
     const comment = el("textarea", { id: "signal-comment", rows: "2", placeholder: "Comment (optional)" });
@@ -724,7 +740,7 @@
     const reject = el("button", { type: "button", id: "reject-step", text: "Reject" });
     approve.addEventListener("click", () => send(true, approve));
     reject.addEventListener("click", () => send(false, reject));
-    const until = input.timeout_at ? ` until ${when(input.timeout_at)}` : "";
+    const until = what.timeout_at ? ` until ${when(what.timeout_at)}` : "";
     return el(
       "div",
       { class: "signal-box" },
@@ -850,7 +866,9 @@
     const head = el(
       "tr",
       null,
-      ...["Attempt", "Item", "#", "Capability", "Outcome", "Duration", "At", "Arguments"].map((h) => el("th", { text: h })),
+      ...["Attempt", "Item", "#", "Capability", "Outcome", "Duration", "At", "Arguments", "Reads before"].map((h) =>
+        el("th", { text: h }),
+      ),
     );
     const rows = calls.map((call) =>
       el(
@@ -864,9 +882,26 @@
         el("td", { text: duration(call.duration_us / 1000) }),
         el("td", { text: when(call.at) }),
         el("td", null, el("details", null, el("summary", { text: "show" }), json(call.arguments))),
+        el("td", { class: "tape" }, tapeCell(call.tape || [])),
       ),
     );
     return el("table", { class: "calls" }, el("thead", null, head), el("tbody", null, ...rows));
+  }
+
+  // A durable node's reads of its clocks and random seed before a call, as
+  // journaled (each run of the node after a wait reads the same).
+  function tapeCell(tape) {
+    if (tape.length === 0) return "";
+    const said = tape.map((read) => {
+      if (read.wall !== undefined) return `wall ${new Date(read.wall / 1e6).toISOString()}`;
+      if (read.mono !== undefined) return `monotonic ${read.mono} ns`;
+      if (read.seed !== undefined) return `seed ${String(read.seed).slice(0, 16)}…`;
+      return JSON.stringify(read);
+    });
+    const counts = new Map();
+    for (const read of tape) for (const kind of Object.keys(read)) counts.set(kind, (counts.get(kind) || 0) + 1);
+    const summary = [...counts].map(([k, n]) => (n > 1 ? `${k} ×${n}` : k)).join(", ");
+    return el("details", null, el("summary", { text: summary }), el("ol", null, ...said.map((t) => el("li", { text: t }))));
   }
 
   // ---- connections

@@ -69,7 +69,7 @@ pub(super) async fn child_run(
         Ok(started) => started.run.run_id,
         Err(e) => {
             let code = match &e {
-                WorkflowError::UnknownWorkflow(_) => "unknown-workflow",
+                WorkflowError::UnknownWorkflow { .. } => "unknown-workflow",
                 WorkflowError::InvalidInput { .. } => "invalid-input",
                 WorkflowError::ShuttingDown => return Err(Outcome::Interrupted),
                 _ => "unavailable",
@@ -85,8 +85,9 @@ pub(super) async fn child_run(
         }
         None => {
             tracing::info!(run = %ctx.run_id, step = %step.spec.id, "{message}");
-            let data = json!({"step": step.spec.id, "child": child, "workflow": workflow});
-            ctx.events.emit(&ctx.run_id, "step.child", data).await;
+            let data =
+                json!({"step": step.spec.id, "item": 0, "child": child, "workflow": workflow});
+            ctx.events.emit(&ctx.run_id, "step.parked", data).await;
         }
     }
     loop {

@@ -209,11 +209,14 @@ async fn follow_parked(
         }
         ParkedOn::Wait(Wait::Signal { name, timeout }) => {
             let (name, timeout) = (name.clone(), *timeout);
+            let timeout_at = timeout.map(|t| {
+                humantime::format_rfc3339_millis(std::time::SystemTime::now() + t).to_string()
+            });
             park_told(
                 ctx,
                 step,
                 journal,
-                json!({"signal": name}),
+                json!({"signal": name, "timeout_at": timeout_at}),
                 format!("waiting for signal `{name}`"),
             )
             .await;
@@ -480,6 +483,7 @@ async fn run_item(
                 Some(parked),
             ) if !stop.is_cancelled() => {
                 answers = Some(follow_parked(ctx, step, &journal, parked, stop).await?);
+                journal.resumed().await;
                 continue;
             }
             (report, _) => report,

@@ -175,6 +175,19 @@ impl crate::capability::TaskLedger for RunTasks {
 /// The latest progress a running step's calls reported, by step id.
 pub(crate) type StepProgress = Arc<std::sync::Mutex<HashMap<String, Progress>>>;
 
+impl StepJournal {
+    /// The step's node runs again after a wait: what the wait said is
+    /// over, and the step says so (a `step.resumed` event).
+    pub(super) async fn resumed(&self) {
+        self.progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.step_id);
+        let data = json!({"step": self.step_id, "item": self.item});
+        self.events.emit(&self.run_id, "step.resumed", data).await;
+    }
+}
+
 #[async_trait::async_trait]
 impl CallJournal for StepJournal {
     fn key_prefix(&self) -> &str {
