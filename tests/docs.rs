@@ -138,6 +138,8 @@ fn shell(script: &str, cwd: &Path, cache: &Path) -> std::process::Output {
         .env("PATH", path)
         .env("WF_HOST_CACHE_DIR", cache)
         .env("CARGO_TARGET_DIR", guests_target_dir())
+        // Where a guide's reader has their clone (for its committed nodes).
+        .env("WF_HOST_CLONE", repo_root())
         .env_remove("WF_HOST_TOKEN")
         .stdin(Stdio::null())
         .output()

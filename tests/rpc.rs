@@ -399,7 +399,17 @@ async fn an_idempotency_key_returns_the_same_run() {
 async fn the_token_is_enforced() {
     let server = Server::start(&["--token", "s3cret"]);
     let body = r#"{"jsonrpc":"2.0","id":1,"method":"host.status"}"#;
-    assert_eq!(server.post(body, None).await.0, StatusCode::UNAUTHORIZED);
+    let (status, text) = server.post(body, None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // Refused in JSON, as every other refusal is.
+    let refused: Value = serde_json::from_str(&text).unwrap();
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("missing or wrong bearer token"),
+        "{refused}"
+    );
     assert_eq!(
         server.post(body, Some("wrong")).await.0,
         StatusCode::UNAUTHORIZED

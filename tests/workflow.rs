@@ -3576,6 +3576,42 @@ async fn reloads_under_load_refuse_nothing_and_keep_unchanged_sessions() {
     assert_eq!(done["status"], "succeeded", "{done}");
 }
 
+/// A reload applies no `[runtime]` change (those take effect at a
+/// restart): it switches to the rest of the file, and says which it did not
+/// apply, in `host.reload`'s answer and in `host.status` (kept until a
+/// restart), instead of leaving it unsaid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_says_which_runtime_changes_wait_for_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let workflow = "[workflows.w]\ncomponent = \"{echo}\"\n";
+    write_config(
+        dir.path(),
+        &format!("[runtime]\nstate = \"state.db\"\n\n{workflow}"),
+    );
+    let serve = Serve::start(dir.path());
+    write_config(
+        dir.path(),
+        &format!(
+            "[runtime]\nstate = \"state.db\"\ntimeout = \"5s\"\nmax_concurrent_steps = 3\n\n{workflow}[workflows.added]\ncomponent = \"{{echo}}\"\n"
+        ),
+    );
+    let reloaded = serve.call("host.reload", json!({})).await;
+    assert_eq!(reloaded["added"], json!(["added"]), "{reloaded}");
+    let waiting = json!(["[runtime] timeout", "[runtime] max_concurrent_steps"]);
+    assert_eq!(reloaded["not_applied"], waiting, "{reloaded}");
+    let status = serve.call("host.status", json!({})).await;
+    assert_eq!(status["config"]["restart_needed"], waiting, "{status}");
+    // Put back as it started with: nothing waits for a restart any more.
+    write_config(
+        dir.path(),
+        &format!("[runtime]\nstate = \"state.db\"\n\n{workflow}"),
+    );
+    let reloaded = serve.call("host.reload", json!({})).await;
+    assert_eq!(reloaded["not_applied"], json!([]), "{reloaded}");
+    let status = serve.call("host.status", json!({})).await;
+    assert!(status["config"].get("restart_needed").is_none(), "{status}");
+}
+
 /// With `--watch`, writing the config reloads it: a workflow added to the
 /// file can be started without a signal or a call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -342,12 +342,15 @@ async fn bearer_token(
     next: Next,
 ) -> Response {
     let Some(caller) = identify(&app, request.headers()) else {
-        return (
+        let mut refused = refuse(
             StatusCode::UNAUTHORIZED,
-            [(header::WWW_AUTHENTICATE, "Bearer")],
-            "missing or wrong bearer token\n",
-        )
-            .into_response();
+            "missing or wrong bearer token: send `Authorization: Bearer <token>`".into(),
+        );
+        refused.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
+        return refused;
     };
     request.extensions_mut().insert(caller);
     next.run(request).await
@@ -371,7 +374,7 @@ fn identify(app: &App, headers: &HeaderMap) -> Option<Arc<Caller>> {
 
 /// A 403 for a token that lacks a scope.
 fn forbidden(message: String) -> Response {
-    (StatusCode::FORBIDDEN, format!("{message}\n")).into_response()
+    refuse(StatusCode::FORBIDDEN, message)
 }
 
 async fn rpc(
