@@ -395,6 +395,65 @@ async fn health_pings_keep_a_quiet_session_open(sdk: Sdk, kind: Kind) {
     pool.shutdown().await;
 }
 
+/// A Python-SDK tool that asks with `ctx.elicit` inside the call (the way of
+/// servers written before 2026-07-28) fails on a 2026-07-28 session, which
+/// has no back-channel for it, and the error a node sees names the setting
+/// that fixes it; the same server with its connection pinned to
+/// `protocol = "2025-11-25"` asks, and gets the pool's answer (declined, as
+/// its `elicitation` says). A `protocol` the pool does not speak is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_asks_mid_call_works_pinned_to_2025_11_25() {
+    let newest = Sdk::Python.stdio_connection("elicitation = \"decline\"");
+    let pinned =
+        Sdk::Python.stdio_connection("elicitation = \"decline\"\nprotocol = \"2025-11-25\"");
+    let pool = Pool::new(wf_host::pool::PoolConfig {
+        connections: [("py".to_owned(), newest), ("old".to_owned(), pinned)].into(),
+        ..Default::default()
+    });
+    let err = pool
+        .call_tool("py", "ask_mid_call", args(json!({})), None)
+        .await
+        .unwrap_err();
+    let seen = wf_host::pool::to_capability_error(err);
+    assert!(seen.message().contains("no back-channel"), "{seen}");
+    assert!(
+        seen.message()
+            .contains("`protocol = \"2025-11-25\"` in `[connections.py]`"),
+        "{seen}"
+    );
+    let out = pool
+        .call_tool("old", "ask_mid_call", args(json!({})), None)
+        .await
+        .unwrap();
+    assert_eq!(text(&out), "declined");
+    let log = pool
+        .call_tool("old", "call_log", args(json!({})), None)
+        .await
+        .unwrap();
+    let log: Value = serde_json::from_str(text(&log)).unwrap();
+    assert_eq!(
+        calls_of(&log, "ask_mid_call")[0]["protocol"],
+        "2025-11-25",
+        "{log}"
+    );
+    pool.shutdown().await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("wf.toml");
+    std::fs::write(
+        &config,
+        "[connections.x]\ncommand = \"wf-host\"\nprotocol = \"2024-11-05\"\n",
+    )
+    .unwrap();
+    let e = wf_host::config::Config::load(&config)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("`protocol` is one of \"2026-07-28\", \"2025-11-25\", not \"2024-11-05\""),
+        "{e}"
+    );
+}
+
 /// A server that exits on the 2026-07-28 probe instead of answering it (rmcp
 /// servers before 3.x do) is connected to again, with `initialize` alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -449,7 +449,14 @@ pub struct ConnectionConfig {
     /// declined.
     #[serde(default, with = "humantime_serde")]
     pub elicitation_timeout: Option<Duration>,
+    /// The MCP revision to speak: `"2026-07-28"` or `"2025-11-25"` (the
+    /// `initialize` handshake, for servers that ask mid-call). Default: the
+    /// newest the server speaks.
+    pub protocol: Option<String>,
 }
+
+/// The MCP revisions `protocol` may pin.
+pub const PROTOCOLS: [&str; 2] = ["2026-07-28", "2025-11-25"];
 
 /// A `rate` of a connection: `count` requests per `per`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -626,6 +633,14 @@ impl Config {
             {
                 return Err(invalid(format!(
                     "connection `{id}`: `elicitation` is \"ask\" or \"decline\", not {mode:?}"
+                )));
+            }
+            if let Some(protocol) = conn.protocol.as_deref()
+                && !PROTOCOLS.contains(&protocol)
+            {
+                return Err(invalid(format!(
+                    "connection `{id}`: `protocol` is one of {}, not {protocol:?} (leave it out to speak the newest the server speaks)",
+                    PROTOCOLS.map(|p| format!("\"{p}\"")).join(", ")
                 )));
             }
             if conn.max_in_flight == Some(0) {

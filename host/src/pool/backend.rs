@@ -61,7 +61,14 @@ pub fn to_capability_error(e: PoolError) -> CapabilityError {
             code,
             message,
         } => {
-            let message = format!("connection `{connection}`: {message}");
+            let mut message = format!("connection `{connection}`: {message}");
+            if message.contains("no back-channel") {
+                // A server that asks mid-call, as servers before 2026-07-28
+                // do: that session revision has no channel for it.
+                message.push_str(&format!(
+                    " (this server asks during a call, as servers of MCP revisions before 2026-07-28 do; pin its connection to that way with `protocol = \"2025-11-25\"` in `[connections.{connection}]`)"
+                ));
+            }
             match code {
                 INVALID_PARAMS => CapabilityError::InvalidArguments(message),
                 METHOD_NOT_FOUND | RESOURCE_NOT_FOUND => CapabilityError::NotFound(message),

@@ -167,6 +167,8 @@ pub(crate) struct Settings {
     /// How long a question the server asks may wait for its answer;
     /// `None`: `elicitation = "decline"`.
     pub elicitation_timeout: Option<Duration>,
+    /// The MCP revision pinned (`protocol`), if any.
+    pub protocol: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize)]
@@ -239,6 +241,7 @@ impl Settings {
             ),
             elicitation_timeout: (c.elicitation.as_deref() != Some("decline"))
                 .then(|| nonzero(c.elicitation_timeout).unwrap_or(DEFAULT_ELICITATION_TIMEOUT)),
+            protocol: c.protocol.clone(),
         }
     }
 

@@ -27,10 +27,20 @@ use super::{ConnCounters, ProgressRoutes, Settings, Transport};
 /// and an `initialize` at 2025-11-25 when the server answers the probe with a
 /// JSON-RPC error, as servers of earlier revisions do. rmcp gives a server that
 /// ignores the probe 10s before it falls back.
-fn lifecycle() -> ClientLifecycleMode {
-    ClientLifecycleMode::Auto {
-        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
-        legacy_version: Some(ProtocolVersion::LATEST_WITH_INITIALIZE),
+///
+/// A connection's `protocol` pins one: `2025-11-25` is `initialize` alone
+/// (for servers that ask mid-call, which a 2026-07-28 session has no
+/// back-channel for), `2026-07-28` is `server/discover` with no fallback.
+fn lifecycle(protocol: Option<&str>) -> ClientLifecycleMode {
+    match protocol {
+        Some("2025-11-25") => ClientLifecycleMode::Initialize,
+        Some(_) => ClientLifecycleMode::Discover {
+            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+        },
+        None => ClientLifecycleMode::Auto {
+            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            legacy_version: Some(ProtocolVersion::LATEST_WITH_INITIALIZE),
+        },
     }
 }
 
@@ -81,15 +91,16 @@ pub(crate) async fn connect(
     progress: Arc<ProgressRoutes>,
     pinned: Option<Arc<BTreeMap<String, String>>>,
 ) -> Result<Session, String> {
+    let pinned_protocol = settings.protocol.as_deref();
     let first = open(
         settings,
         counters.clone(),
         progress.clone(),
         pinned.clone(),
-        lifecycle(),
+        lifecycle(pinned_protocol),
     );
     match first.await {
-        Err(Failed::Handshake(e)) => {
+        Err(Failed::Handshake(e)) if pinned_protocol.is_none() => {
             // A server of an earlier revision may close the connection on the
             // probe instead of answering it: rmcp servers before 3.x exit on any
             // first request but `initialize`. Start afresh with `initialize`.

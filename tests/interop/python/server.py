@@ -3,7 +3,8 @@
 It offers what the pool's scenarios need, like the fixture in host/src/fixture/:
 
 - tools `echo {text}`, `add {a, b}`, `sleep {ms}` (records a cancellation),
-  `crash` (exits without answering), `ask {message}` (elicits `{answer}`), `register_extra` (adds the tool `extra`
+  `crash` (exits without answering), `ask {message}` (elicits `{answer}`), `ask_mid_call {message}`
+  (elicits it inside the call, the pre-2026-07-28 way), `register_extra` (adds the tool `extra`
   and announces it the mcp 2.x way, `ctx.notify_tools_changed()`, which reaches
   only `subscriptions/listen` subscribers) and `call_log`;
 - the resource `interop://greeting` and the prompt `greet {name}`.
@@ -115,6 +116,18 @@ async def ask(
 ) -> str:
     """Asks the client for `{answer}` (a form elicitation); returns "answer: <answer>", "declined" or "cancelled"."""
     record("ask", {"message": message}, ctx)
+    if answer.action == "accept":
+        return f"answer: {answer.data.answer}"
+    return "declined" if answer.action == "decline" else "cancelled"
+
+
+@server.tool()
+async def ask_mid_call(ctx: Context, message: str = "What is the answer?") -> str:
+    """Asks the client for `{answer}` inside the call with `ctx.elicit`, as
+    servers written before 2026-07-28 do; a 2026-07-28 session has no
+    back-channel for it, and the call fails."""
+    record("ask_mid_call", {"message": message}, ctx)
+    answer = await ctx.elicit(message, Answer)
     if answer.action == "accept":
         return f"answer: {answer.data.answer}"
     return "declined" if answer.action == "decline" else "cancelled"
