@@ -5,6 +5,9 @@
 # saying to run `wf-host auth login`, it does (following the printed URL as
 # a browser would: the suite's authorization server approves at once), and
 # calls again: at most 3 sign-ins, as a person would not go on for ever.
+# With SIGN_IN_FIRST=1 it signs in before the first call (the README's order:
+# "a person signs in once with `wf-host auth login`"), where a sign-in is
+# asked for (not for client credentials).
 #
 # Usage (by the suite): person.sh SERVER_URL, with MCP_CONFORMANCE_SCENARIO
 # and, for client credentials, MCP_CONFORMANCE_CONTEXT set; WF_HOST and
@@ -82,6 +85,10 @@ call() {
     "$wf_host" run "$call_wasm" --config wf.toml --allow 'server.*' \
         --input '{"capability": "server.test-tool"}' > run.out 2> run.err
 }
+
+if [ "${SIGN_IN_FIRST:-}" = 1 ] && [ -z "$client_secret" ] && [ -z "$private_key" ]; then
+    login || true
+fi
 
 # As a person does: run, and sign in when the error says so.
 refused=0

@@ -567,6 +567,36 @@ fn challenge_scope(challenge: &str) -> Option<&str> {
     None
 }
 
+/// The `WWW-Authenticate` of a 401 the server answers a request without a
+/// token with (a `ping`), if it does.
+async fn challenge_of_probe(http: &reqwest::Client, url: &str) -> Option<String> {
+    let probe = json!({"jsonrpc": "2.0", "id": "wf-host-sign-in", "method": "ping"});
+    let response = http
+        .post(url)
+        .header(
+            reqwest::header::ACCEPT,
+            "application/json, text/event-stream",
+        )
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(probe.to_string())
+        .timeout(std::time::Duration::from_secs(30))
+        .send()
+        .await
+        .inspect_err(|e| tracing::debug!("no challenge from {url}: {e}"))
+        .ok()?;
+    if response.status() != reqwest::StatusCode::UNAUTHORIZED {
+        return None;
+    }
+    let challenge = response
+        .headers()
+        .get(reqwest::header::WWW_AUTHENTICATE)?
+        .to_str()
+        .ok()?
+        .to_owned();
+    tracing::debug!("the server's challenge before sign-in: {challenge}");
+    Some(challenge)
+}
+
 fn relogin(connection: &str, why: &str) -> String {
     format!("{why}; run `wf-host auth login {connection}`")
 }
@@ -841,8 +871,13 @@ pub async fn login(
         .recall(WANTED_CHALLENGE)
         .await
         .map_err(|e| format!("connection `{connection}`: {e}"))?;
-    let challenge = challenge.as_ref().and_then(serde_json::Value::as_str);
-    let (mut manager, key, metadata) = discover(url, http, &settings, challenge)
+    // Signing in before any call: the server's challenge (and the scope it
+    // names) from one request without a token, as a call would get it.
+    let challenge = match challenge.as_ref().and_then(serde_json::Value::as_str) {
+        Some(challenge) => Some(challenge.to_owned()),
+        None => challenge_of_probe(&http, url).await,
+    };
+    let (mut manager, key, metadata) = discover(url, http, &settings, challenge.as_deref())
         .await
         .map_err(|e| format!("connection `{connection}`: {e}"))?;
     // Whether the authorization server takes a client metadata document's
