@@ -3237,6 +3237,125 @@ component = "{call}"
 allow = ["fixture.ask"]
 "#;
 
+/// Tools of a server on the TypeScript SDK 1.x that run only as tasks, in
+/// revision 2025-11-25's form (`taskSupport: "required"`; `task` in
+/// `tools/call`, `tasks/get`, `tasks/result`): a node's call of one runs as
+/// a task, followed past the connection's `call_timeout` and past the step
+/// letting go of its node (`waiting` for the task), and made once; a task
+/// that asks for input (`input_required`) shows the question on the step,
+/// and `workflow.answer` gives the task its answer; cancelling the run
+/// cancels its task upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typescript_sdk_task_tool_runs_as_a_2025_11_25_task() {
+    let (node, args) = common::interop::Sdk::Node.command();
+    let host = Host::new(&format!(
+        "[connections.ts]\ncommand = {node:?}\nargs = {args:?}\ncall_timeout = \"1s\"\n\n[workflows.asks]\ncomponent = \"{{call}}\"\nallow = [\"ts.*\"]\n",
+        node = node.display().to_string(),
+    ))
+    .await;
+    let input = json!({"capability": "ts.task_sleep", "arguments": {"ms": 2500}});
+    let run_id = host
+        .workflows
+        .start("asks", input, None)
+        .await
+        .unwrap()
+        .run_id;
+    let done = host.finish(&run_id).await;
+    assert_eq!(done.status, RunStatus::Succeeded, "{done:?}");
+    assert_eq!(
+        done.output.as_ref().unwrap()["content"][0]["text"],
+        "slept 2500",
+        "{done:?}"
+    );
+    // It let go of its node while the task ran, and went on with its result.
+    let events = host.workflows.events(Some(&run_id), 0, 100).await.unwrap();
+    let parked = events
+        .iter()
+        .find(|e| e.kind == "step.parked")
+        .unwrap_or_else(|| panic!("never parked: {events:?}"));
+    assert_eq!(parked.data["call"], "ts.task_sleep", "{parked:?}");
+    assert!(parked.data["task"].is_string(), "{parked:?}");
+
+    let input = json!({"capability": "ts.task_ask", "arguments": {"message": "Which colour?"}});
+    let run_id = host
+        .workflows
+        .start("asks", input, None)
+        .await
+        .unwrap()
+        .run_id;
+    let asked = question_of(&host, &run_id, "main").await;
+    assert_eq!(asked["question"]["message"], "Which colour?", "{asked}");
+    let good = wf_host::capability::Answer {
+        action: "accept".into(),
+        content: Some(json!({"answer": "teal"})),
+    };
+    host.workflows
+        .answer(&run_id, "main", 0, good)
+        .await
+        .unwrap();
+    let done = host.finish(&run_id).await;
+    assert_eq!(done.status, RunStatus::Succeeded, "{done:?}");
+    assert_eq!(
+        done.output.as_ref().unwrap()["content"][0]["text"],
+        "answer: teal"
+    );
+
+    // Cancelling the run cancels its task upstream (`tasks/cancel`).
+    let input = json!({"capability": "ts.task_sleep", "arguments": {"ms": 60000}});
+    let run_id = host
+        .workflows
+        .start("asks", input, None)
+        .await
+        .unwrap()
+        .run_id;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !host
+        .workflows
+        .events(Some(&run_id), 0, 100)
+        .await
+        .unwrap()
+        .iter()
+        .any(|e| e.kind == "step.parked")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the step never let go of its node"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    host.workflows.cancel(&run_id).await.unwrap();
+    let call_log = async || {
+        let log = host
+            .pool
+            .call_tool("ts", "call_log", serde_json::Map::new(), None)
+            .await
+            .unwrap();
+        serde_json::from_str::<Value>(log["content"][0]["text"].as_str().unwrap()).unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let log = loop {
+        let log = call_log().await;
+        if log["cancelled"].as_array().is_some_and(|c| !c.is_empty()) {
+            break log;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the task was not cancelled: {log}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(log["cancelled"][0]["tool"], "task_sleep", "{log}");
+    // Each tool was called once (as a task), never again.
+    let called: Vec<&str> = log["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["tool"].as_str())
+        .collect();
+    assert_eq!(called, ["task_sleep", "task_ask", "task_sleep"], "{log}");
+    host.close().await;
+}
+
 /// An upstream tool that asks a question mid-call (elicitation; at
 /// 2026-07-28 an `input_required` round): the step shows the question with
 /// its requested schema in `workflow.get` and a `step.question` event, an

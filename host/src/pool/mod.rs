@@ -566,7 +566,27 @@ async fn call_tool_routed(
         };
         let answer = handle.await_response().await;
         cancel.peer = None;
-        match answer? {
+        let answer = match answer {
+            // A server of revision 2025-11-25 whose tool must run as a task
+            // (`taskSupport: "required"`): the call again, as one.
+            Err(rmcp::ServiceError::McpError(e)) if requires_task(&e) => {
+                drop(_route);
+                return call_tool_as_task(peer, &params, tick, &tasks).await;
+            }
+            answer => answer?,
+        };
+        match answer {
+            // The TypeScript SDK says so as a tool error.
+            ServerResult::CallToolResult(result)
+                if result.is_error == Some(true)
+                    && result
+                        .content
+                        .iter()
+                        .any(|c| c.as_text().is_some_and(|t| t.text.contains(REQUIRES_TASK))) =>
+            {
+                drop(_route);
+                return call_tool_as_task(peer, &params, tick, &tasks).await;
+            }
             ServerResult::CallToolResult(result) => return to_json(result),
             ServerResult::CreateTaskResult(created) => {
                 let task = created.task;
@@ -604,6 +624,61 @@ async fn call_tool_routed(
 /// The most `input_required` rounds one tool call may take.
 const MAX_INPUT_ROUNDS: usize = 16;
 
+/// How long a task the pool asks a server for is to be kept (the `ttl` of
+/// a 2025-11-25 task-augmented call): as long as a run may wait for it.
+const TASK_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// Whether a server refused a plain `tools/call` because the tool runs only
+/// as a task (revision 2025-11-25 tasks, SEP-1686: `taskSupport:
+/// "required"`), as a JSON-RPC error. (The TypeScript SDK answers with a
+/// tool error instead: "MCP error -32601: Tool x requires task augmentation
+/// (taskSupport: 'required')".)
+fn requires_task(e: &rmcp::ErrorData) -> bool {
+    e.code == rmcp::model::ErrorCode::METHOD_NOT_FOUND && e.message.contains(REQUIRES_TASK)
+}
+
+/// What a server says of a tool that runs only as a task.
+const REQUIRES_TASK: &str = "requires task augmentation";
+
+/// A request rmcp has no type for (the 2025-11-25 tasks), as JSON.
+async fn raw_request(
+    peer: &rmcp::Peer<rmcp::RoleClient>,
+    method: &str,
+    params: Value,
+) -> Result<Value, rmcp::ServiceError> {
+    let request =
+        ClientRequest::CustomRequest(rmcp::model::CustomRequest::new(method, Some(params)));
+    to_json(peer.send_request(request).await?)
+}
+
+/// `tools/call` as a task, the 2025-11-25 way: the call carries `task:
+/// {ttl}`, the server answers with the task it made (`{task: {taskId,
+/// pollInterval}}`), which is kept in the call's ledger and followed as a
+/// task of the extension is ([`follow_task`]).
+async fn call_tool_as_task(
+    peer: rmcp::Peer<rmcp::RoleClient>,
+    params: &CallToolRequestParams,
+    tick: watch::Sender<u64>,
+    tasks: &TaskFollowing,
+) -> Result<Value, rmcp::ServiceError> {
+    let mut request =
+        serde_json::to_value(params).map_err(|_| rmcp::ServiceError::UnexpectedResponse)?;
+    request["task"] = serde_json::json!({ "ttl": TASK_TTL.as_millis() as u64 });
+    let created = raw_request(&peer, "tools/call", request).await?;
+    let task = &created["task"];
+    let Some(task_id) = task["taskId"].as_str().map(str::to_owned) else {
+        // Not a task after all: the call's own result.
+        return Ok(created);
+    };
+    tracing::debug!(connection = %tasks.connection, tool = %params.name, task = %task_id,
+        "the tool runs as a task (2025-11-25)");
+    if let Some((key, ledger)) = &tasks.ledger {
+        ledger.task_started(key, &tasks.connection, &task_id).await;
+    }
+    let every = task["pollInterval"].as_u64().map(Duration::from_millis);
+    follow_task(peer, task_id, every, tick, tasks).await
+}
+
 fn input_request_method(request: &rmcp::model::InputRequest) -> &'static str {
     match request {
         rmcp::model::InputRequest::CreateMessage(_) => "`sampling/createMessage`",
@@ -621,12 +696,17 @@ fn tool_error(text: String) -> Value {
 const TASK_POLL_MIN: Duration = Duration::from_millis(50);
 const TASK_POLL_MAX: Duration = Duration::from_secs(5);
 
-/// A tool call the server made a task (the tasks extension): polls
-/// `tasks/get` at the server's `pollInterval` until the task ends, each
-/// answer restarting the call's timeout (`tick`), as progress does. A task
-/// that ends `failed` or `cancelled` is a tool error; one that asks for input
-/// is cancelled (the pool answers no elicitation yet), as is the task of a
-/// call whose caller stopped waiting.
+/// A tool call the server made a task: polls `tasks/get` at the server's
+/// `pollInterval` until the task ends, each answer restarting the call's
+/// timeout (`tick`), as progress does. Both forms of tasks: the extension's
+/// (2026-07-28), whose `tasks/get` carries the result of a completed task,
+/// and revision 2025-11-25's, whose result comes from `tasks/result`; a
+/// 2025-11-25 task that asks for input is answered there too (its
+/// `elicitation/create` reaches the pool while `tasks/result` waits, and the
+/// call's asker answers it). A task that ends `failed` or `cancelled` is a
+/// tool error; an extension task that asks for input is cancelled (the pool
+/// answers no input round of a task yet), as is the task of a call whose
+/// caller stopped waiting.
 async fn follow_task(
     peer: rmcp::Peer<rmcp::RoleClient>,
     task_id: String,
@@ -634,48 +714,86 @@ async fn follow_task(
     tick: watch::Sender<u64>,
     tasks: &TaskFollowing,
 ) -> Result<Value, rmcp::ServiceError> {
-    use rmcp::model::{GetTaskParams, TaskPayload};
     let mut guard = CancelTaskOnDrop {
         peer: Some((peer.clone(), task_id.clone())),
         keep: tasks.keep.clone(),
         ledger: tasks.ledger.as_ref().map(|(_, ledger)| ledger.clone()),
     };
+    let id = serde_json::json!({ "taskId": task_id });
+    // A task followed again (after a restart, or by a parked step) is asked
+    // about at once: its call's timeout runs from now.
+    let mut first = every.is_none();
     loop {
-        tokio::time::sleep(
-            every
-                .unwrap_or(Duration::from_secs(1))
-                .clamp(TASK_POLL_MIN, TASK_POLL_MAX),
-        )
-        .await;
-        let got = peer.get_task(GetTaskParams::new(task_id.clone())).await?;
+        if !std::mem::take(&mut first) {
+            // Without the server's interval: often enough that the call's
+            // timeout, which each answer restarts, never runs out.
+            let fallback = (tasks.timeout / 4).min(Duration::from_secs(1));
+            tokio::time::sleep(
+                every
+                    .unwrap_or(fallback)
+                    .clamp(TASK_POLL_MIN, TASK_POLL_MAX),
+            )
+            .await;
+        }
+        let got = raw_request(&peer, "tasks/get", id.clone()).await?;
         tick.send_modify(|n| *n += 1);
-        every = got
-            .task
-            .task
-            .poll_interval_ms
+        every = ["pollIntervalMs", "pollInterval"]
+            .iter()
+            .find_map(|k| got[*k].as_u64())
             .map(Duration::from_millis)
             .or(every);
-        let ended = match got.task.payload {
-            TaskPayload::Working => continue,
-            TaskPayload::Completed { result } => Value::Object(result),
-            TaskPayload::Failed { error } => tool_error(format!(
-                "the server's task `{task_id}` failed: {}",
-                Value::Object(error)
-            )),
-            TaskPayload::Cancelled => {
-                tool_error(format!("the server cancelled its task `{task_id}`"))
+        let ended = match got["status"].as_str().unwrap_or_default() {
+            "completed" => match got.get("result") {
+                Some(result) => result.clone(),
+                None => task_result(&peer, &id, &tick, tasks).await?,
+            },
+            "input_required" if got.get("inputRequests").is_none() => {
+                task_result(&peer, &id, &tick, tasks).await?
             }
-            TaskPayload::InputRequired { .. } => {
+            "input_required" => {
                 // Left to the guard to cancel.
                 return Ok(tool_error(format!(
                     "the server's task `{task_id}` asks for input, which wf-host does not answer; it was cancelled"
                 )));
             }
+            "failed" => tool_error(format!(
+                "the server's task `{task_id}` failed: {}",
+                got.get("error")
+                    .or(got.get("statusMessage"))
+                    .unwrap_or(&Value::Null)
+            )),
+            "cancelled" => tool_error(format!("the server cancelled its task `{task_id}`")),
             _ => continue,
         };
         guard.peer = None;
         return Ok(ended);
     }
+}
+
+/// `tasks/result` of a 2025-11-25 task: it answers once the task has ended,
+/// and meanwhile the questions the task asks reach the pool (and the call's
+/// asker restarts the call's timeout while a person answers). The wait
+/// restarts the call's timeout too, as polling does.
+async fn task_result(
+    peer: &rmcp::Peer<rmcp::RoleClient>,
+    id: &Value,
+    tick: &watch::Sender<u64>,
+    tasks: &TaskFollowing,
+) -> Result<Value, rmcp::ServiceError> {
+    let result = keeping_alive(
+        tick,
+        tasks.timeout / 4,
+        raw_request(peer, "tasks/result", id.clone()),
+    )
+    .await?;
+    let mut result = result;
+    if let Some(meta) = result.get_mut("_meta").and_then(Value::as_object_mut) {
+        meta.remove("io.modelcontextprotocol/related-task");
+        if meta.is_empty() {
+            result.as_object_mut().map(|r| r.remove("_meta"));
+        }
+    }
+    Ok(result)
 }
 
 /// What a tool call needs to follow the task a server makes of it, and to
