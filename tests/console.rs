@@ -33,7 +33,7 @@ const TOKEN: &str = "console-test-token";
 const WAIT: Duration = Duration::from_secs(60);
 
 /// `pair`: two echo steps, `second` needing `first`. `nap`: a long upstream
-/// sleep, then a step that needs it, to be cancelled.
+/// sleep, then a step that needs it, to be paused, resumed and cancelled.
 fn config(dir: &Path) -> PathBuf {
     let call = plugin("call");
     let echo = plugin("echo");
@@ -486,6 +486,14 @@ async fn the_console_starts_follows_and_cancels_runs() {
     .await;
     step_with_status(&c, "nap", "running").await;
     step_with_status(&c, "after", "pending").await;
+    // Paused from its page (its running step runs on), and resumed.
+    click(&c, "#pause-run:not([disabled])").await;
+    wait_for(&c, r#"#run-status[data-status="paused"]"#).await;
+    step_with_status(&c, "nap", "running").await;
+    assert!(attr_of(&c, "#pause-run", "disabled").await.is_some());
+    click(&c, "#resume-run:not([disabled])").await;
+    wait_for(&c, r#"#run-status[data-status="running"]"#).await;
+    assert!(attr_of(&c, "#resume-run", "disabled").await.is_some());
     // The step's capability call shows once it returns; while it runs, the
     // step is what the graph shows.
     click(&c, "#cancel-run:not([disabled])").await;

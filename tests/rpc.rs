@@ -705,6 +705,8 @@ async fn rpc_discover_lists_exactly_the_methods_that_answer() {
         "workflow.cancel",
         "workflow.get",
         "workflow.list",
+        "workflow.pause",
+        "workflow.resume",
         "workflow.retry",
         "workflow.signal",
         "workflow.start",

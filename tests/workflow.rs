@@ -3731,6 +3731,127 @@ async fn a_reload_says_which_runtime_changes_wait_for_a_restart() {
     assert!(status["config"].get("restart_needed").is_none(), "{status}");
 }
 
+/// `workflow.pause` during a durable sleep: the sleep keeps its wake time
+/// and ends, and after it no later step starts; the run stays `paused`
+/// across a restart (nothing resumes it); `workflow.resume` finishes it.
+/// Pausing a run that is not running, or resuming one that is not paused,
+/// is refused (-32008).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_run_starts_no_step_until_resumed_also_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    write_config(
+        dir.path(),
+        &format!(
+            "[runtime]\nstate = \"state.db\"\n{}",
+            NAP.replace("sleep = \"1s\"", "sleep = \"2s\"")
+        ),
+    );
+    let serve = Serve::start(dir.path());
+    let started = serve
+        .call(
+            "workflow.start",
+            json!({"workflow": "nap", "input": {"n": 1}}),
+        )
+        .await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    let step_status = async |serve: &Serve, id: &str| {
+        let got = serve.call("workflow.get", json!({"run_id": run_id})).await;
+        let step = got["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == id)
+            .cloned()
+            .unwrap();
+        (got["status"].clone(), step["status"].clone())
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while step_status(&serve, "nap").await.1 != "running" {
+        assert!(Instant::now() < deadline, "never slept");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let paused = serve
+        .call("workflow.pause", json!({"run_id": run_id}))
+        .await;
+    assert_eq!(paused["status"], "paused", "{paused}");
+    let again = serve
+        .reply("workflow.pause", json!({"run_id": run_id}))
+        .await;
+    assert_eq!(again["error"]["code"], -32008, "{again}");
+
+    // Past the wake time: the sleep ended, and `b` did not start.
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    assert_eq!(
+        step_status(&serve, "nap").await,
+        (json!("paused"), json!("succeeded"))
+    );
+    assert_eq!(step_status(&serve, "b").await.1, "pending");
+    serve.kill();
+
+    // A restart resumes running runs, not paused ones.
+    let serve = Serve::start(dir.path());
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(
+        step_status(&serve, "b").await,
+        (json!("paused"), json!("pending"))
+    );
+    let status = serve.call("host.status", json!({})).await;
+    assert_eq!(status["state"]["runs_paused"], 1, "{status}");
+    let resumed = serve
+        .call("workflow.resume", json!({"run_id": run_id}))
+        .await;
+    assert_ne!(resumed["status"], "paused", "{resumed}");
+    let done = serve
+        .call(
+            "workflow.wait",
+            json!({"run_id": run_id, "timeout_ms": 30000}),
+        )
+        .await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert_eq!(done["output"], json!({"n": 1}));
+    let again = serve
+        .reply("workflow.resume", json!({"run_id": run_id}))
+        .await;
+    assert_eq!(again["error"]["code"], -32008, "{again}");
+    assert!(
+        again["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("only a paused run can be resumed"),
+        "{again}"
+    );
+
+    // Paused and resumed while its sleep still runs: it goes on at once.
+    let started = serve
+        .call(
+            "workflow.start",
+            json!({"workflow": "nap", "input": {"n": 2}}),
+        )
+        .await;
+    let other = started["run_id"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = serve.call("workflow.get", json!({"run_id": other})).await;
+        if got["steps"][1]["status"] == "running" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never slept: {got}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    serve.call("workflow.pause", json!({"run_id": other})).await;
+    serve
+        .call("workflow.resume", json!({"run_id": other}))
+        .await;
+    let done = serve
+        .call(
+            "workflow.wait",
+            json!({"run_id": other, "timeout_ms": 30000}),
+        )
+        .await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert_eq!(done["output"], json!({"n": 2}));
+}
+
 /// With `--watch`, writing the config reloads it: a workflow added to the
 /// file can be started without a signal or a call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -481,7 +481,7 @@ fn new_token(name: &str) -> Result<(), Failure> {
     println!("hash = {:?}", entry.hash);
     println!("start = []          # workflows it may start (globs)");
     println!("# read = [...]      # whose runs it may see (default: start)");
-    println!("cancel = []         # whose runs it may cancel and retry");
+    println!("cancel = []         # whose runs it may cancel, retry, pause and resume");
     println!("signal = []         # whose runs it may signal and answer");
     println!("capabilities = []   # capability patterns it may call directly");
     println!("console = false     # host.status");

@@ -181,7 +181,7 @@ pub struct TokenConfig {
     pub start: Vec<String>,
     /// Workflows whose runs it may see (default: `start`).
     pub read: Option<Vec<String>>,
-    /// Workflows whose runs it may cancel and retry.
+    /// Workflows whose runs it may cancel, retry, pause and resume.
     #[serde(default)]
     pub cancel: Vec<String>,
     /// Workflows whose runs it may signal and answer.

@@ -8,7 +8,7 @@
 //! hash = "sha256:…"          # printed by `wf-host token new ci`; never the token
 //! start = ["deploy-*"]       # workflows it may start (globs)
 //! read = ["deploy-*"]        # whose runs it may see (default: `start`)
-//! cancel = ["deploy-*"]      # whose runs it may cancel and retry
+//! cancel = ["deploy-*"]      # whose runs it may cancel, retry, pause and resume
 //! signal = []                # whose runs it may signal and answer
 //! capabilities = []          # capability patterns it may call directly
 //! console = false            # `host.status` and the console's views of the host

@@ -188,6 +188,26 @@ impl<'a> Runs<'a> {
         Ok(self.workflows.retry(run_id).await?)
     }
 
+    /// Pauses `run_id` (the `cancel` scope: it stops a run's progress).
+    ///
+    /// # Errors
+    /// [`ApiError::Denied`] without the `cancel` scope; as
+    /// [`Workflows::pause_run`].
+    pub async fn pause(&self, caller: &Caller, run_id: &str) -> Result<RunRecord, ApiError> {
+        self.may(caller, RunScope::Cancel, run_id).await?;
+        Ok(self.workflows.pause_run(run_id).await?)
+    }
+
+    /// Resumes a paused run.
+    ///
+    /// # Errors
+    /// [`ApiError::Denied`] without the `cancel` scope; as
+    /// [`Workflows::resume_run`].
+    pub async fn resume(&self, caller: &Caller, run_id: &str) -> Result<RunRecord, ApiError> {
+        self.may(caller, RunScope::Cancel, run_id).await?;
+        Ok(self.workflows.resume_run(run_id).await?)
+    }
+
     /// Sends `signal` with `payload` to `run_id`.
     ///
     /// # Errors

@@ -217,6 +217,21 @@ impl<'a> Transition<'a> {
                 },
                 steps: None,
             },
+            Transition::RunPaused => Target::Run {
+                set: RunSet {
+                    status: Some(RunTo::Is(RunStatus::Paused)),
+                    ..RunSet::default()
+                },
+                steps: None,
+            },
+            Transition::RunResumed => Target::Run {
+                set: RunSet {
+                    status: Some(RunTo::RunningUnlessFlow),
+                    release_lease: true,
+                    ..RunSet::default()
+                },
+                steps: None,
+            },
             Transition::RunAdmitted { at_ms } => Target::Run {
                 set: RunSet {
                     status: Some(RunTo::Is(RunStatus::Running)),
@@ -237,7 +252,9 @@ impl<'a> Transition<'a> {
             Transition::RunFinished { .. } | Transition::RunAbandoned { .. } => {
                 Some(Notice::Finished)
             }
-            Transition::RunReopened { .. } | Transition::RunAdmitted { .. } => Some(Notice::Ready),
+            Transition::RunReopened { .. }
+            | Transition::RunAdmitted { .. }
+            | Transition::RunResumed => Some(Notice::Ready),
             _ => None,
         };
         Effects {

@@ -17,13 +17,16 @@ use serde_json::Value;
 
 /// A run's state. `Running` until it ends in one of the others; a run of a
 /// workflow with flow control (`concurrency`, `rate`) is `Queued` until its
-/// limits admit it.
+/// limits admit it; `Paused` (`workflow.pause`) starts no step until it is
+/// resumed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RunStatus {
     /// Waiting for its workflow's flow control to admit it.
     Queued,
     Running,
+    /// Starts no new step (its running steps finish) until resumed.
+    Paused,
     Succeeded,
     Failed,
     Cancelled,
@@ -65,7 +68,7 @@ macro_rules! text_enum {
         }
     };
 }
-text_enum!(RunStatus { Queued = "queued", Running = "running", Succeeded = "succeeded", Failed = "failed", Cancelled = "cancelled" });
+text_enum!(RunStatus { Queued = "queued", Running = "running", Paused = "paused", Succeeded = "succeeded", Failed = "failed", Cancelled = "cancelled" });
 text_enum!(StepStatus {
     Pending = "pending",
     Running = "running",
@@ -78,7 +81,10 @@ text_enum!(StepStatus {
 
 impl RunStatus {
     pub fn is_finished(self) -> bool {
-        !matches!(self, RunStatus::Running | RunStatus::Queued)
+        !matches!(
+            self,
+            RunStatus::Running | RunStatus::Queued | RunStatus::Paused
+        )
     }
 }
 
@@ -262,6 +268,8 @@ pub struct Counts {
     pub runs_running: u64,
     /// Runs waiting for their workflow's flow control.
     pub runs_queued: u64,
+    /// Runs paused (`workflow.pause`).
+    pub runs_paused: u64,
     pub runs_total: u64,
     /// Runs with a wait step waiting for its signal.
     pub runs_waiting_for_signal: u64,

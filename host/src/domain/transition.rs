@@ -7,6 +7,8 @@
 //!       queued | running ──RunAbandoned──▶ cancelled | failed
 //!       running ──RunFinished / RunAbandoned──▶ succeeded | failed | cancelled
 //!       failed | cancelled ──RunReopened──▶ running (queued under flow control)
+//!       running ──RunPaused──▶ paused ──RunResumed──▶ running (queued under flow control)
+//!       paused ──RunFinished / RunAbandoned──▶ succeeded | failed | cancelled
 //! step: pending ──StepStarted──▶ running ──StepAttempt──▶ running
 //!       pending ──StepWaits──▶ waiting                (a wait step, for its signal)
 //!       pending | running | waiting ──StepFinished──▶ succeeded | failed | skipped | cancelled
@@ -84,6 +86,12 @@ pub enum Transition<'a> {
     /// A queued run says (again) why it waits: its first reason, or a new
     /// one.
     RunQueued { reason: &'a str },
+    /// `workflow.pause`: a running run starts no new step; its running steps
+    /// finish and are recorded.
+    RunPaused,
+    /// `workflow.resume`: a paused run runs on, unclaimed (queued again
+    /// under flow control, which a paused run does not hold).
+    RunResumed,
     /// A queued run is admitted at `at_ms` and becomes `running`, unclaimed:
     /// only while its flow limits allow it (its concurrency key has fewer
     /// than `limit` runs running, its rate key fewer than `limit` admitted
@@ -140,6 +148,8 @@ impl<'a> Transition<'a> {
             Transition::RunReopened { .. } => RUN_STARTED,
             Transition::RunQueued { .. } => "run.queued",
             Transition::RunAdmitted { .. } => "run.admitted",
+            Transition::RunPaused => "run.paused",
+            Transition::RunResumed => "run.resumed",
         }
     }
 
@@ -169,7 +179,9 @@ impl<'a> Transition<'a> {
             }
             Transition::RunReopened { workflow } => json!({"workflow": workflow, "retry": true}),
             Transition::RunQueued { reason } => json!({"reason": reason}),
-            Transition::RunAdmitted { .. } => json!({}),
+            Transition::RunAdmitted { .. } | Transition::RunPaused | Transition::RunResumed => {
+                json!({})
+            }
         }
     }
 
@@ -195,7 +207,7 @@ impl<'a> Transition<'a> {
                 steps: &[S::Pending, S::Running, S::Waiting],
             },
             Transition::RunFinished { .. } => Guard {
-                run: &[R::Running],
+                run: &[R::Running, R::Paused],
                 steps: &[],
             },
             Transition::RunReopened { .. } => Guard {
@@ -203,8 +215,16 @@ impl<'a> Transition<'a> {
                 steps: &[S::Failed, S::Cancelled],
             },
             Transition::RunAbandoned { .. } => Guard {
-                run: &[R::Queued, R::Running],
+                run: &[R::Queued, R::Running, R::Paused],
                 steps: &[S::Pending, S::Running, S::Waiting],
+            },
+            Transition::RunPaused => Guard {
+                run: &[R::Running],
+                steps: &[],
+            },
+            Transition::RunResumed => Guard {
+                run: &[R::Paused],
+                steps: &[],
             },
             Transition::RunQueued { .. } | Transition::RunAdmitted { .. } => Guard {
                 run: &[R::Queued],
@@ -222,6 +242,8 @@ impl<'a> Transition<'a> {
                 | Transition::RunAbandoned { .. }
                 | Transition::RunQueued { .. }
                 | Transition::RunAdmitted { .. }
+                | Transition::RunPaused
+                | Transition::RunResumed
         )
     }
 
@@ -249,7 +271,9 @@ impl<'a> Transition<'a> {
             Transition::RunAbandoned { .. } => Some(StepStatus::Cancelled),
             Transition::RunFinished { .. }
             | Transition::RunQueued { .. }
-            | Transition::RunAdmitted { .. } => None,
+            | Transition::RunAdmitted { .. }
+            | Transition::RunPaused
+            | Transition::RunResumed => None,
         }
     }
 
@@ -259,10 +283,11 @@ impl<'a> Transition<'a> {
             Transition::RunFinished { status, .. } | Transition::RunAbandoned { status, .. } => {
                 Some(status)
             }
-            Transition::RunReopened { .. } | Transition::RunAdmitted { .. } => {
-                Some(RunStatus::Running)
-            }
+            Transition::RunReopened { .. }
+            | Transition::RunAdmitted { .. }
+            | Transition::RunResumed => Some(RunStatus::Running),
             Transition::RunQueued { .. } => Some(RunStatus::Queued),
+            Transition::RunPaused => Some(RunStatus::Paused),
             _ => None,
         }
     }
@@ -307,7 +332,9 @@ impl<'a> Transition<'a> {
             Transition::StepAttempt { .. }
             | Transition::RunReopened { .. }
             | Transition::RunQueued { .. }
-            | Transition::RunAdmitted { .. } => Carried::default(),
+            | Transition::RunAdmitted { .. }
+            | Transition::RunPaused
+            | Transition::RunResumed => Carried::default(),
         }
     }
 
@@ -406,6 +433,8 @@ impl<'a> Transition<'a> {
             Transition::RunAbandoned { .. } => "RunAbandoned",
             Transition::RunQueued { .. } => "RunQueued",
             Transition::RunAdmitted { .. } => "RunAdmitted",
+            Transition::RunPaused => "RunPaused",
+            Transition::RunResumed => "RunResumed",
         }
     }
 }

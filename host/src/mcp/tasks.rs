@@ -277,6 +277,11 @@ impl WorkflowServer {
                     .with_status_message(format!("{finished} of {} steps finished", exposed.steps));
                 TaskPayload::Working
             }
+            Status::Paused => {
+                task =
+                    task.with_status_message("paused: `workflow.resume` lets it go on".to_owned());
+                TaskPayload::Working
+            }
             Status::Queued => {
                 task = task.with_status_message(format!(
                     "queued: {}",

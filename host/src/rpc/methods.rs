@@ -76,6 +76,14 @@ pub async fn call(
             let p: RunParams = parse(params, &["run_id"])?;
             runs.retry(caller, &p.run_id).await.map(|v| json!(v))
         }
+        "workflow.pause" => {
+            let p: RunParams = parse(params, &["run_id"])?;
+            runs.pause(caller, &p.run_id).await.map(|v| json!(v))
+        }
+        "workflow.resume" => {
+            let p: RunParams = parse(params, &["run_id"])?;
+            runs.resume(caller, &p.run_id).await.map(|v| json!(v))
+        }
         "workflow.signal" => {
             let p: SignalParams = parse(params, &["run_id", "signal", "payload"])?;
             runs.signal(caller, &p.run_id, &p.signal, p.payload)

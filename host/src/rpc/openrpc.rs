@@ -92,7 +92,7 @@ fn run_record() -> Value {
             "steps": { "type": "array", "items": step_record() },
             "run_id": { "type": "string" },
             "workflow": { "type": "string" },
-            "status": { "enum": ["queued", "running", "succeeded", "failed", "cancelled"] },
+            "status": { "enum": ["queued", "running", "paused", "succeeded", "failed", "cancelled"] },
             "trigger": { "type": "object", "description": "What started the run: `{kind: \"schedule\", name, scheduled_at, missed}`, `{kind: \"webhook\", delivery}`, or the named token that did, `{kind: \"token\", name}`." },
             "queued_reason": { "type": "string", "description": "While `queued`: why the run waits (its concurrency key or rate)." },
             "input": {},
@@ -162,10 +162,12 @@ pub fn document() -> Value {
                 param("limit", false, json!({"type": "integer", "minimum": 1, "maximum": 1000}), "Default 100."),
             ], json!({"type": "object"})),
             method("workflow.cancel", "Stops every running step and its in-flight upstream calls; returns the record.", vec![param("run_id", true, string.clone(), "")], run_record()),
+            method("workflow.pause", "Pauses a running run: it starts no new step (its running steps finish and are recorded, sleeps keep their wake time) and stays `paused`, across restarts, until `workflow.resume`. -32008 for a run that is not running.", vec![param("run_id", true, string.clone(), "")], run_record()),
+            method("workflow.resume", "Resumes a paused run where it stopped. -32008 for a run that is not paused.", vec![param("run_id", true, string.clone(), "")], run_record()),
             method("workflow.retry", "Starts a failed or cancelled run again from its failed or cancelled steps, keeping the outputs of the steps that succeeded; same run id.", vec![param("run_id", true, string.clone(), "")], run_record()),
             method("workflow.list", "Runs, newest first, a page at a time.", vec![
                 param("workflow", false, string.clone(), "Only runs of this workflow."),
-                param("status", false, json!({ "enum": ["queued", "running", "succeeded", "failed", "cancelled"] }), ""),
+                param("status", false, json!({ "enum": ["queued", "running", "paused", "succeeded", "failed", "cancelled"] }), ""),
                 param("limit", false, json!({ "type": "integer", "minimum": 1, "maximum": 1000 }), "Default 100."),
                 param("cursor", false, string.clone(), "`next_cursor` of the previous page."),
             ], json!({ "type": "object", "properties": {

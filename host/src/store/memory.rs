@@ -565,6 +565,11 @@ impl Store for MemoryStore {
                 .values()
                 .filter(|r| r.row.status == RunStatus::Queued)
                 .count() as u64,
+            runs_paused: state
+                .runs
+                .values()
+                .filter(|r| r.row.status == RunStatus::Paused)
+                .count() as u64,
             runs_total: state.runs.len() as u64,
             runs_waiting_for_signal: state
                 .runs

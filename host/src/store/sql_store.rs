@@ -357,6 +357,7 @@ impl<D: Db> Store for SqlStore<D> {
                 "SELECT count(*) AS total,
                         count(*) FILTER (WHERE status = 'running') AS running,
                         count(*) FILTER (WHERE status = 'queued') AS queued,
+                        count(*) FILTER (WHERE status = 'paused') AS paused,
                         (SELECT coalesce(max(id), 0) FROM events) AS last_event,
                         (SELECT count(DISTINCT run_id) FROM steps WHERE status = 'waiting') AS waiting
                  FROM runs",
@@ -367,6 +368,7 @@ impl<D: Db> Store for SqlStore<D> {
         Ok(Counts {
             runs_running: row.int("running")? as u64,
             runs_queued: row.int("queued")? as u64,
+            runs_paused: row.int("paused")? as u64,
             runs_total: row.int("total")? as u64,
             runs_waiting_for_signal: row.int("waiting")? as u64,
             last_event_id: row.int("last_event")?,
@@ -451,19 +453,19 @@ impl<D: Db> Store for SqlStore<D> {
                     // SQLite walks the index only with the bound below.
                     Dialect::Sqlite => {
                         "WITH cut AS (SELECT finished_ms AS ms, run_id AS id FROM runs
-                                      WHERE status != 'running' AND status != 'queued'
+                                      WHERE status != 'running' AND status != 'queued' AND status != 'paused'
                                       ORDER BY finished_ms DESC, run_id DESC LIMIT 1 OFFSET $2)
-                         DELETE FROM runs WHERE status != 'running' AND status != 'queued'
+                         DELETE FROM runs WHERE status != 'running' AND status != 'queued' AND status != 'paused'
                              AND finished_ms <= max($1, coalesce((SELECT ms FROM cut), $1))
                              AND (finished_ms < $1 OR (finished_ms, run_id) <= (SELECT ms, id FROM cut))
                          RETURNING 1"
                     }
                     Dialect::Postgres => {
                         "WITH cut AS (SELECT finished_ms AS ms, run_id AS id FROM runs
-                                      WHERE status != 'running' AND status != 'queued'
+                                      WHERE status != 'running' AND status != 'queued' AND status != 'paused'
                                       ORDER BY finished_ms DESC NULLS LAST, run_id DESC
                                       LIMIT 1 OFFSET $2)
-                         DELETE FROM runs WHERE status != 'running' AND status != 'queued'
+                         DELETE FROM runs WHERE status != 'running' AND status != 'queued' AND status != 'paused'
                              AND (finished_ms < $1
                                   OR (finished_ms, run_id) <= (SELECT ms, id FROM cut)
                                   OR (finished_ms IS NULL AND EXISTS (SELECT 1 FROM cut)))

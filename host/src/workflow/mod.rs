@@ -544,6 +544,7 @@ impl Workflows {
         let Counts {
             runs_running,
             runs_queued,
+            runs_paused,
             runs_total,
             runs_waiting_for_signal,
             last_event_id,
@@ -553,6 +554,7 @@ impl Workflows {
             "path": self.store.location(),
             "runs_running": runs_running,
             "runs_queued": runs_queued,
+            "runs_paused": runs_paused,
             "runs_total": runs_total,
             "runs_waiting_for_signal": runs_waiting_for_signal,
             "last_event_id": last_event_id,

@@ -37,6 +37,8 @@ pub(super) struct Live {
     pub(super) stop: CancellationToken,
     /// Bumped when a signal is sent to the run (its wait steps look).
     pub(super) signals: watch::Sender<u64>,
+    /// `workflow.pause` (true) and `workflow.resume` (false).
+    pub(super) pause: watch::Sender<bool>,
 }
 
 /// A live run as its waiters see it.
@@ -473,6 +475,7 @@ impl Workflows {
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
         let progress = engine::StepProgress::default();
         let (signals_tx, signals) = watch::channel(0);
+        let (pause_tx, pause) = watch::channel(false);
         let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
         // One driver per run in this process, whatever asked for another.
         if live.contains_key(&run.run_id) {
@@ -488,6 +491,7 @@ impl Workflows {
                 progress: progress.clone(),
                 stop: stop.clone(),
                 signals: signals_tx,
+                pause: pause_tx,
             },
         );
         drop(live);
@@ -500,6 +504,7 @@ impl Workflows {
             runtime: self.runtime.clone(),
             slots: self.slots.clone(),
             cancel,
+            pause,
             shutdown: stop,
             elapsed,
             progress,
@@ -581,6 +586,17 @@ impl Workflows {
                     this.after_finish().await;
                 }
                 Ok(Ending::Interrupted) => this.mode.interrupted(&this, &run_id, &span).await,
+                Ok(Ending::Paused) => {
+                    trace::record_status(&span, "paused", false, None);
+                    // Resumed between its last step and here: it runs on.
+                    if let Ok(Some(run)) = this.store.run(&run_id).await
+                        && run.status != RunStatus::Paused
+                        && !run.status.is_finished()
+                        && let Err(e) = this.mode.reopened(&this, run).await
+                    {
+                        tracing::warn!(run = %run_id, "cannot go on with the resumed run: {e}");
+                    }
+                }
                 Err(_) => {}
             }
             let _ = done_tx.send(Done::Ended(ended));
@@ -639,6 +655,93 @@ impl Workflows {
                 self.get(run_id, false).await
             }
         }
+    }
+
+    /// Pauses `run_id`: it starts no new step; steps already running finish
+    /// and are recorded, sleeps keep their wake time. It stays `paused`,
+    /// across restarts, until [`Workflows::resume_run`].
+    ///
+    /// # Errors
+    /// [`WorkflowError::UnknownRun`], [`WorkflowError::NotWaiting`] for a
+    /// run that is not running, [`WorkflowError::Store`].
+    pub async fn pause_run(&self, run_id: &str) -> Result<RunRecord, WorkflowError> {
+        let run = self.stored_run(run_id).await?;
+        match self
+            .events
+            .apply(run_id, &[Transition::RunPaused], None)
+            .await
+        {
+            Ok(_) => {}
+            Err(StoreError::Refused(_)) => {
+                return Err(WorkflowError::NotWaiting {
+                    run_id: run_id.to_owned(),
+                    message: format!(
+                        "it is {}; only a running run can be paused",
+                        run.status.as_str()
+                    ),
+                });
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if let Some(live) = self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(run_id)
+        {
+            live.pause.send_replace(true);
+        }
+        tracing::info!(run = %run_id, "run paused");
+        self.get(run_id, false).await
+    }
+
+    /// Resumes a paused run where it stopped.
+    ///
+    /// # Errors
+    /// [`WorkflowError::UnknownRun`], [`WorkflowError::NotWaiting`] for a
+    /// run that is not paused, [`WorkflowError::ShuttingDown`],
+    /// [`WorkflowError::Store`].
+    pub async fn resume_run(self: &Arc<Self>, run_id: &str) -> Result<RunRecord, WorkflowError> {
+        if self.tasks.is_closed() {
+            return Err(WorkflowError::ShuttingDown);
+        }
+        let run = self.stored_run(run_id).await?;
+        match self
+            .events
+            .apply(run_id, &[Transition::RunResumed], None)
+            .await
+        {
+            Ok(_) => {}
+            Err(StoreError::Refused(_)) => {
+                return Err(WorkflowError::NotWaiting {
+                    run_id: run_id.to_owned(),
+                    message: format!(
+                        "it is {}; only a paused run can be resumed",
+                        run.status.as_str()
+                    ),
+                });
+            }
+            Err(e) => return Err(e.into()),
+        }
+        tracing::info!(run = %run_id, "run resumed");
+        // Still driven here (its steps were running): it goes on.
+        let driven = match self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(run_id)
+        {
+            Some(live) => {
+                live.pause.send_replace(false);
+                true
+            }
+            None => false,
+        };
+        if !driven {
+            let run = self.stored_run(run_id).await?;
+            self.mode.reopened(self, run).await?;
+        }
+        self.get(run_id, false).await
     }
 
     /// Starts a failed or cancelled run again from its failed or cancelled

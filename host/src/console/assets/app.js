@@ -13,7 +13,7 @@
   const TOKEN_KEY = "wf-host.token";
   const WORKFLOW_KEY = "wf-host.workflow"; // the start form's last choice
   const PAGE_SIZE = 20;
-  const RUN_STATUSES = ["queued", "running", "succeeded", "failed", "cancelled"];
+  const RUN_STATUSES = ["queued", "running", "paused", "succeeded", "failed", "cancelled"];
   const STEP_STATUSES = ["pending", "running", "waiting", "succeeded", "failed", "skipped", "cancelled"];
   const SVG = "http://www.w3.org/2000/svg";
 
@@ -518,7 +518,9 @@
       ["Definition", el("code", { text: String(run.definition_hash || "").slice(0, 12) })],
     ];
     $("run-summary").replaceChildren(...summary.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", null, v)]));
-    $("cancel-run").disabled = run.status !== "running" && run.status !== "queued";
+    $("cancel-run").disabled = run.status !== "running" && run.status !== "queued" && run.status !== "paused";
+    $("pause-run").disabled = run.status !== "running";
+    $("resume-run").disabled = run.status !== "paused";
     $("retry-run").disabled = !(run.status === "failed" || run.status === "cancelled");
     const steps = run.steps || [];
     if (selectedStep !== null && !steps.some((s) => s.id === selectedStep)) selectedStep = null;
@@ -1003,6 +1005,8 @@
     });
     $("cancel-run").addEventListener("click", () => runAction("workflow.cancel", $("cancel-run")));
     $("retry-run").addEventListener("click", () => runAction("workflow.retry", $("retry-run")));
+    $("pause-run").addEventListener("click", () => runAction("workflow.pause", $("pause-run")));
+    $("resume-run").addEventListener("click", () => runAction("workflow.resume", $("resume-run")));
     window.addEventListener("hashchange", route);
     setInterval(tick, 1000);
     boot();

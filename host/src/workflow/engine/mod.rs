@@ -110,6 +110,8 @@ pub(crate) struct RunCtx {
     pub slots: Arc<Semaphore>,
     /// `workflow.cancel`.
     pub cancel: CancellationToken,
+    /// `workflow.pause`: while true, no step starts.
+    pub pause: tokio::sync::watch::Receiver<bool>,
     /// The process is stopping: stop, and leave the stored state as it is so
     /// the next start resumes the run.
     pub shutdown: CancellationToken,
@@ -195,6 +197,9 @@ pub(crate) enum Ending {
     Finished(Finished),
     /// Stopped by shutdown; the run stays `running` in the store.
     Interrupted,
+    /// Paused with steps left to run: its running steps have finished, and
+    /// it stays `paused` in the store until resumed.
+    Paused,
 }
 
 /// What a run's end wrote: with the run as it started, the run as stored now.
@@ -324,15 +329,19 @@ pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending
     let stop_token = CancellationToken::new();
     let mut stop: Option<Stop> = None;
     let mut running = Steps::default();
+    let mut pause = ctx.pause.clone();
 
     loop {
-        if stop.is_none() {
+        let paused = *pause.borrow_and_update();
+        if stop.is_none() && !paused {
             launch_ready(&ctx, &mut states, &mut running, &stop_token).await?;
         }
         if running.is_empty() {
             break;
         }
         tokio::select! {
+            // Resumed while steps ran: what is ready starts now.
+            _ = pause.changed(), if paused => {}
             joined = running.next() => {
                 let Some(joined) = joined else { continue };
                 let (id, outcome, log) = match joined {
@@ -364,6 +373,10 @@ pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending
     }
     if stop == Some(Stop::Shutdown) {
         return Ok(Ending::Interrupted);
+    }
+    if stop.is_none() && *ctx.pause.borrow() && states.values().any(|s| !s.status.is_finished()) {
+        tracing::info!(run = %ctx.run_id, "run paused: its running steps have finished");
+        return Ok(Ending::Paused);
     }
     finish(&ctx, &mut states, stop).await
 }
