@@ -72,15 +72,20 @@ needs = ["nap"]
     path
 }
 
-/// Two quick workflows, `greet` first, and no connections: a first visit
-/// starts one without choosing anything.
+/// Two quick workflows, `greet` first (with an `input_schema` that `{}`
+/// breaks), and no connections: a first visit starts one without choosing
+/// or typing anything.
 fn two_workflows(dir: &Path) -> PathBuf {
     let echo = plugin("echo");
     let path = dir.join("wf.toml");
     std::fs::write(
         &path,
         format!(
-            r#"[[workflows.greet.steps]]
+            r#"[workflows.greet]
+# `{{}}` would not do: the start form fills in what the schema asks for.
+input_schema = {{ type = "object", required = ["name", "times"], properties = {{ name = {{ type = "string", minLength = 1, default = "world" }}, times = {{ type = "integer", minimum = 1 }} }} }}
+
+[[workflows.greet.steps]]
 id = "hello"
 component = {echo:?}
 
@@ -680,11 +685,20 @@ async fn a_first_visit_starts_a_run_from_the_form_alone() {
     let fresh = look_fine(&c, "first-visit-runs-empty").await;
     assert!(fresh.contains("No runs."), "{fresh}");
 
-    // Start, touching nothing else: the run shows up and finishes.
+    // Start, touching nothing else: the run shows up and finishes, with the
+    // input the form built from the workflow's `input_schema`.
     click(&c, "#start-button").await;
     let run = text_of(&c, "#start-result a").await;
     let row = format!(r#"#runs-body tr[data-run-id="{run}"]"#);
     wait_for(&c, &format!(r#"{row}[data-status="succeeded"]"#)).await;
+    let record = serve
+        .rpc("workflow.get", json!({"run_id": run}), Some(TOKEN))
+        .await;
+    assert_eq!(
+        record["result"]["input"],
+        json!({"name": "world", "times": 1}),
+        "{record}"
+    );
     assert_eq!(text_of(&c, &format!("{row} td.workflow")).await, names[0]);
     assert!(!displayed(&c, "#runs-empty").await);
     let runs = look_fine(&c, "first-visit-runs").await;

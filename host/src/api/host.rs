@@ -33,6 +33,7 @@ impl Api {
             "workers": workers,
             "connections": self.pool.stats(),
             "workflows": workflows.names(),
+            "input_schemas": workflows.input_schemas(),
             "schedules": schedules,
             "webhooks": workflows.webhooks(),
             "runs_waiting_here": workflows.waiting(),

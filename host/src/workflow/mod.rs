@@ -525,6 +525,15 @@ impl Workflows {
         self.loaded().definitions.keys().cloned().collect()
     }
 
+    /// The `input_schema` of each workflow that has one, by name.
+    pub fn input_schemas(&self) -> BTreeMap<String, Value> {
+        self.loaded()
+            .definitions
+            .iter()
+            .filter_map(|(name, def)| Some((name.clone(), def.spec.input_schema.clone()?)))
+            .collect()
+    }
+
     /// The definition of `workflow`.
     pub fn definition(&self, workflow: &str) -> Option<Arc<Definition>> {
         self.loaded().definitions.get(workflow).cloned()

@@ -419,6 +419,50 @@
   // through sessionStorage, before a reload) and otherwise selects the first
   // workflow: a fresh page's select is "", which matches no option and would
   // show an empty select. With no workflows at all, Start is disabled.
+  // The `input_schema` of each workflow that has one (`host.status`).
+  let inputSchemas = {};
+  // Whether the start form's input was typed into: then it is kept.
+  let inputTyped = false;
+
+  // An input a workflow's `input_schema` accepts, for the start form: each
+  // required property's default, example, constant or first allowed value,
+  // else the least of its type.
+  function exampleOf(schema, depth = 0) {
+    if (!schema || typeof schema !== "object" || depth > 8) return null;
+    if ("default" in schema) return schema.default;
+    if (Array.isArray(schema.examples) && schema.examples.length > 0) return schema.examples[0];
+    if ("const" in schema) return schema.const;
+    if (Array.isArray(schema.enum) && schema.enum.length > 0) return schema.enum[0];
+    const type = Array.isArray(schema.type) ? schema.type[0] : schema.type || (schema.properties ? "object" : null);
+    switch (type) {
+      case "object": {
+        const out = {};
+        for (const name of schema.required || []) out[name] = exampleOf((schema.properties || {})[name], depth + 1);
+        return out;
+      }
+      case "array":
+        return Array.from({ length: schema.minItems || 0 }, () => exampleOf(schema.items, depth + 1));
+      case "string":
+        return "x".repeat(schema.minLength || 0);
+      case "integer":
+      case "number":
+        if (typeof schema.minimum === "number") return schema.minimum;
+        if (typeof schema.exclusiveMinimum === "number") return Math.floor(schema.exclusiveMinimum) + 1;
+        return 0;
+      case "boolean":
+        return false;
+      default:
+        return null;
+    }
+  }
+
+  // The start form's input for the chosen workflow, unless one was typed.
+  function prefillInput() {
+    if (inputTyped) return;
+    const schema = inputSchemas[$("start-workflow").value];
+    $("start-input").value = schema ? JSON.stringify(exampleOf(schema)) : "{}";
+  }
+
   function fillWorkflows(names) {
     const filter = $("filter-workflow");
     const kept = filter.value;
@@ -436,6 +480,7 @@
     $("start-button").disabled = names.length === 0;
     $("start-input").disabled = names.length === 0;
     $("no-workflows").hidden = names.length > 0;
+    prefillInput();
   }
 
   async function startRun(event) {
@@ -965,6 +1010,7 @@
       }
       return;
     }
+    inputSchemas = status.input_schemas || {};
     fillWorkflows(status.workflows || []);
     $("nav").hidden = false;
     $("forget-token").hidden = !token;
@@ -990,7 +1036,12 @@
       showLogin("");
     });
     $("start-form").addEventListener("submit", startRun);
-    $("start-workflow").addEventListener("change", () => sessionStorage.setItem(WORKFLOW_KEY, $("start-workflow").value));
+    $("start-workflow").addEventListener("change", () => {
+      sessionStorage.setItem(WORKFLOW_KEY, $("start-workflow").value);
+      inputTyped = false;
+      prefillInput();
+    });
+    $("start-input").addEventListener("input", () => (inputTyped = true));
     $("filter-workflow").addEventListener("change", firstPage);
     $("filter-status").addEventListener("change", firstPage);
     $("prev-page").addEventListener("click", () => {
