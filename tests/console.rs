@@ -499,6 +499,9 @@ async fn the_console_starts_follows_and_cancels_runs() {
     click(&c, "#resume-run:not([disabled])").await;
     wait_for(&c, r#"#run-status[data-status="running"]"#).await;
     assert!(attr_of(&c, "#resume-run", "disabled").await.is_some());
+    // The timeline shows the pause as a band over the lanes.
+    wait_for(&c, "#timeline rect.pause").await;
+    wait_for(&c, r#"#timeline rect.attempt[data-step="nap"]"#).await;
     // The step's capability call shows once it returns; while it runs, the
     // step is what the graph shows.
     click(&c, "#cancel-run:not([disabled])").await;
@@ -958,6 +961,9 @@ async fn a_waiting_durable_node_and_child_run_are_shown_and_approved() {
         })
         .collect();
     assert!(order.windows(2).all(|w| w[0] < w[1]), "{journal}");
+    // The timeline: the step's attempt, and its waits as parks.
+    wait_for(&c, r#"#timeline rect.attempt[data-step="ask"]"#).await;
+    wait_for(&c, r#"#timeline rect.park[data-step="ask"]"#).await;
     let reads = text_of(&c, "table.calls tr.call td.tape").await;
     assert!(reads.contains("wall") && reads.contains("seed"), "{reads}");
     look_fine(&c, "durable-waiting").await;

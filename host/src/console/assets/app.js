@@ -284,17 +284,42 @@
 
   let openRunId = null;
   let connectionsTimer = null;
+  // The open run's kept events (for its timeline), and their stream.
+  let runEvents = [];
+  let runStream = null;
+
+  function followRunEvents(id) {
+    runEvents = [];
+    if (runStream) runStream.close();
+    const events = new EventStream(
+      "/runs/" + encodeURIComponent(id) + "/events",
+      null,
+      (kind, event) => {
+        if (id !== openRunId || kind === "step.progress") return;
+        runEvents.push(event);
+        if (kind === "run.finished") events.close(); // nothing follows
+        scheduleTimeline();
+      },
+      () => {},
+    );
+    runStream = events;
+  }
 
   function route() {
     if (!stream) return; // not signed in yet
     const hash = location.hash || "#/runs";
     openRunId = null;
+    if (runStream) {
+      runStream.close();
+      runStream = null;
+    }
     clearInterval(connectionsTimer);
     const run = hash.match(/^#\/runs\/(.+)$/);
     if (run) {
       openRunId = decodeURIComponent(run[1]);
       clearRun(openRunId);
       show("run-view");
+      followRunEvents(openRunId);
       loadRun();
     } else if (hash === "#/connections") {
       show("connections-view");
@@ -573,6 +598,7 @@
     const waiting = steps.find((s) => s.status === "waiting" || (s.questions || []).length > 0);
     if (selectedStep === null && waiting) selectedStep = waiting.id;
     drawGraph(steps);
+    drawTimeline();
     $("run-steps").hidden = false;
     renderStep();
     const data = [el("h3", { text: "Input" }), json(run.input)];
@@ -703,6 +729,100 @@
       return g;
     });
     graph.replaceChildren(defs, ...edges, ...nodes);
+  }
+
+  // The run's life as a Gantt chart: a lane per step with a bar per attempt
+  // (from its `step.started` to the next, or to `step.finished`), the time a
+  // step let go of its node or waited (`step.parked` to `step.resumed`, a
+  // wait step's `step.waiting`), and the run's pauses as bands. Before its
+  // events come, the steps' own start and finish times.
+  const LANE_H = 22;
+  const LABEL_W = 150;
+  const CHART_W = 640;
+
+  const scheduleTimeline = coalesce(drawTimeline, 250);
+
+  function drawTimeline() {
+    const box = $("timeline");
+    const run = lastRun;
+    if (!run) return;
+    const steps = run.steps || [];
+    const at = (text) => Date.parse(text);
+    const start = at(run.started_at);
+    const events = runEvents.filter((e) => e.at && !isNaN(at(e.at)));
+    const end = run.finished_at ? at(run.finished_at) : Math.max(Date.now(), ...events.map((e) => at(e.at)));
+    if (isNaN(start)) return;
+    const span = Math.max(end - start, 1);
+    const x = (t) => LABEL_W + ((Math.min(Math.max(t, start), end) - start) / span) * CHART_W;
+    const lanes = new Map(steps.map((s, i) => [s.id, i]));
+    const y = (id) => 4 + lanes.get(id) * LANE_H;
+    const shapes = [];
+    const over = [];
+    const bar = (cls, id, from, to, extra = {}) => {
+      if (!lanes.has(id) || isNaN(from)) return;
+      const x1 = x(from);
+      const x2 = Math.max(x(isNaN(to) ? end : to), x1 + 2);
+      const inset = cls === "attempt" ? 3 : 7;
+      const rect = svg("rect", { class: cls, x: x1, y: y(id) + inset, width: x2 - x1, height: LANE_H - 2 * inset, "data-step": id, ...extra });
+      // Waits over the attempts they happened in.
+      (cls === "attempt" ? shapes : over).push(rect);
+    };
+    // Attempts, waits and parks, from the events in order.
+    const open = new Map(); // step -> {attempt, from}
+    const parked = new Map(); // "step/item" -> from
+    for (const e of events) {
+      const d = e.data || {};
+      const t = at(e.at);
+      if (e.kind === "step.started") {
+        const was = open.get(d.step);
+        if (was) bar("attempt", d.step, was.from, t, { "data-attempt": was.attempt });
+        open.set(d.step, { attempt: d.attempt, from: t });
+      } else if (e.kind === "step.waiting") {
+        parked.set(`${d.step}/0`, t);
+      } else if (e.kind === "step.parked") {
+        parked.set(`${d.step}/${d.item || 0}`, t);
+      } else if (e.kind === "step.resumed") {
+        const key = `${d.step}/${d.item || 0}`;
+        if (parked.has(key)) bar("park", d.step, parked.get(key), t);
+        parked.delete(key);
+      } else if (e.kind === "step.finished") {
+        const was = open.get(d.step);
+        if (was) bar("attempt", d.step, was.from, t, { "data-attempt": was.attempt, "data-status": d.status });
+        open.delete(d.step);
+        for (const [key, from] of parked) {
+          if (key.startsWith(d.step + "/")) {
+            bar("park", d.step, from, t);
+            parked.delete(key);
+          }
+        }
+      }
+    }
+    for (const [id, was] of open) bar("attempt", id, was.from, NaN, { "data-attempt": was.attempt });
+    for (const [key, from] of parked) bar("park", key.slice(0, key.lastIndexOf("/")), from, NaN);
+    if (events.length === 0) {
+      for (const s of steps) if (s.started_at) bar("attempt", s.id, at(s.started_at), s.finished_at ? at(s.finished_at) : NaN);
+    }
+    // The run's pauses, across every lane.
+    const height = 8 + steps.length * LANE_H;
+    let pausedAt = null;
+    const band = (from, to) =>
+      shapes.unshift(svg("rect", { class: "pause", x: x(from), y: 0, width: Math.max(x(to) - x(from), 2), height }));
+    for (const e of events) {
+      if (e.kind === "run.paused") pausedAt = at(e.at);
+      else if ((e.kind === "run.resumed" || e.kind === "run.finished") && pausedAt !== null) {
+        band(pausedAt, at(e.at));
+        pausedAt = null;
+      }
+    }
+    if (pausedAt !== null) band(pausedAt, end);
+    const labels = steps.map((s) =>
+      svg("text", { x: 4, y: y(s.id) + LANE_H / 2 + 4, class: "lane-name" }, document.createTextNode(s.id)),
+    );
+    const width = LABEL_W + CHART_W + 8;
+    box.setAttribute("viewBox", `0 0 ${width} ${height}`);
+    box.setAttribute("width", width);
+    box.setAttribute("height", height);
+    box.replaceChildren(...labels, ...shapes, ...over);
   }
 
   function renderStep() {
