@@ -985,6 +985,95 @@ async fn a_waiting_durable_node_and_child_run_are_shown_and_approved() {
     c.close().await.unwrap();
 }
 
+/// `gated`: an echo, a wait for `go`, then an echo whose input `v` says
+/// which definition mapped it.
+fn gated(v: u32) -> impl Fn(&Path) -> PathBuf {
+    move |dir: &Path| {
+        let echo = plugin("echo");
+        let path = dir.join("wf.toml");
+        std::fs::write(
+            &path,
+            format!(
+                r#"[[workflows.gated.steps]]
+id = "first"
+component = {echo:?}
+
+[[workflows.gated.steps]]
+id = "gate"
+needs = ["first"]
+wait = "go"
+
+[[workflows.gated.steps]]
+id = "last"
+needs = ["gate"]
+component = {echo:?}
+input = '{{v: {v}}}'
+"#
+            ),
+        )
+        .unwrap();
+        path
+    }
+}
+
+/// A run on a definition older than the one in force says so on its page,
+/// and Migrate moves it: its later step then maps as the definition in
+/// force says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_run_is_migrated_with_a_click() {
+    let serve = Serve::start(gated(1), &["--token", TOKEN]);
+    let started = serve
+        .rpc("workflow.start", json!({"workflow": "gated"}), Some(TOKEN))
+        .await;
+    let run_id = started["result"]["run_id"].as_str().unwrap().to_owned();
+    gated(2)(serve.dir.path());
+    let reloaded = serve.rpc("host.reload", json!({}), Some(TOKEN)).await;
+    assert_eq!(
+        reloaded["result"]["changed"],
+        json!(["gated"]),
+        "{reloaded}"
+    );
+    let status = serve.rpc("host.status", json!({}), Some(TOKEN)).await;
+    let run = serve
+        .rpc("workflow.get", json!({"run_id": run_id}), Some(TOKEN))
+        .await;
+    assert_ne!(
+        status["result"]["definitions"]["gated"]["current"], run["result"]["definition_hash"],
+        "{status} {run}"
+    );
+
+    let driver = ChromeDriver::start().await;
+    let c = driver.browser().await;
+    sign_in(&c, &serve.base).await;
+    c.goto(&format!("{}/#/runs/{run_id}", serve.base))
+        .await
+        .unwrap();
+    step_with_status(&c, "gate", "waiting").await;
+    wait_for(&c, "#older-definition").await;
+    look_fine(&c, "older-definition").await;
+    click(&c, "#migrate-run:not([disabled])").await;
+    let deadline = Instant::now() + WAIT;
+    let older = "return document.querySelector('#older-definition') !== null";
+    while c.execute(older, vec![]).await.unwrap() == json!(true) {
+        assert!(Instant::now() < deadline, "still on the older definition");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(attr_of(&c, "#migrate-run", "disabled").await.is_some());
+    serve
+        .rpc(
+            "workflow.signal",
+            json!({"run_id": run_id, "signal": "go", "payload": {}}),
+            Some(TOKEN),
+        )
+        .await;
+    wait_for(&c, r#"#run-status[data-status="succeeded"]"#).await;
+    let done = serve
+        .rpc("workflow.get", json!({"run_id": run_id}), Some(TOKEN))
+        .await;
+    assert_eq!(done["result"]["output"], json!({"v": 2}), "{done}");
+    c.close().await.unwrap();
+}
+
 /// A workflow whose step calls the official Python SDK server's `ask`
 /// tool, which elicits `{answer}`.
 fn asking(dir: &Path) -> PathBuf {

@@ -705,6 +705,7 @@ async fn rpc_discover_lists_exactly_the_methods_that_answer() {
         "workflow.cancel",
         "workflow.get",
         "workflow.list",
+        "workflow.migrate",
         "workflow.pause",
         "workflow.resume",
         "workflow.retry",

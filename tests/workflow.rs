@@ -3852,6 +3852,120 @@ async fn a_paused_run_starts_no_step_until_resumed_also_across_a_restart() {
     assert_eq!(done["output"], json!({"n": 2}));
 }
 
+/// Versions of a workflow, seen and moved: a run waiting across a reload
+/// that changes a later step's mapping stays on its definition, a run
+/// started after takes the new one, and `host.status` and `/metrics` count
+/// the live runs on each. `workflow.migrate` moves the waiting run to the
+/// definition in force, so its later step maps as that one says; a run
+/// whose finished step the definition in force changed is refused, naming
+/// the step and the difference.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_run_is_counted_on_its_definition_and_migrated_when_safe() {
+    let dir = tempfile::tempdir().unwrap();
+    let version = |first: &str, last: &str| {
+        format!(
+            "[runtime]\nstate = \"state.db\"\n\n[[workflows.w.steps]]\nid = \"a\"\ncomponent = \"{{echo}}\"\ninput = '{first}'\n\n[[workflows.w.steps]]\nid = \"gate\"\nneeds = [\"a\"]\nwait = \"go\"\n\n[[workflows.w.steps]]\nid = \"b\"\nneeds = [\"gate\"]\ncomponent = \"{{echo}}\"\ninput = '{last}'\n"
+        )
+    };
+    write_config(dir.path(), &version("{a: 1}", "{v: 1}"));
+    let serve = Serve::start(dir.path());
+    let waiting = async |run_id: &str| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let got = serve.call("workflow.get", json!({"run_id": run_id})).await;
+            if got["steps"][1]["status"] == "waiting" {
+                return got;
+            }
+            assert!(Instant::now() < deadline, "never waited: {got}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let start = async || {
+        let started = serve
+            .call("workflow.start", json!({"workflow": "w", "input": {}}))
+            .await;
+        started["run_id"].as_str().unwrap().to_owned()
+    };
+    let old_run = start().await;
+    let first = waiting(&old_run).await["definition_hash"].clone();
+
+    write_config(dir.path(), &version("{a: 1}", "{v: 2}"));
+    serve.call("host.reload", json!({})).await;
+    let new_run = start().await;
+    let second = waiting(&new_run).await["definition_hash"].clone();
+    assert_ne!(first, second);
+    let status = serve.call("host.status", json!({})).await;
+    let defs = &status["definitions"]["w"];
+    assert_eq!(defs["current"], second, "{status}");
+    let mut live: Vec<Value> = defs["live"].as_array().unwrap().clone();
+    live.sort_by_key(|l| l["hash"].as_str().unwrap().to_owned());
+    let mut expected = vec![
+        json!({"hash": first, "runs": 1}),
+        json!({"hash": second, "runs": 1}),
+    ];
+    expected.sort_by_key(|l| l["hash"].as_str().unwrap().to_owned());
+    assert_eq!(live, expected, "{status}");
+    let metrics = common::http_client()
+        .get(serve.url.replace("/rpc", "/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = format!(
+        "wf_runs_live{{workflow=\"w\",definition=\"{}\"}} 1",
+        first.as_str().unwrap()
+    );
+    assert!(metrics.contains(&line), "{line} not in\n{metrics}");
+
+    // The old run moves to the definition in force.
+    let moved = serve
+        .call("workflow.migrate", json!({"run_id": old_run}))
+        .await;
+    assert_eq!(moved["definition_hash"], second, "{moved}");
+    let again = serve
+        .reply("workflow.migrate", json!({"run_id": old_run}))
+        .await;
+    assert_eq!(again["error"]["code"], -32008, "{again}");
+    waiting(&old_run).await;
+    for run_id in [&old_run, &new_run] {
+        serve
+            .call(
+                "workflow.signal",
+                json!({"run_id": run_id, "signal": "go", "payload": {}}),
+            )
+            .await;
+    }
+    let done = serve
+        .call(
+            "workflow.wait",
+            json!({"run_id": old_run, "timeout_ms": 30000}),
+        )
+        .await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert_eq!(done["output"], json!({"v": 2}), "the new mapping");
+
+    // A definition that changes a step the run finished: refused, saying so.
+    let third_run = start().await;
+    waiting(&third_run).await;
+    write_config(dir.path(), &version("{a: 3}", "{v: 2}"));
+    serve.call("host.reload", json!({})).await;
+    let refused = serve
+        .reply("workflow.migrate", json!({"run_id": third_run}))
+        .await;
+    assert_eq!(refused["error"]["code"], -32008, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("step `a` (succeeded) is defined differently in the definition in force"),
+        "{message}"
+    );
+    assert!(
+        message.contains("{a: 3}") || message.contains("a: 3"),
+        "{message}"
+    );
+}
+
 /// With `--watch`, writing the config reloads it: a workflow added to the
 /// file can be started without a signal or a call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

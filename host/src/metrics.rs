@@ -6,6 +6,7 @@
 //! | `wf_runs_total` | `workflow`, `status` | runs finished (`succeeded`, `failed`, `cancelled`) |
 //! | `wf_runs_running` | | runs executing now |
 //! | `wf_runs_waiting` | | of those, runs waiting (a durable sleep, a signal) |
+//! | `wf_runs_live` | `workflow`, `definition` | unfinished runs (queued, running, paused) on each definition of their workflow (its hash), from the state at scrape time |
 //! | `wf_runs_queued` | `workflow` | runs `queued` by the workflow's `concurrency` or `rate` (every worker's, as the last admission pass found them) |
 //! | `wf_schedule_fires_total` | `workflow`, `schedule` | runs started by a schedule's tick (`skipped` ticks apart) |
 //! | `wf_schedule_skips_total` | `workflow`, `schedule` | ticks that started no run (`overlap = "skip"`, or missed) |
@@ -38,6 +39,7 @@ pub struct Metrics {
     runs_running: Gauge,
     runs_waiting: Gauge,
     runs_queued: Family<Labels, Gauge>,
+    runs_live: Family<Labels, Gauge>,
     step_duration: Histograms,
     calls: Family<Labels, Counter>,
     call_duration: Histograms,
@@ -76,6 +78,12 @@ impl Metrics {
             "wf_runs_waiting",
             "Workflow runs of this process waiting (a durable sleep), holding no step slot",
             runs_waiting.clone(),
+        );
+        let runs_live = Family::<Labels, Gauge>::default();
+        registry.register(
+            "wf_runs_live",
+            "Unfinished workflow runs on each definition of their workflow",
+            runs_live.clone(),
         );
         let runs_queued = Family::<Labels, Gauge>::default();
         registry.register(
@@ -147,6 +155,7 @@ impl Metrics {
             runs_running,
             runs_waiting,
             runs_queued,
+            runs_live,
             step_duration,
             calls,
             call_duration,
@@ -232,7 +241,18 @@ impl Metrics {
         connections: &[(String, bool, u64)],
         running: usize,
         waiting: usize,
+        live: &[(String, String, u64)],
     ) -> String {
+        // Only the definitions with live runs now: one whose runs ended goes.
+        self.runs_live.clear();
+        for (workflow, definition, runs) in live {
+            self.runs_live
+                .get_or_create(&vec![
+                    ("workflow", workflow.clone()),
+                    ("definition", definition.clone()),
+                ])
+                .set(i64::try_from(*runs).unwrap_or(i64::MAX));
+        }
         for (id, up, queued) in connections {
             self.connection_up
                 .get_or_create(&vec![("connection", id.clone())])

@@ -28,12 +28,14 @@ impl Api {
         let store = workflows.state_status().await?;
         let (worker, workers) = workflows.worker_status().await?;
         let schedules = workflows.schedules_status().await?;
+        let definitions = workflows.definitions_status().await?;
         Ok(json!({
             "worker": worker,
             "workers": workers,
             "connections": self.pool.stats(),
             "workflows": workflows.names(),
             "input_schemas": workflows.input_schemas(),
+            "definitions": definitions,
             "schedules": schedules,
             "webhooks": workflows.webhooks(),
             "runs_waiting_here": workflows.waiting(),

@@ -208,6 +208,17 @@ impl<'a> Runs<'a> {
         Ok(self.workflows.resume_run(run_id).await?)
     }
 
+    /// Moves an unfinished run to its workflow's definition in force (the
+    /// `cancel` scope: it changes what a run does).
+    ///
+    /// # Errors
+    /// [`ApiError::Denied`] without the `cancel` scope; as
+    /// [`Workflows::migrate`].
+    pub async fn migrate(&self, caller: &Caller, run_id: &str) -> Result<RunRecord, ApiError> {
+        self.may(caller, RunScope::Cancel, run_id).await?;
+        Ok(self.workflows.migrate(run_id).await?)
+    }
+
     /// Sends `signal` with `payload` to `run_id`.
     ///
     /// # Errors

@@ -101,6 +101,8 @@ pub struct RunSet<'a> {
     pub release_lease: bool,
     /// A cancel asked of the run is forgotten.
     pub clear_cancel: bool,
+    /// The run's definition (as runs store it) and its hash.
+    pub definition: Option<(&'a Value, &'a str)>,
 }
 
 /// What a shared store tells every worker when a move commits.
@@ -232,6 +234,14 @@ impl<'a> Transition<'a> {
                 },
                 steps: None,
             },
+            Transition::RunMigrated { definition, hash } => Target::Run {
+                set: RunSet {
+                    definition: Some((definition, hash)),
+                    release_lease: true,
+                    ..RunSet::default()
+                },
+                steps: None,
+            },
             Transition::RunAdmitted { at_ms } => Target::Run {
                 set: RunSet {
                     status: Some(RunTo::Is(RunStatus::Running)),
@@ -254,7 +264,8 @@ impl<'a> Transition<'a> {
             }
             Transition::RunReopened { .. }
             | Transition::RunAdmitted { .. }
-            | Transition::RunResumed => Some(Notice::Ready),
+            | Transition::RunResumed
+            | Transition::RunMigrated { .. } => Some(Notice::Ready),
             _ => None,
         };
         Effects {

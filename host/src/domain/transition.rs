@@ -92,6 +92,13 @@ pub enum Transition<'a> {
     /// `workflow.resume`: a paused run runs on, unclaimed (queued again
     /// under flow control, which a paused run does not hold).
     RunResumed,
+    /// `workflow.migrate`: an unfinished run goes on with another
+    /// definition of its workflow (`definition`, as runs store it, and its
+    /// `hash`), unclaimed.
+    RunMigrated {
+        definition: &'a Value,
+        hash: &'a str,
+    },
     /// A queued run is admitted at `at_ms` and becomes `running`, unclaimed:
     /// only while its flow limits allow it (its concurrency key has fewer
     /// than `limit` runs running, its rate key fewer than `limit` admitted
@@ -150,6 +157,7 @@ impl<'a> Transition<'a> {
             Transition::RunAdmitted { .. } => "run.admitted",
             Transition::RunPaused => "run.paused",
             Transition::RunResumed => "run.resumed",
+            Transition::RunMigrated { .. } => "run.migrated",
         }
     }
 
@@ -182,6 +190,7 @@ impl<'a> Transition<'a> {
             Transition::RunAdmitted { .. } | Transition::RunPaused | Transition::RunResumed => {
                 json!({})
             }
+            Transition::RunMigrated { hash, .. } => json!({"definition_hash": hash}),
         }
     }
 
@@ -226,6 +235,10 @@ impl<'a> Transition<'a> {
                 run: &[R::Paused],
                 steps: &[],
             },
+            Transition::RunMigrated { .. } => Guard {
+                run: &[R::Queued, R::Running, R::Paused],
+                steps: &[],
+            },
             Transition::RunQueued { .. } | Transition::RunAdmitted { .. } => Guard {
                 run: &[R::Queued],
                 steps: &[],
@@ -244,6 +257,7 @@ impl<'a> Transition<'a> {
                 | Transition::RunAdmitted { .. }
                 | Transition::RunPaused
                 | Transition::RunResumed
+                | Transition::RunMigrated { .. }
         )
     }
 
@@ -273,7 +287,8 @@ impl<'a> Transition<'a> {
             | Transition::RunQueued { .. }
             | Transition::RunAdmitted { .. }
             | Transition::RunPaused
-            | Transition::RunResumed => None,
+            | Transition::RunResumed
+            | Transition::RunMigrated { .. } => None,
         }
     }
 
@@ -334,7 +349,8 @@ impl<'a> Transition<'a> {
             | Transition::RunQueued { .. }
             | Transition::RunAdmitted { .. }
             | Transition::RunPaused
-            | Transition::RunResumed => Carried::default(),
+            | Transition::RunResumed
+            | Transition::RunMigrated { .. } => Carried::default(),
         }
     }
 
@@ -435,6 +451,7 @@ impl<'a> Transition<'a> {
             Transition::RunAdmitted { .. } => "RunAdmitted",
             Transition::RunPaused => "RunPaused",
             Transition::RunResumed => "RunResumed",
+            Transition::RunMigrated { .. } => "RunMigrated",
         }
     }
 }

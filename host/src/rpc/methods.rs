@@ -76,6 +76,10 @@ pub async fn call(
             let p: RunParams = parse(params, &["run_id"])?;
             runs.retry(caller, &p.run_id).await.map(|v| json!(v))
         }
+        "workflow.migrate" => {
+            let p: RunParams = parse(params, &["run_id"])?;
+            runs.migrate(caller, &p.run_id).await.map(|v| json!(v))
+        }
         "workflow.pause" => {
             let p: RunParams = parse(params, &["run_id"])?;
             runs.pause(caller, &p.run_id).await.map(|v| json!(v))

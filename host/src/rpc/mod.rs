@@ -321,8 +321,16 @@ async fn metrics(State(app): State<App>, Extension(caller): Extension<Arc<Caller
         .map(|c| (c.id, c.state == "ready", c.queued))
         .collect();
     let workflows = &app.state.workflows;
-    let text =
-        crate::metrics::metrics().render(&connections, workflows.running(), workflows.waiting());
+    let live = workflows.live_definitions().await.unwrap_or_else(|e| {
+        tracing::warn!("cannot count the runs per definition for /metrics: {e}");
+        Vec::new()
+    });
+    let text = crate::metrics::metrics().render(
+        &connections,
+        workflows.running(),
+        workflows.waiting(),
+        &live,
+    );
     (
         [(
             header::CONTENT_TYPE,

@@ -162,6 +162,7 @@ pub fn document() -> Value {
                 param("limit", false, json!({"type": "integer", "minimum": 1, "maximum": 1000}), "Default 100."),
             ], json!({"type": "object"})),
             method("workflow.cancel", "Stops every running step and its in-flight upstream calls; returns the record.", vec![param("run_id", true, string.clone(), "")], run_record()),
+            method("workflow.migrate", "Moves an unfinished run to the definition of its workflow in force (after a reload changed it): its steps to come run as that one says. -32008, with the reason, when a step that has run or waits is not in it or is defined differently, or a step's node is running now.", vec![param("run_id", true, string.clone(), "")], run_record()),
             method("workflow.pause", "Pauses a running run: it starts no new step (its running steps finish and are recorded, sleeps keep their wake time) and stays `paused`, across restarts, until `workflow.resume`. -32008 for a run that is not running.", vec![param("run_id", true, string.clone(), "")], run_record()),
             method("workflow.resume", "Resumes a paused run where it stopped. -32008 for a run that is not paused.", vec![param("run_id", true, string.clone(), "")], run_record()),
             method("workflow.retry", "Starts a failed or cancelled run again from its failed or cancelled steps, keeping the outputs of the steps that succeeded; same run id.", vec![param("run_id", true, string.clone(), "")], run_record()),

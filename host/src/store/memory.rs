@@ -340,6 +340,10 @@ fn set_run(run: &mut RunEntry, set: &RunSet<'_>, at: &str) {
         // Dated when written, as the SQL stores do.
         row.admitted_ms = Some(at_ms.max(now_ms()));
     }
+    if let Some((definition, hash)) = set.definition {
+        row.definition = std::sync::Arc::new(definition.clone());
+        row.definition_hash = hash.to_owned();
+    }
 }
 
 fn stamp(stamp: Stamp, at: &str) -> Option<String> {
@@ -550,6 +554,17 @@ impl Store for MemoryStore {
             .or_default()
             .insert((call.attempt, call.item, call.seq), call.clone());
         Ok(())
+    }
+
+    async fn live_definitions(&self) -> Result<Vec<(String, String, u64)>, StoreError> {
+        let state = self.lock();
+        let mut counts: BTreeMap<(String, String), u64> = BTreeMap::new();
+        for run in state.runs.values().filter(|r| !r.row.status.is_finished()) {
+            *counts
+                .entry((run.row.workflow.clone(), run.row.definition_hash.clone()))
+                .or_default() += 1;
+        }
+        Ok(counts.into_iter().map(|((w, h), n)| (w, h, n)).collect())
     }
 
     async fn counts(&self) -> Result<Counts, StoreError> {

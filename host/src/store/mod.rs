@@ -324,6 +324,9 @@ pub trait Store: Send + Sync {
     /// Journals one capability call of a step attempt (fenced).
     async fn record_call(&self, call: &CallRow, fence: &Fence) -> Result<(), StoreError>;
     async fn counts(&self) -> Result<Counts, StoreError>;
+    /// How many unfinished runs (queued, running, paused) each workflow
+    /// has on each of its definitions: `(workflow, definition_hash, runs)`.
+    async fn live_definitions(&self) -> Result<Vec<(String, String, u64)>, StoreError>;
     /// Appends an event of `run_id` that goes with no move (a retried
     /// attempt's log) to the event log; returns it with its id.
     async fn append_event(

@@ -480,6 +480,13 @@ fn run_sets(sql: &mut Sql, set: &RunSet<'_>, cx: &MoveContext<'_>) -> (String, O
     if set.clear_cancel {
         sets.push("cancel_requested = FALSE".to_owned());
     }
+    if let Some((definition, hash)) = set.definition {
+        sets.push(format!(
+            "definition = {}, definition_hash = {}",
+            sql.text(json(definition)),
+            sql.text(hash)
+        ));
+    }
     (sets.join(", "), admitted_at)
 }
 

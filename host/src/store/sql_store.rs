@@ -350,6 +350,27 @@ impl<D: Db> Store for SqlStore<D> {
         Ok(())
     }
 
+    async fn live_definitions(&self) -> Result<Vec<(String, String, u64)>, StoreError> {
+        let rows = self
+            .db
+            .read(
+                "SELECT workflow, definition_hash, count(*) AS runs FROM runs
+                 WHERE status IN ('queued', 'running', 'paused')
+                 GROUP BY workflow, definition_hash ORDER BY workflow, definition_hash",
+                Vec::new(),
+            )
+            .await?;
+        rows.into_iter()
+            .map(|row| {
+                Ok((
+                    row.text("workflow")?,
+                    row.text("definition_hash")?,
+                    row.int("runs")? as u64,
+                ))
+            })
+            .collect()
+    }
+
     async fn counts(&self) -> Result<Counts, StoreError> {
         let rows = self
             .db

@@ -525,6 +525,37 @@ impl Workflows {
         self.loaded().definitions.keys().cloned().collect()
     }
 
+    /// How many unfinished runs each workflow has on each definition:
+    /// `(workflow, definition_hash, runs)`.
+    ///
+    /// # Errors
+    /// [`WorkflowError::Store`].
+    pub async fn live_definitions(&self) -> Result<Vec<(String, String, u64)>, WorkflowError> {
+        Ok(self.store.live_definitions().await?)
+    }
+
+    /// Per workflow, the definition in force (`current`, its hash) and the
+    /// definitions its unfinished runs are on (`live: [{hash, runs}]`),
+    /// also of workflows no longer configured.
+    ///
+    /// # Errors
+    /// [`WorkflowError::Store`].
+    pub async fn definitions_status(&self) -> Result<Value, WorkflowError> {
+        let mut out = serde_json::Map::new();
+        for (name, def) in &self.loaded().definitions {
+            out.insert(name.clone(), json!({"current": def.hash, "live": []}));
+        }
+        for (workflow, hash, runs) in self.live_definitions().await? {
+            let entry = out
+                .entry(workflow)
+                .or_insert_with(|| json!({"current": null, "live": []}));
+            if let Some(live) = entry["live"].as_array_mut() {
+                live.push(json!({"hash": hash, "runs": runs}));
+            }
+        }
+        Ok(Value::Object(out))
+    }
+
     /// The `input_schema` of each workflow that has one, by name.
     pub fn input_schemas(&self) -> BTreeMap<String, Value> {
         self.loaded()

@@ -744,6 +744,129 @@ impl Workflows {
         self.get(run_id, false).await
     }
 
+    /// Moves an unfinished run to the definition of its workflow in force
+    /// (after a reload changed it): its steps to come run as that one says.
+    /// Refused, with the reason, when a step that has run (or waits) no
+    /// longer exists there or is defined differently, or when a step's node
+    /// is running now (pause the run, or migrate it while it waits). A run
+    /// driven here is stopped and driven again on the new definition.
+    ///
+    /// # Errors
+    /// [`WorkflowError::UnknownRun`], [`WorkflowError::NotWaiting`] (not
+    /// migratable, and why), [`WorkflowError::Store`].
+    pub async fn migrate(self: &Arc<Self>, run_id: &str) -> Result<RunRecord, WorkflowError> {
+        if self.tasks.is_closed() {
+            return Err(WorkflowError::ShuttingDown);
+        }
+        let refuse = |message: String| WorkflowError::NotWaiting {
+            run_id: run_id.to_owned(),
+            message,
+        };
+        let run = self.stored_run(run_id).await?;
+        if run.status.is_finished() {
+            return Err(refuse(format!(
+                "it has finished as `{}`; only an unfinished run can be migrated",
+                run.status.as_str()
+            )));
+        }
+        let Some(current) = self.definition(&run.workflow) else {
+            return Err(refuse(format!(
+                "its workflow `{}` is no longer configured",
+                run.workflow
+            )));
+        };
+        if current.hash == run.definition_hash {
+            return Err(refuse(format!(
+                "it runs on the definition of `{}` in force already ({})",
+                run.workflow,
+                &current.hash[..12.min(current.hash.len())]
+            )));
+        }
+        let step_of = |spec: &Value, id: &str| -> Option<Value> {
+            spec["steps"]
+                .as_array()?
+                .iter()
+                .find(|s| s["id"] == id)
+                .cloned()
+        };
+        let record = self.get(run_id, false).await?;
+        for step in record.steps.iter().flatten() {
+            if step.status == StepStatus::Pending {
+                continue;
+            }
+            let old = step_of(&run.definition, &step.id);
+            let sleeps = old
+                .as_ref()
+                .is_some_and(|s| !s["sleep"].is_null() || !s["until"].is_null());
+            if step.status == StepStatus::Running && !sleeps {
+                return Err(refuse(format!(
+                    "step `{}` is running its node; migrate the run while it waits, or pause it and let its steps finish",
+                    step.id
+                )));
+            }
+            match step_of(&current.spec_json, &step.id) {
+                None => {
+                    return Err(refuse(format!(
+                        "step `{}` ({}) is not in the definition in force",
+                        step.id,
+                        step.status.as_str()
+                    )));
+                }
+                Some(new) if Some(&new) != old.as_ref() => {
+                    let diff = crate::diff::strict(
+                        &new,
+                        old.as_ref().unwrap_or(&Value::Null),
+                        [
+                            "in force",
+                            "run's",
+                            "missing in force",
+                            "missing from the run's",
+                        ],
+                        "",
+                    );
+                    return Err(refuse(format!(
+                        "step `{}` ({}) is defined differently in the definition in force: {}",
+                        step.id,
+                        step.status.as_str(),
+                        diff.trim().replace('\n', " ")
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+        let migrate = Transition::RunMigrated {
+            definition: &current.spec_json,
+            hash: &current.hash,
+        };
+        match self.events.apply(run_id, &[migrate], None).await {
+            Ok(_) => {}
+            Err(StoreError::Refused(_)) => {
+                return Err(refuse("it finished meanwhile".into()));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        tracing::info!(run = %run_id, from = %run.definition_hash, to = %current.hash, "run migrated");
+        // Driven here: stopped (its steps wait or sleep, as stored), then
+        // driven again on the new definition.
+        let done = self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(run_id)
+            .map(|live| {
+                live.stop.cancel();
+                live.done.clone()
+            });
+        if let Some(mut done) = done {
+            let _ = done.wait_for(|d| matches!(d, Done::Ended(_))).await;
+        }
+        let run = self.stored_run(run_id).await?;
+        if run.status != RunStatus::Paused {
+            self.mode.reopened(self, run).await?;
+        }
+        self.get(run_id, false).await
+    }
+
     /// Starts a failed or cancelled run again from its failed or cancelled
     /// steps, keeping the outputs of the steps that succeeded. Same run id.
     ///

@@ -288,6 +288,21 @@
   let runEvents = [];
   let runStream = null;
 
+  // Per workflow, the hash of its definition in force (`host.status`).
+  let definitionsInForce = {};
+
+  async function loadDefinitions() {
+    try {
+      const status = await rpc("host.status");
+      definitionsInForce = Object.fromEntries(
+        Object.entries(status.definitions || {}).map(([name, d]) => [name, d.current]),
+      );
+      if (lastRun) renderRun(lastRun);
+    } catch {
+      // The run page works without it: Migrate stays off.
+    }
+  }
+
   function followRunEvents(id) {
     runEvents = [];
     if (runStream) runStream.close();
@@ -320,6 +335,7 @@
       clearRun(openRunId);
       show("run-view");
       followRunEvents(openRunId);
+      loadDefinitions();
       loadRun();
     } else if (hash === "#/connections") {
       show("connections-view");
@@ -585,11 +601,12 @@
       ["Started", when(run.started_at)],
       ["Finished", when(run.finished_at)],
       ["Duration", durationCell(run.started_at, run.finished_at)],
-      ["Definition", el("code", { text: String(run.definition_hash || "").slice(0, 12) })],
+      ["Definition", definitionCell(run)],
     ];
     $("run-summary").replaceChildren(...summary.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", null, v)]));
     $("cancel-run").disabled = run.status !== "running" && run.status !== "queued" && run.status !== "paused";
     $("pause-run").disabled = run.status !== "running";
+    $("migrate-run").disabled = !olderDefinition(run);
     $("resume-run").disabled = run.status !== "paused";
     $("retry-run").disabled = !(run.status === "failed" || run.status === "cancelled");
     const steps = run.steps || [];
@@ -605,6 +622,20 @@
     if (run.output !== undefined) data.push(el("h3", { text: "Output" }), json(run.output));
     if (run.error) data.push(el("h3", { text: "Error" }), errorBox(run.error));
     $("run-data").replaceChildren(...data);
+  }
+
+  // Whether an unfinished run is on a definition older than the one in force.
+  function olderDefinition(run) {
+    const current = definitionsInForce[run.workflow];
+    const unfinished = ["queued", "running", "paused"].includes(run.status);
+    return unfinished && current && run.definition_hash && current !== run.definition_hash;
+  }
+
+  function definitionCell(run) {
+    const code = el("code", { text: String(run.definition_hash || "").slice(0, 12) });
+    if (!olderDefinition(run)) return code;
+    const current = String(definitionsInForce[run.workflow]).slice(0, 12);
+    return el("span", { id: "older-definition" }, code, ` (older: in force is ${current}; Migrate moves the run to it)`);
   }
 
   function errorBox(error) {
@@ -1178,6 +1209,7 @@
     $("retry-run").addEventListener("click", () => runAction("workflow.retry", $("retry-run")));
     $("pause-run").addEventListener("click", () => runAction("workflow.pause", $("pause-run")));
     $("resume-run").addEventListener("click", () => runAction("workflow.resume", $("resume-run")));
+    $("migrate-run").addEventListener("click", () => runAction("workflow.migrate", $("migrate-run")));
     window.addEventListener("hashchange", route);
     setInterval(tick, 1000);
     boot();
