@@ -665,24 +665,12 @@ impl Workflows {
     /// [`WorkflowError::UnknownRun`], [`WorkflowError::NotWaiting`] for a
     /// run that is not running, [`WorkflowError::Store`].
     pub async fn pause_run(&self, run_id: &str) -> Result<RunRecord, WorkflowError> {
-        let run = self.stored_run(run_id).await?;
-        match self
-            .events
-            .apply(run_id, &[Transition::RunPaused], None)
-            .await
-        {
-            Ok(_) => {}
-            Err(StoreError::Refused(_)) => {
-                return Err(WorkflowError::NotWaiting {
-                    run_id: run_id.to_owned(),
-                    message: format!(
-                        "it is {}; only a running run can be paused",
-                        run.status.as_str()
-                    ),
-                });
-            }
-            Err(e) => return Err(e.into()),
-        }
+        self.run_move(
+            run_id,
+            Transition::RunPaused,
+            "only a running run can be paused",
+        )
+        .await?;
         if let Some(live) = self
             .live
             .lock()
@@ -695,6 +683,25 @@ impl Workflows {
         self.get(run_id, false).await
     }
 
+    /// Makes run move `transition` of `run_id` (pause, resume), or refuses
+    /// with the run's status and `only` when its guard does not hold.
+    async fn run_move(
+        &self,
+        run_id: &str,
+        transition: Transition<'_>,
+        only: &str,
+    ) -> Result<(), WorkflowError> {
+        let run = self.stored_run(run_id).await?;
+        match self.events.apply(run_id, &[transition], None).await {
+            Ok(_) => Ok(()),
+            Err(StoreError::Refused(_)) => Err(WorkflowError::NotWaiting {
+                run_id: run_id.to_owned(),
+                message: format!("it is {}; {only}", run.status.as_str()),
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Resumes a paused run where it stopped.
     ///
     /// # Errors
@@ -705,24 +712,12 @@ impl Workflows {
         if self.tasks.is_closed() {
             return Err(WorkflowError::ShuttingDown);
         }
-        let run = self.stored_run(run_id).await?;
-        match self
-            .events
-            .apply(run_id, &[Transition::RunResumed], None)
-            .await
-        {
-            Ok(_) => {}
-            Err(StoreError::Refused(_)) => {
-                return Err(WorkflowError::NotWaiting {
-                    run_id: run_id.to_owned(),
-                    message: format!(
-                        "it is {}; only a paused run can be resumed",
-                        run.status.as_str()
-                    ),
-                });
-            }
-            Err(e) => return Err(e.into()),
-        }
+        self.run_move(
+            run_id,
+            Transition::RunResumed,
+            "only a paused run can be resumed",
+        )
+        .await?;
         tracing::info!(run = %run_id, "run resumed");
         // Still driven here (its steps were running): it goes on.
         let driven = match self
