@@ -3964,6 +3964,36 @@ async fn a_waiting_run_is_counted_on_its_definition_and_migrated_when_safe() {
         message.contains("{a: 3}") || message.contains("a: 3"),
         "{message}"
     );
+
+    // A definition with another step: refused (its step would have no row).
+    write_config(
+        dir.path(),
+        &format!(
+            "{}\n[[workflows.w.steps]]\nid = \"extra\"\nneeds = [\"b\"]\ncomponent = \"{{echo}}\"\n",
+            version("{a: 1}", "{v: 2}")
+        ),
+    );
+    serve.call("host.reload", json!({})).await;
+    let refused = serve
+        .reply("workflow.migrate", json!({"run_id": third_run}))
+        .await;
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("adds [\"extra\"]"), "{refused}");
+    // Refused, the run still waits, driven: a signal finishes it.
+    waiting(&third_run).await;
+    serve
+        .call(
+            "workflow.signal",
+            json!({"run_id": third_run, "signal": "go", "payload": {}}),
+        )
+        .await;
+    let done = serve
+        .call(
+            "workflow.wait",
+            json!({"run_id": third_run, "timeout_ms": 30000}),
+        )
+        .await;
+    assert_eq!(done["status"], "succeeded", "{done}");
 }
 
 /// With `--watch`, writing the config reloads it: a workflow added to the

@@ -229,7 +229,6 @@ impl<'a> Transition<'a> {
             Transition::RunResumed => Target::Run {
                 set: RunSet {
                     status: Some(RunTo::RunningUnlessFlow),
-                    release_lease: true,
                     ..RunSet::default()
                 },
                 steps: None,

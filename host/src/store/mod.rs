@@ -100,6 +100,8 @@ pub struct Renewed {
     pub lost: Vec<String>,
     /// Runs that were asked to cancel (in case the note was missed).
     pub cancel: Vec<String>,
+    /// Runs paused (`workflow.pause` on any worker): they start no new step.
+    pub paused: Vec<String>,
 }
 
 /// What [`Store::request_cancel`] did.

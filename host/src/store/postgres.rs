@@ -460,10 +460,10 @@ impl Shared for PgDb {
         if runs.is_empty() {
             return Ok(Renewed::default());
         }
-        let renewed: Vec<(String, bool)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        let renewed: Vec<(String, bool, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "UPDATE runs SET lease_until_ms = {DB_NOW_MS} + $3
-             WHERE lease_owner = $1 AND run_id = ANY($2) AND status = 'running'
-             RETURNING run_id, cancel_requested"
+             WHERE lease_owner = $1 AND run_id = ANY($2) AND status IN ('running', 'paused')
+             RETURNING run_id, cancel_requested, status"
         )))
         .bind(worker)
         .bind(runs)
@@ -472,14 +472,23 @@ impl Shared for PgDb {
         .await?;
         let lost = runs
             .iter()
-            .filter(|id| !renewed.iter().any(|(r, _)| r == *id))
+            .filter(|id| !renewed.iter().any(|(r, _, _)| r == *id))
             .cloned()
+            .collect();
+        let paused = renewed
+            .iter()
+            .filter(|(_, _, status)| status == RunStatus::Paused.as_str())
+            .map(|(id, _, _)| id.clone())
             .collect();
         let cancel = renewed
             .into_iter()
-            .filter_map(|(id, cancel)| cancel.then_some(id))
+            .filter_map(|(id, cancel, _)| cancel.then_some(id))
             .collect();
-        Ok(Renewed { lost, cancel })
+        Ok(Renewed {
+            lost,
+            cancel,
+            paused,
+        })
     }
 
     async fn release_runs(&self, worker: &str, runs: &[String]) -> Result<(), StoreError> {
@@ -562,7 +571,8 @@ impl Shared for PgDb {
             // A queued run is held by nobody: it ends here (below).
             Some((status, _))
                 if status != RunStatus::Running.as_str()
-                    && status != RunStatus::Queued.as_str() =>
+                    && status != RunStatus::Queued.as_str()
+                    && status != RunStatus::Paused.as_str() =>
             {
                 CancelRequest::NotRunning
             }

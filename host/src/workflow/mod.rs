@@ -671,6 +671,18 @@ impl Workflows {
         }
     }
 
+    /// Pauses a run if this process drives it (its steps running finish).
+    pub(crate) fn pause_local(&self, run_id: &str) {
+        if let Some(live) = self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(run_id)
+        {
+            live.pause.send_replace(true);
+        }
+    }
+
     /// Cancels a run if this process drives it.
     pub(crate) fn cancel_local(&self, run_id: &str) -> bool {
         match self
@@ -727,13 +739,12 @@ impl Workflows {
         };
         let rows = self.store.steps(run_id).await?;
         // What its parked steps wait for, from the events that say so.
-        let mut parked = if run.status == RunStatus::Running
-            && rows.iter().any(|r| r.status == StepStatus::Running)
-        {
-            self.parked_steps(run_id).await?
-        } else {
-            HashMap::new()
-        };
+        let mut parked =
+            if !run.status.is_finished() && rows.iter().any(|r| r.status == StepStatus::Running) {
+                self.parked_steps(run_id).await?
+            } else {
+                HashMap::new()
+            };
         let mut steps = Vec::new();
         for row in rows {
             let asked: Vec<_> = if row.status == StepStatus::Running {
@@ -947,17 +958,43 @@ impl Workflows {
             },
         };
         if let Some(mut done) = done {
-            let timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
-            tokio::select! {
-                _ = tokio::time::timeout(timeout, done.wait_for(|d| matches!(d, Done::Ended(_)))) => {}
-                _ = self.closing.cancelled() => {}
+            loop {
+                let timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
+                tokio::select! {
+                    _ = tokio::time::timeout(timeout, done.wait_for(|d| matches!(d, Done::Ended(_)))) => {}
+                    _ = self.closing.cancelled() => {}
+                }
+                // The run as its end stored it: no read, unless its steps are
+                // wanted too.
+                if let (false, Done::Ended(Some(run))) = (steps, &*done.borrow()) {
+                    return Ok(RunRecord::clone(run));
+                }
+                let record = read().await?;
+                let now = tokio::time::Instant::now();
+                if record.status.is_finished() || now >= deadline || self.closing.is_cancelled() {
+                    return Ok(record);
+                }
+                // Its driver ended and the run goes on (resumed, or moved to
+                // another definition: driven anew) or is paused (no driver
+                // until resumed): the next driver's end, or a look a second on.
+                done = match self.live_done(run_id) {
+                    Some(next) => next,
+                    None => {
+                        tokio::select! {
+                            _ = tokio::time::sleep((deadline - now).min(Duration::from_secs(1))) => {}
+                            _ = self.closing.cancelled() => {}
+                        }
+                        match self.live_done(run_id) {
+                            Some(next) => next,
+                            None => {
+                                let (tx, rx) = watch::channel(Done::Ended(None));
+                                drop(tx);
+                                rx
+                            }
+                        }
+                    }
+                };
             }
-            // The run as its end stored it: no read, unless its steps are
-            // wanted too.
-            if let (false, Done::Ended(Some(run))) = (steps, &*done.borrow()) {
-                return Ok(RunRecord::clone(run));
-            }
-            return read().await;
         }
         let Some(mut notes) = self.store.listen() else {
             return read().await;

@@ -183,6 +183,20 @@ impl Mode {
     /// `running` and resumes at the next start. Shared: at shutdown it is
     /// released so another worker takes it at once; otherwise this worker
     /// lost its lease, and the run is another's already.
+    /// A run this worker drove was paused and its driver ended: shared, its
+    /// lease goes (whoever drives it after `workflow.resume` claims it);
+    /// alone, nothing holds it.
+    pub(crate) async fn let_go(self, wf: &Workflows, run_id: &str) {
+        if self == Mode::Shared
+            && let Err(e) = wf
+                .store
+                .release_runs(&wf.worker.id, std::slice::from_ref(&run_id.to_owned()))
+                .await
+        {
+            tracing::warn!(run = %run_id, "cannot release the paused run ({e}); another worker takes it when its lease expires");
+        }
+    }
+
     pub(crate) async fn interrupted(self, wf: &Workflows, run_id: &str, span: &tracing::Span) {
         match self {
             Mode::Alone => {

@@ -491,9 +491,10 @@ impl Workflows {
                 progress: progress.clone(),
                 stop: stop.clone(),
                 signals: signals_tx,
-                pause: pause_tx,
+                pause: pause_tx.clone(),
             },
         );
+        let pause_tx_for_task = pause_tx;
         drop(live);
         let ctx = Arc::new(RunCtx {
             run_id: run.run_id.clone(),
@@ -526,7 +527,15 @@ impl Workflows {
             })
         });
         let this = self.clone();
+        let pause = pause_tx_for_task;
         self.tasks.spawn(async move {
+            // Paused before this driver was in `live` (where a pause finds
+            // it): it starts paused.
+            if let Ok(Some(run)) = this.store.run(&ctx.run_id).await
+                && run.status == RunStatus::Paused
+            {
+                pause.send_replace(true);
+            }
             let run_id = ctx.run_id.clone();
             let workflow = ctx.def.name.clone();
             let flow = ctx.def.flow.is_some();
@@ -588,6 +597,7 @@ impl Workflows {
                 Ok(Ending::Interrupted) => this.mode.interrupted(&this, &run_id, &span).await,
                 Ok(Ending::Paused) => {
                     trace::record_status(&span, "paused", false, None);
+                    this.mode.let_go(&this, &run_id).await;
                     // Resumed between its last step and here: it runs on.
                     if let Ok(Some(run)) = this.store.run(&run_id).await
                         && run.status != RunStatus::Paused
@@ -671,14 +681,9 @@ impl Workflows {
             "only a running run can be paused",
         )
         .await?;
-        if let Some(live) = self
-            .live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(run_id)
-        {
-            live.pause.send_replace(true);
-        }
+        // Driven here: no new step starts. (Driven by another worker: it
+        // hears of it at its next lease renewal.)
+        self.pause_local(run_id);
         tracing::info!(run = %run_id, "run paused");
         self.get(run_id, false).await
     }
@@ -719,19 +724,14 @@ impl Workflows {
         )
         .await?;
         tracing::info!(run = %run_id, "run resumed");
-        // Still driven here (its steps were running): it goes on.
-        let driven = match self
+        // Still driven here (its steps were running): its driver ends once
+        // they have, and goes on from there as the store says (queued again
+        // under flow control); a driver is never un-paused in place.
+        let driven = self
             .live
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(run_id)
-        {
-            Some(live) => {
-                live.pause.send_replace(false);
-                true
-            }
-            None => false,
-        };
+            .contains_key(run_id);
         if !driven {
             let run = self.stored_run(run_id).await?;
             self.mode.reopened(self, run).await?;
@@ -753,96 +753,16 @@ impl Workflows {
         if self.tasks.is_closed() {
             return Err(WorkflowError::ShuttingDown);
         }
-        let refuse = |message: String| WorkflowError::NotWaiting {
-            run_id: run_id.to_owned(),
-            message,
-        };
         let run = self.stored_run(run_id).await?;
-        if run.status.is_finished() {
-            return Err(refuse(format!(
-                "it has finished as `{}`; only an unfinished run can be migrated",
-                run.status.as_str()
-            )));
-        }
         let Some(current) = self.definition(&run.workflow) else {
-            return Err(refuse(format!(
-                "its workflow `{}` is no longer configured",
-                run.workflow
-            )));
+            return Err(not_migrated(
+                run_id,
+                format!("its workflow `{}` is no longer configured", run.workflow),
+            ));
         };
-        if current.hash == run.definition_hash {
-            return Err(refuse(format!(
-                "it runs on the definition of `{}` in force already ({})",
-                run.workflow,
-                &current.hash[..12.min(current.hash.len())]
-            )));
-        }
-        let step_of = |spec: &Value, id: &str| -> Option<Value> {
-            spec["steps"]
-                .as_array()?
-                .iter()
-                .find(|s| s["id"] == id)
-                .cloned()
-        };
-        let record = self.get(run_id, false).await?;
-        for step in record.steps.iter().flatten() {
-            if step.status == StepStatus::Pending {
-                continue;
-            }
-            let old = step_of(&run.definition, &step.id);
-            let sleeps = old
-                .as_ref()
-                .is_some_and(|s| !s["sleep"].is_null() || !s["until"].is_null());
-            if step.status == StepStatus::Running && !sleeps {
-                return Err(refuse(format!(
-                    "step `{}` is running its node; migrate the run while it waits, or pause it and let its steps finish",
-                    step.id
-                )));
-            }
-            match step_of(&current.spec_json, &step.id) {
-                None => {
-                    return Err(refuse(format!(
-                        "step `{}` ({}) is not in the definition in force",
-                        step.id,
-                        step.status.as_str()
-                    )));
-                }
-                Some(new) if Some(&new) != old.as_ref() => {
-                    let diff = crate::diff::strict(
-                        &new,
-                        old.as_ref().unwrap_or(&Value::Null),
-                        [
-                            "in force",
-                            "run's",
-                            "missing in force",
-                            "missing from the run's",
-                        ],
-                        "",
-                    );
-                    return Err(refuse(format!(
-                        "step `{}` ({}) is defined differently in the definition in force: {}",
-                        step.id,
-                        step.status.as_str(),
-                        diff.trim().replace('\n', " ")
-                    )));
-                }
-                Some(_) => {}
-            }
-        }
-        let migrate = Transition::RunMigrated {
-            definition: &current.spec_json,
-            hash: &current.hash,
-        };
-        match self.events.apply(run_id, &[migrate], None).await {
-            Ok(_) => {}
-            Err(StoreError::Refused(_)) => {
-                return Err(refuse("it finished meanwhile".into()));
-            }
-            Err(e) => return Err(e.into()),
-        }
-        tracing::info!(run = %run_id, from = %run.definition_hash, to = %current.hash, "run migrated");
-        // Driven here: stopped (its steps wait or sleep, as stored), then
-        // driven again on the new definition.
+        // Checked before its driver here is stopped (a running node would
+        // be cut short), and again after (a step may have moved meanwhile).
+        self.migratable(run_id, &current).await?;
         let done = self
             .live
             .lock()
@@ -853,13 +773,125 @@ impl Workflows {
                 live.done.clone()
             });
         if let Some(mut done) = done {
-            let _ = done.wait_for(|d| matches!(d, Done::Ended(_))).await;
+            let ended = done.wait_for(|d| matches!(d, Done::Ended(_)));
+            if tokio::time::timeout(Duration::from_secs(30), ended)
+                .await
+                .is_err()
+            {
+                tracing::warn!(run = %run_id, "the run's driver did not stop within 30 s; migrating it anyway");
+            }
         }
+        let checked = self.migratable(run_id, &current).await;
+        let applied = match checked {
+            Ok(()) => {
+                let migrate = Transition::RunMigrated {
+                    definition: &current.spec_json,
+                    hash: &current.hash,
+                };
+                match self.events.apply(run_id, &[migrate], None).await {
+                    Ok(_) => {
+                        tracing::info!(run = %run_id, from = %run.definition_hash, to = %current.hash, "run migrated");
+                        Ok(())
+                    }
+                    Err(StoreError::Refused(_)) => {
+                        Err(not_migrated(run_id, "it finished meanwhile".into()))
+                    }
+                    Err(e) => Err(e.into()),
+                }
+            }
+            Err(e) => Err(e),
+        };
+        // Driven again (on whichever definition it is on now), unless it
+        // is paused or has finished.
         let run = self.stored_run(run_id).await?;
-        if run.status != RunStatus::Paused {
+        if !run.status.is_finished() && run.status != RunStatus::Paused {
             self.mode.reopened(self, run).await?;
         }
+        applied?;
         self.get(run_id, false).await
+    }
+
+    /// Whether run `run_id` may go on with `current`, the definition of its
+    /// workflow in force: every step it has run, or waits in, is the same
+    /// there, the steps are the same ones, and no node runs now.
+    async fn migratable(&self, run_id: &str, current: &Definition) -> Result<(), WorkflowError> {
+        let refuse = |message: String| Err(not_migrated(run_id, message));
+        let run = self.stored_run(run_id).await?;
+        if run.status.is_finished() {
+            return refuse(format!(
+                "it has finished as `{}`; only an unfinished run can be migrated",
+                run.status.as_str()
+            ));
+        }
+        if current.hash == run.definition_hash {
+            return refuse(format!(
+                "it runs on the definition of `{}` in force already ({})",
+                run.workflow,
+                &current.hash[..12.min(current.hash.len())]
+            ));
+        }
+        let step_of = |spec: &Value, id: &str| -> Option<Value> {
+            spec["steps"]
+                .as_array()?
+                .iter()
+                .find(|s| s["id"] == id)
+                .cloned()
+        };
+        let record = self.get(run_id, false).await?;
+        let steps: Vec<&super::StepRecord> = record.steps.iter().flatten().collect();
+        let ids: std::collections::BTreeSet<&str> = steps.iter().map(|s| s.id.as_str()).collect();
+        let new_ids: std::collections::BTreeSet<&str> =
+            current.steps.iter().map(|s| s.spec.id.as_str()).collect();
+        if ids != new_ids {
+            let added: Vec<_> = new_ids.difference(&ids).collect();
+            let removed: Vec<_> = ids.difference(&new_ids).collect();
+            return refuse(format!(
+                "the definition in force has other steps (adds {added:?}, removes {removed:?}); a run moves only between definitions of the same steps"
+            ));
+        }
+        for step in steps {
+            if step.status == StepStatus::Pending {
+                continue;
+            }
+            let old = step_of(&run.definition, &step.id);
+            let sleeps = old
+                .as_ref()
+                .is_some_and(|s| !s["sleep"].is_null() || !s["until"].is_null());
+            let for_each = old.as_ref().is_some_and(|s| !s["for_each"].is_null());
+            if for_each && !step.status.is_finished() {
+                return refuse(format!(
+                    "step `{}` runs its items now (`for_each`); migrate the run when it has finished",
+                    step.id
+                ));
+            }
+            if step.status == StepStatus::Running && !sleeps {
+                return refuse(format!(
+                    "step `{}` is running its node; migrate the run while it waits, or pause it and let its steps finish",
+                    step.id
+                ));
+            }
+            let new = step_of(&current.spec_json, &step.id);
+            if new != old {
+                let diff = crate::diff::strict(
+                    new.as_ref().unwrap_or(&Value::Null),
+                    old.as_ref().unwrap_or(&Value::Null),
+                    [
+                        "in force",
+                        "run's",
+                        "missing in force",
+                        "missing from the run's",
+                    ],
+                    "",
+                );
+                return refuse(format!(
+                    "step `{}` ({}) is defined differently in the definition in force: {}",
+                    step.id,
+                    step.status.as_str(),
+                    diff.trim().replace('\n', " ")
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Starts a failed or cancelled run again from its failed or cancelled
@@ -896,5 +928,13 @@ impl Workflows {
         }
         self.mode.reopened(self, run).await?;
         self.get(run_id, false).await
+    }
+}
+
+/// A migration refused, and why.
+fn not_migrated(run_id: &str, message: String) -> WorkflowError {
+    WorkflowError::NotWaiting {
+        run_id: run_id.to_owned(),
+        message,
     }
 }

@@ -112,6 +112,13 @@ pub(super) async fn child_run(
             if workflows.is_closing() {
                 return Err(Outcome::Interrupted);
             }
+            if record.status == RunStatus::Paused {
+                // A paused child is waited for without asking on and on.
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    () = stop.cancelled() => return Err(Outcome::Interrupted),
+                }
+            }
             continue;
         }
         return Ok(match (record.status, record.output, record.error) {

@@ -36,6 +36,10 @@ pub(super) async fn renewer(weak: Weak<Workflows>, closing: tokio_util::sync::Ca
                 for run_id in &renewed.cancel {
                     this.cancel_local(run_id);
                 }
+                // Paused on another worker: no new step starts here.
+                for run_id in &renewed.paused {
+                    this.pause_local(run_id);
+                }
             }
             Err(e) if last_ok.elapsed() >= this.worker.lease => {
                 // Past the lease another worker may have the runs: stop them
