@@ -59,6 +59,18 @@ input = '{{capability: "fixture.sleep", arguments: {{ms: .input.ms}}}}'
 id = "z"
 sleep = "3s"
 
+[[workflows.slow.steps]]
+id = "first"
+component = "{call}"
+allow = ["fixture.sleep"]
+input = '{{capability: "fixture.sleep", arguments: {{ms: .input.ms}}}}'
+[[workflows.slow.steps]]
+id = "second"
+component = "{call}"
+allow = ["fixture.echo"]
+needs = ["first"]
+input = '{{capability: "fixture.echo", arguments: {{text: "second"}}}}'
+
 [[workflows.patient.steps]]
 id = "lead"
 component = "{durable}"
@@ -690,6 +702,58 @@ async fn a_durable_node_parked_on_a_killed_worker_goes_on_on_another() {
         .collect();
     assert_eq!(texts, [json!("before"), json!("after")], "each call once");
     drop(parked);
+}
+
+/// A run paused through the worker that does not drive it: the driving
+/// worker hears of it at its next lease renewal, lets its running step
+/// finish and starts no other; `host.status` on either counts it paused.
+/// Resumed (through either), it finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_paused_on_one_worker_stops_on_the_worker_that_drives_it() {
+    let (_pg, _dir, a, b) = two_workers("1s");
+    let started = call(
+        &a,
+        "workflow.start",
+        json!({"workflow": "slow", "input": {"ms": 3000}}),
+    )
+    .await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    let worker_of =
+        async |serve: &Serve| call(serve, "host.status", json!({})).await["worker"]["id"].clone();
+    let (id_a, id_b) = (worker_of(&a).await, worker_of(&b).await);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let driver = loop {
+        let got = call(&a, "workflow.get", json!({"run_id": run_id})).await;
+        let worker = got["steps"][0]["workers"][0]["worker"].clone();
+        if !worker.is_null() {
+            break worker;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the first step never started: {got}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let other = if driver == id_a { &b } else { &a };
+    assert!(driver == id_a || driver == id_b, "{driver}");
+    let paused = call(other, "workflow.pause", json!({"run_id": run_id})).await;
+    assert_eq!(paused["status"], "paused", "{paused}");
+    // Past the first step's end: it finished, and the second did not start.
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    let got = call(other, "workflow.get", json!({"run_id": run_id})).await;
+    assert_eq!(got["status"], "paused", "{got}");
+    assert_eq!(got["steps"][0]["status"], "succeeded", "{got}");
+    assert_eq!(got["steps"][1]["status"], "pending", "{got}");
+    let status = call(&a, "host.status", json!({})).await;
+    assert_eq!(status["state"]["runs_paused"], 1, "{status}");
+    call(other, "workflow.resume", json!({"run_id": run_id})).await;
+    let done = call(
+        other,
+        "workflow.wait",
+        json!({"run_id": run_id, "timeout_ms": 30000}),
+    )
+    .await;
+    assert_eq!(done["status"], "succeeded", "{done}");
 }
 
 /// Sleeping runs do not fill a worker up: with one step slot, a worker

@@ -88,6 +88,11 @@ pub(super) const MIGRATIONS: &[(i64, &str, &str)] = &[
         "tape",
         include_str!("../../migrations/postgres/0009_tape.sql"),
     ),
+    (
+        10,
+        "paused",
+        include_str!("../../migrations/postgres/0010_paused.sql"),
+    ),
 ];
 
 /// The database's clock, in ms since the epoch. `clock_timestamp()`, not
