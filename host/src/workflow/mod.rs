@@ -661,42 +661,27 @@ impl Workflows {
 
     /// Stops a run here without recording anything (its lease is lost).
     pub(crate) fn stop_local(&self, run_id: &str) {
-        if let Some(live) = self
-            .live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(run_id)
-        {
-            live.stop.cancel();
-        }
+        self.with_live(run_id, |live| live.stop.cancel());
     }
 
     /// Pauses a run if this process drives it (its steps running finish).
     pub(crate) fn pause_local(&self, run_id: &str) {
-        if let Some(live) = self
-            .live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(run_id)
-        {
-            live.pause.send_replace(true);
-        }
+        self.with_live(run_id, |live| live.pause.send_replace(true));
     }
 
     /// Cancels a run if this process drives it.
     pub(crate) fn cancel_local(&self, run_id: &str) -> bool {
-        match self
-            .live
+        self.with_live(run_id, |live| live.cancel.cancel())
+            .is_some()
+    }
+
+    /// `f` of the run's live entry, when this process drives `run_id`.
+    fn with_live<T>(&self, run_id: &str, f: impl FnOnce(&Live) -> T) -> Option<T> {
+        self.live
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(run_id)
-        {
-            Some(live) => {
-                live.cancel.cancel();
-                true
-            }
-            None => false,
-        }
+            .map(f)
     }
 
     /// The run as stored, or [`WorkflowError::UnknownRun`].
@@ -722,11 +707,9 @@ impl Workflows {
     pub async fn get(&self, run_id: &str, calls: bool) -> Result<RunRecord, WorkflowError> {
         let run = self.stored_run(run_id).await?;
         let progress: HashMap<String, crate::capability::Progress> = self
-            .live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(run_id)
-            .map(|l| l.progress.lock().unwrap_or_else(|e| e.into_inner()).clone())
+            .with_live(run_id, |l| {
+                l.progress.lock().unwrap_or_else(|e| e.into_inner()).clone()
+            })
             .unwrap_or_default();
         // The graph of the definition the run started with, not today's.
         let mut needs: HashMap<String, Vec<String>> = Spec::deserialize(&*run.definition)
@@ -816,45 +799,37 @@ impl Workflows {
         &self,
         run_id: &str,
     ) -> Result<HashMap<String, BTreeMap<u64, Value>>, WorkflowError> {
-        const PAGE: u32 = 500;
         let mut parked: HashMap<String, BTreeMap<u64, Value>> = HashMap::new();
-        let mut after = 0;
-        loop {
-            let page = self.store.events(Some(run_id), after, PAGE).await?;
-            let full = page.len() == PAGE as usize;
-            for event in page {
-                after = event.id;
-                let Value::Object(mut data) = event.data else {
-                    continue;
-                };
-                let Some(Value::String(step)) = data.remove("step") else {
-                    continue;
-                };
-                let item = data.get("item").and_then(Value::as_u64);
-                match event.kind.as_str() {
-                    "step.parked" => {
-                        let item = item.unwrap_or(0);
-                        data.insert("item".into(), json!(item));
-                        parked
-                            .entry(step)
-                            .or_default()
-                            .insert(item, Value::Object(data));
-                    }
-                    "step.resumed" => {
-                        if let Some(items) = parked.get_mut(&step) {
-                            items.remove(&item.unwrap_or(0));
-                        }
-                    }
-                    "step.started" | "step.finished" => {
-                        parked.remove(&step);
-                    }
-                    _ => {}
+        self.each_event(run_id, |event| {
+            let Value::Object(mut data) = event.data else {
+                return;
+            };
+            let Some(Value::String(step)) = data.remove("step") else {
+                return;
+            };
+            let item = data.get("item").and_then(Value::as_u64);
+            match event.kind.as_str() {
+                "step.parked" => {
+                    let item = item.unwrap_or(0);
+                    data.insert("item".into(), json!(item));
+                    parked
+                        .entry(step)
+                        .or_default()
+                        .insert(item, Value::Object(data));
                 }
+                "step.resumed" => {
+                    if let Some(items) = parked.get_mut(&step) {
+                        items.remove(&item.unwrap_or(0));
+                    }
+                }
+                "step.started" | "step.finished" => {
+                    parked.remove(&step);
+                }
+                _ => {}
             }
-            if !full {
-                return Ok(parked);
-            }
-        }
+        })
+        .await?;
+        Ok(parked)
     }
 
     /// The log records of `run_id`'s node attempts, by step, oldest first
@@ -863,34 +838,47 @@ impl Workflows {
     /// # Errors
     /// [`WorkflowError::Store`].
     pub async fn logs(&self, run_id: &str) -> Result<HashMap<String, Vec<StepLog>>, WorkflowError> {
-        const PAGE: u32 = 500;
         let mut logs: HashMap<String, Vec<StepLog>> = HashMap::new();
+        self.each_event(run_id, |mut event| {
+            if event.kind != STEP_LOG {
+                return;
+            }
+            let number = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok());
+            let (Some(step), Some(item), Some(attempt)) = (
+                event.data["step"].as_str().map(str::to_owned),
+                number(&event.data["item"]),
+                number(&event.data["attempt"]),
+            ) else {
+                return;
+            };
+            logs.entry(step).or_default().push(StepLog {
+                item,
+                attempt,
+                at: event.at,
+                records: event.data["records"].take(),
+            });
+        })
+        .await?;
+        Ok(logs)
+    }
+
+    /// Every kept event of `run_id`, oldest first, read a page at a time.
+    async fn each_event(
+        &self,
+        run_id: &str,
+        mut each: impl FnMut(crate::domain::EventRow),
+    ) -> Result<(), WorkflowError> {
+        const PAGE: u32 = 500;
         let mut after = 0;
         loop {
             let page = self.store.events(Some(run_id), after, PAGE).await?;
             let full = page.len() == PAGE as usize;
-            for mut event in page {
+            for event in page {
                 after = event.id;
-                if event.kind != STEP_LOG {
-                    continue;
-                }
-                let number = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok());
-                let (Some(step), Some(item), Some(attempt)) = (
-                    event.data["step"].as_str().map(str::to_owned),
-                    number(&event.data["item"]),
-                    number(&event.data["attempt"]),
-                ) else {
-                    continue;
-                };
-                logs.entry(step).or_default().push(StepLog {
-                    item,
-                    attempt,
-                    at: event.at,
-                    records: event.data["records"].take(),
-                });
+                each(event);
             }
             if !full {
-                return Ok(logs);
+                return Ok(());
             }
         }
     }
@@ -1027,11 +1015,7 @@ impl Workflows {
 
     /// The live run's end, when this process drives `run_id`.
     fn live_done(&self, run_id: &str) -> Option<watch::Receiver<Done>> {
-        self.live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(run_id)
-            .map(|l| l.done.clone())
+        self.with_live(run_id, |l| l.done.clone())
     }
 
     /// Alone: waits, up to `deadline`, for a queued run to be admitted and

@@ -646,12 +646,7 @@ impl Workflows {
     /// # Errors
     /// [`WorkflowError::UnknownRun`], [`WorkflowError::Store`].
     pub async fn cancel(&self, run_id: &str) -> Result<RunRecord, WorkflowError> {
-        let token = self
-            .live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(run_id)
-            .map(|l| l.cancel.clone());
+        let token = self.with_live(run_id, |l| l.cancel.clone());
         match token {
             Some(token) => {
                 token.cancel();
@@ -727,12 +722,7 @@ impl Workflows {
         // Still driven here (its steps were running): its driver ends once
         // they have, and goes on from there as the store says (queued again
         // under flow control); a driver is never un-paused in place.
-        let driven = self
-            .live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains_key(run_id);
-        if !driven {
+        if self.with_live(run_id, |_| ()).is_none() {
             let run = self.stored_run(run_id).await?;
             self.mode.reopened(self, run).await?;
         }
@@ -763,15 +753,10 @@ impl Workflows {
         // Checked before its driver here is stopped (a running node would
         // be cut short), and again after (a step may have moved meanwhile).
         self.migratable(run_id, &current).await?;
-        let done = self
-            .live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(run_id)
-            .map(|live| {
-                live.stop.cancel();
-                live.done.clone()
-            });
+        let done = self.with_live(run_id, |live| {
+            live.stop.cancel();
+            live.done.clone()
+        });
         if let Some(mut done) = done {
             let ended = done.wait_for(|d| matches!(d, Done::Ended(_)));
             if tokio::time::timeout(Duration::from_secs(30), ended)

@@ -321,14 +321,7 @@ impl Workflows {
     /// Tells the run's wait steps, if this process drives it, that a signal
     /// was sent.
     pub(crate) fn signal_local(&self, run_id: &str) {
-        if let Some(live) = self
-            .live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(run_id)
-        {
-            live.signals.send_modify(|n| *n += 1);
-        }
+        self.with_live(run_id, |live| live.signals.send_modify(|n| *n += 1));
     }
 }
 
