@@ -270,6 +270,7 @@ pub(crate) struct ConnCounters {
     pub calls: AtomicU64,
     pub failures: AtomicU64,
     pub replays: AtomicU64,
+    pub session_panics: AtomicU64,
     last_error: Mutex<Option<String>>,
     tools: AtomicUsize,
     resources: AtomicUsize,
@@ -303,6 +304,9 @@ pub struct ConnectionStats {
     /// Operations replayed on a fresh session after their own request got
     /// HTTP 404 (the server forgot the session).
     pub replays: u64,
+    /// Session owners that panicked (a defect: each is logged as an error;
+    /// its callers fail and the next call opens a new session).
+    pub session_panics: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
     pub tools: usize,
@@ -1078,6 +1082,7 @@ impl Slot {
             calls: c.calls.load(Ordering::Relaxed),
             failures: c.failures.load(Ordering::Relaxed),
             replays: c.replays.load(Ordering::Relaxed),
+            session_panics: c.session_panics.load(Ordering::Relaxed),
             queued: self.limits.queued(),
             last_error: c
                 .last_error

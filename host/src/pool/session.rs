@@ -420,7 +420,22 @@ pub(super) async fn start(
         aux,
     };
     let span = tracing::info_span!("session", connection = %settings.id);
-    let handle = tokio::spawn(owner.run(running, ops_rx).instrument(span));
+    let counters = owner.counters.clone();
+    let handle = tokio::spawn(
+        async move {
+            // A panic here is a defect; counted and logged, it ends this
+            // session only (its callers see the session closed).
+            if AssertUnwindSafe(owner.run(running, ops_rx))
+                .catch_unwind()
+                .await
+                .is_err()
+            {
+                counters.session_panics.fetch_add(1, Ordering::Relaxed);
+                tracing::error!("the session's owner panicked");
+            }
+        }
+        .instrument(span),
+    );
     Ok(Session {
         inner: Arc::new(SessionInner {
             ops: ops_tx,
@@ -493,6 +508,9 @@ impl Owner {
         let mut last_activity = tokio::time::Instant::now();
         let mut accepting = true;
         let mut draining = false;
+        // Set once `done` has resolved: a finished future must not be polled
+        // again when the session closes.
+        let mut service_ended = false;
 
         let reason: String = loop {
             let idle_deadline = self
@@ -502,6 +520,7 @@ impl Owner {
                 .map(|idle| last_activity + idle);
             tokio::select! {
                 quit_reason = &mut done => {
+                    service_ended = true;
                     break match quit_reason {
                         Ok(rmcp::service::QuitReason::Closed) => "the server closed the session (process exited or stream ended)".to_owned(),
                         Ok(other) => format!("session ended: {other:?}"),
@@ -582,9 +601,10 @@ impl Owner {
         if let Some(quit) = quit.take() {
             quit.cancel();
         }
-        if tokio::time::timeout(CLOSE_TIMEOUT, &mut done)
-            .await
-            .is_err()
+        if !service_ended
+            && tokio::time::timeout(CLOSE_TIMEOUT, &mut done)
+                .await
+                .is_err()
         {
             tracing::warn!("session did not close in time; dropping it");
         }
