@@ -4159,3 +4159,268 @@ input = '{{skip_fail: false}}'
         "{stderr}"
     );
 }
+
+/// A three-step trip: book a flight, book a hotel, pay. Each booking names
+/// a compensation that echoes `undo-<what it booked>` on the fixture (the
+/// flight's sleeps 3 s instead when the input says `slow_undo`).
+const TRIP: &str = r#"[[workflows.trip.steps]]
+id = "flight"
+component = "{call}"
+allow = ["fixture.echo"]
+input = '{capability: "fixture.echo", arguments: {text: "flight-\(.input.n)"}}'
+compensate = { component = "{call}", allow = ["fixture.echo", "fixture.sleep"], input = 'if .run.input.slow_undo then {capability: "fixture.sleep", arguments: {ms: 3000}} else {capability: "fixture.echo", arguments: {text: "undo-\(.output.content[0].text)"}} end' }
+[[workflows.trip.steps]]
+id = "hotel"
+component = "{call}"
+allow = ["fixture.echo"]
+needs = ["flight"]
+input = '{capability: "fixture.echo", arguments: {text: "hotel-\(.input.n)"}}'
+compensate = { component = "{call}", allow = ["fixture.echo"], input = '{capability: "fixture.echo", arguments: {text: "undo-\(.output.content[0].text)"}}' }
+[[workflows.trip.steps]]
+id = "pay"
+component = "{call}"
+allow = ["fixture.fail", "fixture.sleep", "fixture.echo"]
+needs = ["hotel"]
+input = 'if .input.pay == "fail" then {capability: "fixture.fail", arguments: {message: "card declined"}} elif .input.pay == "slow" then {capability: "fixture.sleep", arguments: {ms: 60000}} else {capability: "fixture.echo", arguments: {text: "paid"}} end'
+"#;
+
+/// The `echo` texts the fixture was asked for, in order.
+fn echoed(witness: &[Value]) -> Vec<String> {
+    witness
+        .iter()
+        .filter(|c| c["tool"] == "echo")
+        .filter_map(|c| c["arguments"]["text"].as_str().map(str::to_owned))
+        .collect()
+}
+
+fn calls_of(witness: &[Value], tool: &str) -> usize {
+    witness.iter().filter(|c| c["tool"] == tool).count()
+}
+
+/// Saga compensation: when the trip's payment fails, the two bookings are
+/// undone once each, the hotel (booked last) first; the run fails with
+/// its error and what was compensated, the compensations are steps of the
+/// run (with `compensates`), a `run.compensating` event names them, and a
+/// compensated run cannot be retried. A run that succeeds compensates
+/// nothing; a cancelled one undoes what it had booked and ends `cancelled`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_trip_undoes_its_bookings_once_each_latest_first() {
+    let host = Host::new(TRIP).await;
+    let run = host.run("trip", json!({"n": 1, "pay": "fail"})).await;
+    assert_eq!(run.status, RunStatus::Failed, "{run:#?}");
+    let error = run.error.clone().unwrap();
+    assert!(
+        error.message.contains("card declined")
+            && error.message.ends_with("; compensated: hotel, flight"),
+        "{error:?}"
+    );
+    assert_eq!(
+        echoed(&host.witness()),
+        ["flight-1", "hotel-1", "undo-hotel-1", "undo-flight-1"]
+    );
+    for (id, undone) in [
+        ("hotel.compensate", "hotel"),
+        ("flight.compensate", "flight"),
+    ] {
+        let s = step(&run, id);
+        assert_eq!(s.status, StepStatus::Succeeded, "{s:#?}");
+        assert_eq!(s.compensates.as_deref(), Some(undone));
+        assert_eq!(s.needs, [undone]);
+        assert_eq!(s.attempts, 1);
+    }
+    assert_eq!(step(&run, "pay").status, StepStatus::Failed);
+    let events = host
+        .workflows
+        .events(Some(&run.run_id), 0, 100)
+        .await
+        .unwrap();
+    let compensating: Vec<&Value> = events
+        .iter()
+        .filter(|e| e.kind == "run.compensating")
+        .map(|e| &e.data)
+        .collect();
+    assert_eq!(compensating.len(), 1, "{events:#?}");
+    assert_eq!(
+        compensating[0]["steps"],
+        json!(["hotel.compensate", "flight.compensate"])
+    );
+    assert_eq!(compensating[0]["status"], "failed");
+    let retry = host.workflows.retry(&run.run_id).await.unwrap_err();
+    assert!(
+        matches!(retry, WorkflowError::Compensated { .. }),
+        "{retry:?}"
+    );
+
+    // Paid: nothing to undo, and no compensation step at all.
+    let paid = host.run("trip", json!({"n": 2, "pay": "ok"})).await;
+    assert_eq!(paid.status, RunStatus::Succeeded, "{paid:#?}");
+    assert_eq!(paid.steps.as_ref().unwrap().len(), 3);
+
+    // Cancelled while it pays: both bookings undone, the run `cancelled`.
+    let started = host
+        .workflows
+        .start("trip", json!({"n": 3, "pay": "slow"}), None)
+        .await
+        .unwrap();
+    wait_until("the payment to start", || {
+        calls_of(&host.witness(), "sleep") == 1
+    })
+    .await;
+    host.workflows.cancel(&started.run_id).await.unwrap();
+    let cancelled = host.finish(&started.run_id).await;
+    assert_eq!(cancelled.status, RunStatus::Cancelled, "{cancelled:#?}");
+    assert_eq!(
+        cancelled.error.as_ref().unwrap().message,
+        "the run was cancelled; compensated: hotel, flight"
+    );
+    let echoes = echoed(&host.witness());
+    assert_eq!(
+        echoes[echoes.len() - 2..],
+        ["undo-hotel-3", "undo-flight-3"]
+    );
+    host.close().await;
+}
+
+/// A compensation that fails is reported in the run's error and on its
+/// step, and the others still run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_compensation_is_reported_and_the_others_still_run() {
+    let broken = TRIP.replacen(
+        r#"allow = ["fixture.echo", "fixture.sleep"], input = 'if .run.input.slow_undo then {capability: "fixture.sleep", arguments: {ms: 3000}} else {capability: "fixture.echo", arguments: {text: "undo-\(.output.content[0].text)"}} end' }"#,
+        r#"allow = ["fixture.fail"], input = '{capability: "fixture.fail", arguments: {message: "airline is down"}}' }"#,
+        1,
+    );
+    assert_ne!(broken, TRIP);
+    let host = Host::new(&broken).await;
+    let run = host.run("trip", json!({"n": 1, "pay": "fail"})).await;
+    assert_eq!(run.status, RunStatus::Failed, "{run:#?}");
+    let message = &run.error.as_ref().unwrap().message;
+    assert!(
+        message.ends_with(
+            "; compensated: hotel; compensation `flight.compensate` failed (tool-error: airline is down)"
+        ),
+        "{message}"
+    );
+    let failed = step(&run, "flight.compensate");
+    assert_eq!(failed.status, StepStatus::Failed);
+    assert_eq!(failed.error.as_ref().unwrap().message, "airline is down");
+    assert_eq!(step(&run, "hotel.compensate").status, StepStatus::Succeeded);
+    host.close().await;
+}
+
+/// A crash while compensating resumes it: `serve` is SIGKILLed after the
+/// hotel was undone, while the flight's undo runs. After the restart the
+/// hotel's undo is not made again, the flight's runs again (it was
+/// interrupted inside its call, which may repeat), and the run ends failed
+/// with both compensated. A paused run that is cancelled while nothing
+/// drives it is compensated too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compensation_interrupted_by_sigkill_resumes_and_none_is_made_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let hold = r#"
+[[workflows.hold.steps]]
+id = "book"
+component = "{call}"
+allow = ["fixture.echo"]
+input = '{capability: "fixture.echo", arguments: {text: "held-\(.input.n)"}}'
+compensate = { component = "{call}", allow = ["fixture.echo"], input = '{capability: "fixture.echo", arguments: {text: "unheld-\(.input.arguments.text)"}}' }
+[[workflows.hold.steps]]
+id = "nap"
+sleep = "2s"
+needs = ["book"]
+[[workflows.hold.steps]]
+id = "after"
+component = "{echo}"
+needs = ["nap"]
+"#;
+    write_config(
+        dir.path(),
+        &format!("[runtime]\nstate = \"state.db\"\n{TRIP}{hold}"),
+    );
+    let witness = dir.path().join("witness.jsonl");
+    let serve = Serve::start(dir.path());
+    let started = serve
+        .call(
+            "workflow.start",
+            json!({"workflow": "trip", "input": {"n": 1, "pay": "fail", "slow_undo": true}}),
+        )
+        .await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    wait_until("the flight's undo to start", || {
+        calls_of(&read_witness(&witness), "sleep") == 1
+    })
+    .await;
+    serve.kill();
+    assert_eq!(
+        echoed(&read_witness(&witness)),
+        ["flight-1", "hotel-1", "undo-hotel-1"]
+    );
+
+    let serve = Serve::start(dir.path());
+    let done = serve
+        .call(
+            "workflow.wait",
+            json!({"run_id": run_id, "timeout_ms": 30000}),
+        )
+        .await;
+    assert_eq!(done["status"], "failed", "{done}");
+    assert!(
+        done["error"]["message"]
+            .as_str()
+            .unwrap()
+            .ends_with("; compensated: hotel, flight"),
+        "{done}"
+    );
+    let after = read_witness(&witness);
+    assert_eq!(echoed(&after), ["flight-1", "hotel-1", "undo-hotel-1"]);
+    assert_eq!(calls_of(&after, "sleep"), 2, "{after:#?}");
+    let got = serve.call("workflow.get", json!({"run_id": run_id})).await;
+    let attempts = |id: &str| {
+        got["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == id)
+            .map(|s| s["attempts"].clone())
+    };
+    assert_eq!(attempts("hotel.compensate"), Some(json!(1)), "{got}");
+    assert_eq!(attempts("flight.compensate"), Some(json!(2)), "{got}");
+
+    // Paused once its nap ends (nothing drives it then), then cancelled:
+    // the booking is undone and the run ends `cancelled`.
+    let started = serve
+        .call(
+            "workflow.start",
+            json!({"workflow": "hold", "input": {"n": 7}}),
+        )
+        .await;
+    let held = started["run_id"].as_str().unwrap().to_owned();
+    wait_until("the booking", || {
+        echoed(&read_witness(&witness)).contains(&"held-7".to_owned())
+    })
+    .await;
+    let paused = serve.call("workflow.pause", json!({"run_id": held})).await;
+    assert_eq!(paused["status"], "paused", "{paused}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = serve.call("workflow.get", json!({"run_id": held})).await;
+        if got["steps"][1]["status"] == "succeeded" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the nap never ended: {got}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    serve.call("workflow.cancel", json!({"run_id": held})).await;
+    let done = serve
+        .call(
+            "workflow.wait",
+            json!({"run_id": held, "timeout_ms": 30000}),
+        )
+        .await;
+    assert_eq!(done["status"], "cancelled", "{done}");
+    assert_eq!(
+        done["error"]["message"],
+        "the run was cancelled; compensated: book"
+    );
+    assert!(echoed(&read_witness(&witness)).contains(&"unheld-held-7".to_owned()));
+}

@@ -647,7 +647,7 @@ fn grants_hint(config: &Config, component: &Path, config_given: bool) -> String 
     }
     let name = component.file_name();
     let same_name = config.workflows.iter().find_map(|(workflow, w)| {
-        let steps = w.steps.iter().map(|s| &s.component);
+        let steps = w.steps.iter().flat_map(|s| s.nodes().map(|n| n.0));
         w.component
             .iter()
             .chain(steps)
@@ -851,7 +851,7 @@ fn memory_ceiling(config: &Config) -> Option<u64> {
         .flat_map(|w| {
             w.max_memory
                 .into_iter()
-                .chain(w.steps.iter().filter_map(|s| s.max_memory))
+                .chain(w.steps.iter().flat_map(|s| s.nodes().filter_map(|n| n.2)))
         })
         .map(|m| m.as_u64())
         .max()

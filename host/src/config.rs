@@ -369,6 +369,42 @@ pub struct StepConfig {
     pub timeout: Option<Duration>,
     pub max_memory: Option<ByteSize>,
     pub retry: Option<RetryConfig>,
+    /// What undoes this step when its run fails or is cancelled after it
+    /// succeeded (saga compensation).
+    pub compensate: Option<CompensateConfig>,
+}
+
+impl StepConfig {
+    /// The nodes the step names: its own (when it runs one) and its
+    /// compensation's, as `(component, allow, max_memory)`.
+    pub fn nodes(&self) -> impl Iterator<Item = (&PathBuf, &Vec<String>, Option<ByteSize>)> {
+        let own = (!self.component.as_os_str().is_empty()).then_some((
+            &self.component,
+            &self.allow,
+            self.max_memory,
+        ));
+        let undo = self
+            .compensate
+            .as_ref()
+            .map(|c| (&c.component, &c.allow, c.max_memory));
+        own.into_iter().chain(undo)
+    }
+}
+
+/// `compensate = { … }` of a step: a node that undoes what the step did.
+/// Its `input` is jq over `{input, output, run: {input, error}}` (the
+/// step's input and output); by default `{input, output}`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompensateConfig {
+    pub component: PathBuf,
+    #[serde(default)]
+    pub allow: Vec<String>,
+    pub input: Option<String>,
+    #[serde(default, with = "humantime_serde")]
+    pub timeout: Option<Duration>,
+    pub max_memory: Option<ByteSize>,
+    pub retry: Option<RetryConfig>,
 }
 
 /// `retry = { … }` of a step.
@@ -759,7 +795,7 @@ impl Config {
             .flat_map(|w| {
                 w.component
                     .iter()
-                    .chain(w.steps.iter().map(|s| &s.component))
+                    .chain(w.steps.iter().flat_map(|s| s.nodes().map(|n| n.0)))
             })
             .filter(|c| !c.as_os_str().is_empty())
             .map(|c| self.resolve(c))
@@ -774,7 +810,10 @@ impl Config {
             .values()
             .flat_map(|w| {
                 let one = w.component.iter().map(|c| (c, &w.allow));
-                let steps = w.steps.iter().map(|s| (&s.component, &s.allow));
+                let steps = w
+                    .steps
+                    .iter()
+                    .flat_map(|s| s.nodes().map(|(c, allow, _)| (c, allow)));
                 one.chain(steps)
             })
             .filter(|(component, _)| {

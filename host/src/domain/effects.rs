@@ -103,6 +103,9 @@ pub struct RunSet<'a> {
     pub clear_cancel: bool,
     /// The run's definition (as runs store it) and its hash.
     pub definition: Option<(&'a Value, &'a str)>,
+    /// Steps added to the run, `pending`, after its own (a JSON array of
+    /// ids, in order), once its other steps have moved.
+    pub new_steps: Option<&'a Value>,
 }
 
 /// What a shared store tells every worker when a move commits.
@@ -241,6 +244,30 @@ impl<'a> Transition<'a> {
                 },
                 steps: None,
             },
+            Transition::RunCompensating { error, steps, .. } => Target::Run {
+                set: RunSet {
+                    error: Some(Some(error)),
+                    new_steps: Some(steps),
+                    ..RunSet::default()
+                },
+                steps: None,
+            },
+            Transition::RunCancelCompensating { error, steps } => Target::Run {
+                set: RunSet {
+                    status: Some(RunTo::Is(RunStatus::Running)),
+                    error: Some(Some(error)),
+                    release_lease: true,
+                    clear_cancel: true,
+                    new_steps: Some(steps),
+                    ..RunSet::default()
+                },
+                steps: Some(StepSet {
+                    status: self.step_to(),
+                    error: Some(Some(error)),
+                    finished: Some(Stamp::Now),
+                    ..StepSet::default()
+                }),
+            },
             Transition::RunAdmitted { at_ms } => Target::Run {
                 set: RunSet {
                     status: Some(RunTo::Is(RunStatus::Running)),
@@ -264,7 +291,8 @@ impl<'a> Transition<'a> {
             Transition::RunReopened { .. }
             | Transition::RunAdmitted { .. }
             | Transition::RunResumed
-            | Transition::RunMigrated { .. } => Some(Notice::Ready),
+            | Transition::RunMigrated { .. }
+            | Transition::RunCancelCompensating { .. } => Some(Notice::Ready),
             _ => None,
         };
         Effects {

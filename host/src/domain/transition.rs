@@ -9,6 +9,8 @@
 //!       failed | cancelled ──RunReopened──▶ running (queued under flow control)
 //!       running ──RunPaused──▶ paused ──RunResumed──▶ running (queued under flow control)
 //!       paused ──RunFinished / RunAbandoned──▶ succeeded | failed | cancelled
+//!       running | paused ──RunCompensating──▶ (same; its compensations added, its end set)
+//!       running | paused ──RunCancelCompensating──▶ running (unclaimed, to compensate)
 //! step: pending ──StepStarted──▶ running ──StepAttempt──▶ running
 //!       pending ──StepWaits──▶ waiting                (a wait step, for its signal)
 //!       pending | running | waiting ──StepFinished──▶ succeeded | failed | skipped | cancelled
@@ -99,6 +101,23 @@ pub enum Transition<'a> {
         definition: &'a Value,
         hash: &'a str,
     },
+    /// A driven run whose steps have all ended, failed or cancelled, begins
+    /// to undo its succeeded steps: it will end `status` with `error` (its
+    /// error from now on), and `steps` (a JSON array of the compensations'
+    /// ids, in the order they run) are added `pending`.
+    RunCompensating {
+        status: RunStatus,
+        error: &'a Failure,
+        steps: &'a Value,
+    },
+    /// `workflow.cancel` of a run nothing drives whose succeeded steps have
+    /// compensations: its unfinished steps are cancelled, `steps` added
+    /// `pending`, and it is `running` again, unclaimed, to run them; then it
+    /// ends `cancelled`.
+    RunCancelCompensating {
+        error: &'a Failure,
+        steps: &'a Value,
+    },
     /// A queued run is admitted at `at_ms` and becomes `running`, unclaimed:
     /// only while its flow limits allow it (its concurrency key has fewer
     /// than `limit` runs running, its rate key fewer than `limit` admitted
@@ -158,6 +177,9 @@ impl<'a> Transition<'a> {
             Transition::RunPaused => "run.paused",
             Transition::RunResumed => "run.resumed",
             Transition::RunMigrated { .. } => "run.migrated",
+            Transition::RunCompensating { .. } | Transition::RunCancelCompensating { .. } => {
+                "run.compensating"
+            }
         }
     }
 
@@ -191,6 +213,14 @@ impl<'a> Transition<'a> {
                 json!({})
             }
             Transition::RunMigrated { hash, .. } => json!({"definition_hash": hash}),
+            Transition::RunCompensating {
+                status,
+                error,
+                steps,
+            } => json!({"status": status, "error": error, "steps": steps}),
+            Transition::RunCancelCompensating { error, steps } => {
+                json!({"status": RunStatus::Cancelled, "error": error, "steps": steps})
+            }
         }
     }
 
@@ -239,6 +269,14 @@ impl<'a> Transition<'a> {
                 run: &[R::Queued, R::Running, R::Paused],
                 steps: &[],
             },
+            Transition::RunCompensating { .. } => Guard {
+                run: &[R::Running, R::Paused],
+                steps: &[],
+            },
+            Transition::RunCancelCompensating { .. } => Guard {
+                run: &[R::Running, R::Paused],
+                steps: &[S::Pending, S::Running, S::Waiting],
+            },
             Transition::RunQueued { .. } | Transition::RunAdmitted { .. } => Guard {
                 run: &[R::Queued],
                 steps: &[],
@@ -258,6 +296,7 @@ impl<'a> Transition<'a> {
                 | Transition::RunPaused
                 | Transition::RunResumed
                 | Transition::RunMigrated { .. }
+                | Transition::RunCancelCompensating { .. }
         )
     }
 
@@ -282,8 +321,11 @@ impl<'a> Transition<'a> {
             Transition::StepWaits { .. } => Some(StepStatus::Waiting),
             Transition::StepFinished { status, .. } => Some(status),
             Transition::RunReopened { .. } => Some(StepStatus::Pending),
-            Transition::RunAbandoned { .. } => Some(StepStatus::Cancelled),
+            Transition::RunAbandoned { .. } | Transition::RunCancelCompensating { .. } => {
+                Some(StepStatus::Cancelled)
+            }
             Transition::RunFinished { .. }
+            | Transition::RunCompensating { .. }
             | Transition::RunQueued { .. }
             | Transition::RunAdmitted { .. }
             | Transition::RunPaused
@@ -300,7 +342,8 @@ impl<'a> Transition<'a> {
             }
             Transition::RunReopened { .. }
             | Transition::RunAdmitted { .. }
-            | Transition::RunResumed => Some(RunStatus::Running),
+            | Transition::RunResumed
+            | Transition::RunCancelCompensating { .. } => Some(RunStatus::Running),
             Transition::RunQueued { .. } => Some(RunStatus::Queued),
             Transition::RunPaused => Some(RunStatus::Paused),
             _ => None,
@@ -338,7 +381,9 @@ impl<'a> Transition<'a> {
                 error,
                 ..Carried::default()
             },
-            Transition::RunAbandoned { error, .. } => Carried {
+            Transition::RunAbandoned { error, .. }
+            | Transition::RunCompensating { error, .. }
+            | Transition::RunCancelCompensating { error, .. } => Carried {
                 error: Some(error),
                 ..Carried::default()
             },
@@ -406,6 +451,21 @@ impl<'a> Transition<'a> {
                 status,
                 error: new.error.unwrap_or(error),
             },
+            Transition::RunCompensating {
+                status,
+                error,
+                steps,
+            } => Transition::RunCompensating {
+                status,
+                error: new.error.unwrap_or(error),
+                steps,
+            },
+            Transition::RunCancelCompensating { error, steps } => {
+                Transition::RunCancelCompensating {
+                    error: new.error.unwrap_or(error),
+                    steps,
+                }
+            }
             other => other,
         }
     }
@@ -452,6 +512,8 @@ impl<'a> Transition<'a> {
             Transition::RunPaused => "RunPaused",
             Transition::RunResumed => "RunResumed",
             Transition::RunMigrated { .. } => "RunMigrated",
+            Transition::RunCompensating { .. } => "RunCompensating",
+            Transition::RunCancelCompensating { .. } => "RunCancelCompensating",
         }
     }
 }

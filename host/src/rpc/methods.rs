@@ -296,7 +296,8 @@ fn workflow_error(e: WorkflowError) -> RpcError {
         WorkflowError::NotWaiting { .. } => jsonrpc::NOT_WAITING,
         WorkflowError::InvalidInput { .. }
         | WorkflowError::InvalidPayload(_)
-        | WorkflowError::NotRetryable { .. } => jsonrpc::INVALID_PARAMS,
+        | WorkflowError::NotRetryable { .. }
+        | WorkflowError::Compensated { .. } => jsonrpc::INVALID_PARAMS,
         WorkflowError::Store(_) if e.is_callers() => jsonrpc::INVALID_PARAMS,
         WorkflowError::Load { .. } | WorkflowError::Definition(_) | WorkflowError::Store(_) => {
             jsonrpc::INTERNAL_ERROR

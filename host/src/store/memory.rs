@@ -190,6 +190,10 @@ impl State {
                 for step in run.steps.iter_mut().filter(|s| moving.contains(&s.status)) {
                     set_step(step, steps.as_ref().expect("moving"), worker, at);
                 }
+                if let Some(ids) = set.new_steps.and_then(Value::as_array) {
+                    let ids = ids.iter().filter_map(Value::as_str).map(str::to_owned);
+                    run.steps.extend(ids.map(StepRow::pending));
+                }
             }
         }
     }

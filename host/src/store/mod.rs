@@ -109,8 +109,7 @@ pub struct Renewed {
 pub enum CancelRequest {
     /// The run is not running.
     NotRunning,
-    /// No worker held the run: it was ended here, as cancelled
-    /// ([`Transition::RunAbandoned`]), with these events.
+    /// No worker held the run: the cancel was made here, with these events.
     Ended(Vec<EventRow>),
     /// A worker holds the run and was told to cancel it.
     Signalled,
@@ -399,16 +398,12 @@ pub trait Store: Send + Sync {
     async fn request_cancel(
         &self,
         run_id: &str,
-        failure: &Failure,
+        end: Transition<'_>,
     ) -> Result<CancelRequest, StoreError> {
         if let Some(shared) = self.shared_by() {
-            return shared.request_cancel(run_id, failure).await;
+            return shared.request_cancel(run_id, end).await;
         }
-        let abandon = Transition::RunAbandoned {
-            status: RunStatus::Cancelled,
-            error: failure,
-        };
-        match self.transitions(run_id, &[abandon], None).await {
+        match self.transitions(run_id, &[end], None).await {
             Ok(events) => Ok(CancelRequest::Ended(events)),
             Err(StoreError::Refused(_)) => Ok(CancelRequest::NotRunning),
             Err(e) => Err(e),
@@ -520,12 +515,13 @@ pub trait Shared: Send + Sync {
         lease: Duration,
     ) -> Result<Renewed, StoreError>;
     async fn release_runs(&self, worker: &str, runs: &[String]) -> Result<(), StoreError>;
-    /// Ends the run at once when nobody holds it, else marks it and tells
-    /// its worker.
+    /// Makes `end` (a cancel: [`Transition::RunAbandoned`], or
+    /// [`Transition::RunCancelCompensating`]) at once when nobody holds the
+    /// run, else marks it and tells its worker.
     async fn request_cancel(
         &self,
         run_id: &str,
-        failure: &Failure,
+        end: Transition<'_>,
     ) -> Result<CancelRequest, StoreError>;
     async fn heartbeat(&self, worker: &WorkerRow) -> Result<(), StoreError>;
     async fn workers(&self, within: Duration) -> Result<Vec<WorkerRow>, StoreError>;

@@ -31,8 +31,8 @@ use super::rows::run_row;
 use super::sql::{Arg, Dialect, bind};
 use super::sql_store::{Db, SqlStore};
 use super::{
-    CancelRequest, Failure, Fence, Note, Renewed, RunRow, RunStatus, Shared, StoreError,
-    Transition, WorkerRow,
+    CancelRequest, Fence, Note, Renewed, RunRow, RunStatus, Shared, StoreError, Transition,
+    WorkerRow,
 };
 
 // sqlx's PostgreSQL migrator takes a session advisory lock (`pg_advisory_lock`
@@ -562,7 +562,7 @@ impl Shared for PgDb {
     async fn request_cancel(
         &self,
         run_id: &str,
-        failure: &Failure,
+        end: Transition<'_>,
     ) -> Result<CancelRequest, StoreError> {
         let mut tx = self.pool.begin().await?;
         let row: Option<(String, bool)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
@@ -591,12 +591,8 @@ impl Shared for PgDb {
                 CancelRequest::Signalled
             }
             Some((_, false)) => {
-                let abandon = Transition::RunAbandoned {
-                    status: RunStatus::Cancelled,
-                    error: failure,
-                };
                 let mut batch = Batch::new(run_id);
-                batch.moves(Dialect::Postgres, &[abandon], None)?;
+                batch.moves(Dialect::Postgres, &[end], None)?;
                 let mut applied = pg_writer::apply(&mut *tx, &[&batch]).await?;
                 CancelRequest::Ended(applied.remove(0).events)
             }

@@ -263,9 +263,31 @@ pub fn move_statements(
                 ));
                 out.push(sql.done(Guard::None));
             }
+            if let Some(ids) = set.new_steps {
+                out.push(new_steps(dialect, cx.run_id, ids));
+            }
         }
     }
     out
+}
+
+/// Adds the steps `ids` (a JSON array) to a run, `pending`, after its own.
+fn new_steps(dialect: Dialect, run_id: &str, ids: &serde_json::Value) -> Statement {
+    let mut sql = Sql::new(dialect);
+    let (run, ids) = (sql.text(run_id), sql.text(json(ids)));
+    let after = format!("(SELECT count(*) FROM steps WHERE run_id = {run})");
+    sql.push(&match dialect {
+        Dialect::Sqlite => format!(
+            "INSERT INTO steps (run_id, step_id, position, status)
+             SELECT {run}, value, {after} + key, 'pending' FROM json_each({ids})"
+        ),
+        Dialect::Postgres => format!(
+            "INSERT INTO steps (run_id, step_id, position, status)
+             SELECT {run}, s.step_id, {after} + s.n - 1, 'pending'
+             FROM jsonb_array_elements_text(({ids})::jsonb) WITH ORDINALITY AS s (step_id, n)"
+        ),
+    });
+    sql.done(Guard::None)
 }
 
 /// A new run's insert (the batch stops there when the run, or its

@@ -132,6 +132,10 @@ pub struct StepSpec {
     /// A child step: the workflow it runs as a child run (no component).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub workflow: Option<String>,
+    /// The node that undoes this step when its run fails or is cancelled
+    /// after it succeeded; its id is [`compensation_id`] of this one's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compensate: Option<Box<StepSpec>>,
 }
 
 impl StepSpec {
@@ -240,7 +244,9 @@ impl Spec {
                 message,
             };
             if s.sleep.is_some() || s.until.is_some() || s.wait.is_some() || s.workflow.is_some() {
-                specs.push(nodeless_spec(s).map_err(step_err)?);
+                let mut spec = nodeless_spec(s).map_err(step_err)?;
+                spec.compensate = compensation(s, config, defaults).map_err(step_err)?;
+                specs.push(spec);
                 continue;
             }
             if s.schema.is_some() {
@@ -251,19 +257,6 @@ impl Spec {
                     "needs `component` (a node), `sleep` or `until` (a durable sleep), `wait` (a signal), or `workflow` (a child run)".into(),
                 ));
             }
-            let path = config.resolve(&s.component);
-            let bytes = std::fs::read(&path).map_err(|e| {
-                step_err(match e.kind() {
-                    std::io::ErrorKind::NotFound => {
-                        format!("component `{}` not found", path.display())
-                    }
-                    _ => format!("cannot read component `{}`: {e}", path.display()),
-                })
-            })?;
-            let retry = match &s.retry {
-                Some(r) => RetryPolicy::from_config(r).map_err(step_err)?,
-                None => RetryPolicy::default(),
-            };
             let concurrency = s.concurrency.unwrap_or(1);
             if concurrency == 0 {
                 return Err(step_err("`concurrency` must be at least 1".into()));
@@ -273,25 +266,21 @@ impl Spec {
                     "`concurrency` only applies to a step with `for_each`".into(),
                 ));
             }
-            let timeout = s.timeout.unwrap_or(defaults.timeout);
-            if timeout.is_zero() {
-                return Err(step_err("`timeout` must be more than 0".into()));
-            }
-            specs.push(StepSpec {
-                id: s.id.clone(),
-                component: std::path::absolute(&path).unwrap_or(path),
-                component_hash: content_hash(&bytes),
-                allow: s.allow.clone(),
-                needs: s.needs.clone(),
-                input: s.input.clone(),
-                condition: s.condition.clone(),
-                for_each: s.for_each.clone(),
-                concurrency,
-                timeout_ms: timeout.as_millis() as u64,
-                max_memory: s.max_memory.map_or(defaults.max_memory, |m| m.as_u64()),
-                retry,
-                ..StepSpec::default()
-            });
+            let node = NodeConfig {
+                component: &s.component,
+                allow: &s.allow,
+                timeout: s.timeout,
+                max_memory: s.max_memory,
+                retry: s.retry.as_ref(),
+            };
+            let mut spec = node_spec(&s.id, &node, config, defaults).map_err(step_err)?;
+            spec.needs = s.needs.clone();
+            spec.input = s.input.clone();
+            spec.condition = s.condition.clone();
+            spec.for_each = s.for_each.clone();
+            spec.concurrency = concurrency;
+            spec.compensate = compensation(s, config, defaults).map_err(step_err)?;
+            specs.push(spec);
         }
         if run_timeout.is_some_and(|t| t.is_zero()) {
             return Err(wf_err("`timeout` must be more than 0".into()));
@@ -339,6 +328,91 @@ impl Spec {
                 .as_bytes(),
         )
     }
+}
+
+/// What a node needs, from a step or its `compensate`.
+struct NodeConfig<'a> {
+    component: &'a std::path::Path,
+    allow: &'a [String],
+    timeout: Option<Duration>,
+    max_memory: Option<bytesize::ByteSize>,
+    retry: Option<&'a RetryConfig>,
+}
+
+/// The spec of a node `id`: its component resolved and hashed, its limits
+/// and retry policy with the defaults filled in.
+fn node_spec(
+    id: &str,
+    node: &NodeConfig<'_>,
+    config: &Config,
+    defaults: Limits,
+) -> Result<StepSpec, String> {
+    let path = config.resolve(node.component);
+    let bytes = std::fs::read(&path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => format!("component `{}` not found", path.display()),
+        _ => format!("cannot read component `{}`: {e}", path.display()),
+    })?;
+    let retry = match node.retry {
+        Some(r) => RetryPolicy::from_config(r)?,
+        None => RetryPolicy::default(),
+    };
+    let timeout = node.timeout.unwrap_or(defaults.timeout);
+    if timeout.is_zero() {
+        return Err("`timeout` must be more than 0".into());
+    }
+    Ok(StepSpec {
+        id: id.to_owned(),
+        component: std::path::absolute(&path).unwrap_or(path),
+        component_hash: content_hash(&bytes),
+        allow: node.allow.to_vec(),
+        concurrency: 1,
+        timeout_ms: timeout.as_millis() as u64,
+        max_memory: node.max_memory.map_or(defaults.max_memory, |m| m.as_u64()),
+        retry,
+        ..StepSpec::default()
+    })
+}
+
+/// The id of the compensation of step `id`: no step id has a `.`.
+pub fn compensation_id(id: &str) -> String {
+    format!("{id}{COMPENSATION_SUFFIX}")
+}
+
+/// What ends the id of a compensation ([`compensation_id`]).
+pub const COMPENSATION_SUFFIX: &str = ".compensate";
+
+/// The step a compensation id undoes; `None` for a step's own id.
+pub fn compensated_by(id: &str) -> Option<&str> {
+    id.strip_suffix(COMPENSATION_SUFFIX)
+}
+
+/// A step's `compensate`, as the spec of its node.
+fn compensation(
+    s: &StepConfig,
+    config: &Config,
+    defaults: Limits,
+) -> Result<Option<Box<StepSpec>>, String> {
+    let Some(c) = &s.compensate else {
+        return Ok(None);
+    };
+    if c.component.as_os_str().is_empty() {
+        return Err("`compensate` needs `component`".into());
+    }
+    let node = NodeConfig {
+        component: &c.component,
+        allow: &c.allow,
+        timeout: c.timeout,
+        max_memory: c.max_memory,
+        retry: c.retry.as_ref(),
+    };
+    let mut spec = node_spec(&compensation_id(&s.id), &node, config, defaults)
+        .map_err(|e| format!("`compensate`: {e}"))?;
+    spec.input = Some(
+        c.input
+            .clone()
+            .unwrap_or_else(|| "{input, output}".to_owned()),
+    );
+    Ok(Some(Box::new(spec)))
 }
 
 /// A sleep step (`sleep` or `until`), a wait step (`wait`) or a child step
@@ -392,6 +466,11 @@ fn nodeless_spec(s: &StepConfig) -> Result<StepSpec, String> {
     }
     if s.timeout.is_some_and(|t| t.is_zero()) {
         return Err("`timeout` must be more than 0".into());
+    }
+    if s.compensate.is_some() && s.workflow.is_none() {
+        return Err(format!(
+            "{what} changes nothing outside the run: remove `compensate`"
+        ));
     }
     Ok(StepSpec {
         workflow: s.workflow.clone(),
@@ -463,6 +542,9 @@ pub struct Definition {
     pub leaves: Vec<String>,
     /// `concurrency`, `rate` and `priority`, when the workflow has them.
     pub flow: Option<super::flow::FlowControl>,
+    /// The compensations of the steps that have one, by their own id
+    /// ([`compensation_id`]).
+    pub compensations: HashMap<String, Step>,
 }
 
 impl std::fmt::Debug for Definition {
@@ -527,59 +609,16 @@ impl Definition {
         let order = topological_order(&spec.steps)
             .map_err(|cycle| wf_err(format!("the steps form a cycle: {}", cycle.join(" → "))))?;
 
-        let compile = |step: &str, what: &str, source: &Option<String>| {
-            source
-                .as_deref()
-                .map(Expr::compile)
-                .transpose()
-                .map_err(|e: CompileError| {
-                    let message = format!("`{what}`: {e}");
-                    if step.is_empty() {
-                        wf_err(message)
-                    } else {
-                        DefinitionError::Step {
-                            workflow: name.to_owned(),
-                            step: step.to_owned(),
-                            message,
-                        }
-                    }
-                })
-        };
         let mut steps = Vec::with_capacity(order.len());
+        let mut compensations = HashMap::new();
         for index in order {
             let s = &spec.steps[index];
-            let grants = Grants::new(&s.allow).map_err(|e| DefinitionError::Step {
-                workflow: name.to_owned(),
-                step: s.id.clone(),
-                message: e.to_string(),
-            })?;
-            steps.push(Step {
-                input: compile(&s.id, "input", &s.input)?,
-                condition: compile(&s.id, "if", &s.condition)?,
-                for_each: compile(&s.id, "for_each", &s.for_each)?,
-                until: compile(&s.id, "until", &s.until)?,
-                schema: s
-                    .schema
-                    .as_ref()
-                    .map(|schema| {
-                        jsonschema::validator_for(schema)
-                            .map(Arc::new)
-                            .map_err(|e| DefinitionError::Step {
-                                workflow: name.to_owned(),
-                                step: s.id.clone(),
-                                message: format!("`schema` is not a valid JSON Schema: {e}"),
-                            })
-                    })
-                    .transpose()?,
-                grants: Arc::new(grants),
-                limits: Limits {
-                    timeout: Duration::from_millis(s.timeout_ms),
-                    max_memory: s.max_memory,
-                },
-                spec: s.clone(),
-            });
+            steps.push(compile_step(name, s)?);
+            if let Some(c) = &s.compensate {
+                compensations.insert(c.id.clone(), compile_step(name, c)?);
+            }
         }
-        let output = compile("", "output", &spec.output)?;
+        let output = compile_expr(name, "", "output", &spec.output)?;
         let input_schema = spec
             .input_schema
             .as_ref()
@@ -608,6 +647,7 @@ impl Definition {
         .map_err(wf_err)?;
         Ok(Definition {
             flow,
+            compensations,
             name: name.to_owned(),
             hash: spec.hash(),
             timeout: spec.timeout_ms.map(Duration::from_millis),
@@ -646,8 +686,12 @@ impl Definition {
     }
 
     /// The step with `id`.
+    /// The step with `id`, or the compensation with that id.
     pub fn step(&self, id: &str) -> Option<&Step> {
-        self.steps.iter().find(|s| s.spec.id == id)
+        self.steps
+            .iter()
+            .find(|s| s.spec.id == id)
+            .or_else(|| self.compensations.get(id))
     }
 
     /// Checks `input` against `input_schema`.
@@ -671,6 +715,65 @@ impl Definition {
             }
         }
     }
+}
+
+/// Compiles jq `source` of `what` (a step's when `step` is not empty).
+fn compile_expr(
+    workflow: &str,
+    step: &str,
+    what: &str,
+    source: &Option<String>,
+) -> Result<Option<Expr>, DefinitionError> {
+    source
+        .as_deref()
+        .map(Expr::compile)
+        .transpose()
+        .map_err(|e: CompileError| {
+            let message = format!("`{what}`: {e}");
+            if step.is_empty() {
+                DefinitionError::Workflow {
+                    workflow: workflow.to_owned(),
+                    message,
+                }
+            } else {
+                DefinitionError::Step {
+                    workflow: workflow.to_owned(),
+                    step: step.to_owned(),
+                    message,
+                }
+            }
+        })
+}
+
+/// Compiles one step (or a compensation): its jq, grants and schema.
+fn compile_step(workflow: &str, s: &StepSpec) -> Result<Step, DefinitionError> {
+    let step_err = |message: String| DefinitionError::Step {
+        workflow: workflow.to_owned(),
+        step: s.id.clone(),
+        message,
+    };
+    let grants = Grants::new(&s.allow).map_err(|e| step_err(e.to_string()))?;
+    Ok(Step {
+        input: compile_expr(workflow, &s.id, "input", &s.input)?,
+        condition: compile_expr(workflow, &s.id, "if", &s.condition)?,
+        for_each: compile_expr(workflow, &s.id, "for_each", &s.for_each)?,
+        until: compile_expr(workflow, &s.id, "until", &s.until)?,
+        schema: s
+            .schema
+            .as_ref()
+            .map(|schema| {
+                jsonschema::validator_for(schema)
+                    .map(Arc::new)
+                    .map_err(|e| step_err(format!("`schema` is not a valid JSON Schema: {e}")))
+            })
+            .transpose()?,
+        grants: Arc::new(grants),
+        limits: Limits {
+            timeout: Duration::from_millis(s.timeout_ms),
+            max_memory: s.max_memory,
+        },
+        spec: s.clone(),
+    })
 }
 
 /// Indexes of `steps` with every step after its needs (Kahn's algorithm, ties

@@ -146,10 +146,10 @@ impl Events {
     pub(crate) async fn request_cancel(
         &self,
         run_id: &str,
-        failure: &Failure,
+        end: Transition<'_>,
     ) -> Result<CancelRequest, StoreError> {
         self.publish(async {
-            let request = self.store.request_cancel(run_id, failure).await?;
+            let request = self.store.request_cancel(run_id, end).await?;
             let events = match &request {
                 CancelRequest::Ended(events) => events.clone(),
                 _ => Vec::new(),

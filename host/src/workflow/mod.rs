@@ -157,6 +157,9 @@ pub struct StepRecord {
     /// upstream question has its `questions` instead.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub waiting_for: Vec<Value>,
+    /// A compensation (`<step>.compensate`): the step it undoes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compensates: Option<String>,
 }
 
 impl StepRecord {
@@ -293,6 +296,10 @@ pub enum WorkflowError {
     InvalidPayload(String),
     #[error("run `{run_id}` is {status}; only a failed or cancelled run can be retried")]
     NotRetryable { run_id: String, status: String },
+    #[error(
+        "run `{run_id}` was compensated (its succeeded steps were undone): start a new run instead of retrying it"
+    )]
+    Compensated { run_id: String },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -769,7 +776,12 @@ impl Workflows {
                     StepStatus::Waiting
                 },
                 attempts: row.attempts,
-                needs: needs.remove(&row.step_id).unwrap_or_default(),
+                // A compensation is drawn after the step it undoes.
+                needs: match definition::compensated_by(&row.step_id) {
+                    Some(undone) => vec![undone.to_owned()],
+                    None => needs.remove(&row.step_id).unwrap_or_default(),
+                },
+                compensates: definition::compensated_by(&row.step_id).map(str::to_owned),
                 started_at: row.started_at,
                 finished_at: row.finished_at,
                 input: row.input,

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{WorkflowError, Workflows};
-use crate::domain::{Failure, RunRow, RunStatus, WorkerRow};
+use crate::domain::{Failure, RunRow, RunStatus, Transition, WorkerRow};
 use crate::store::{CancelRequest, Fence, Store, StoreError};
 
 /// How this process shares its store.
@@ -127,19 +127,44 @@ impl Mode {
     /// worker. Returns whether to wait for another worker to stop it.
     pub(crate) async fn cancel_undriven(
         self,
-        wf: &Workflows,
+        wf: &Arc<Workflows>,
         run_id: &str,
     ) -> Result<bool, WorkflowError> {
         let failure = Failure::new("cancelled", "the run was cancelled");
-        match self {
-            Mode::Alone => {
-                wf.abandon(run_id, RunStatus::Cancelled, &failure).await?;
-                Ok(false)
+        // Its succeeded steps that have a compensation are undone first:
+        // it runs again, unclaimed, to do that.
+        let undo = match wf.store.run(run_id).await? {
+            Some(run) if !run.status.is_finished() => {
+                let rows = wf.store.steps(run_id).await?;
+                super::engine::to_compensate_stored(&run, &rows)
             }
-            Mode::Shared => Ok(matches!(
-                wf.events.request_cancel(run_id, &failure).await?,
-                CancelRequest::Signalled
-            )),
+            _ => Vec::new(),
+        };
+        let ids = serde_json::json!(undo);
+        let end = match undo.is_empty() {
+            true => Transition::RunAbandoned {
+                status: RunStatus::Cancelled,
+                error: &failure,
+            },
+            false => Transition::RunCancelCompensating {
+                error: &failure,
+                steps: &ids,
+            },
+        };
+        match (self, wf.events.request_cancel(run_id, end).await?) {
+            (_, CancelRequest::Signalled) => Ok(true),
+            (Mode::Alone, CancelRequest::Ended(_)) if !undo.is_empty() => {
+                // Nobody else drives it: this process does.
+                if let Some(run) = wf.store.run(run_id).await? {
+                    Mode::Alone.reopened(wf, run).await?;
+                }
+                Ok(true)
+            }
+            _ => {
+                // It may have held (or waited for) a slot of its flow control.
+                wf.worker.queue.notify_one();
+                Ok(!undo.is_empty())
+            }
         }
     }
 

@@ -352,6 +352,7 @@ impl Workflows {
     pub(super) fn nodes_of(&self, def: &Definition) -> Result<HashMap<String, Node>, Failure> {
         def.steps
             .iter()
+            .chain(def.compensations.values())
             .filter(|step| step.spec.runs_node())
             .map(|step| {
                 let node = self.node_for(&step.spec).map_err(|e| match e {
@@ -401,6 +402,12 @@ impl Workflows {
                         r.step_id == s.spec.id
                             && !matches!(r.status, StepStatus::Succeeded | StepStatus::Skipped)
                     })
+                });
+                // A compensation may run until its own row has finished.
+                needed.compensations.retain(|id, _| {
+                    !rows
+                        .iter()
+                        .any(|r| &r.step_id == id && r.status.is_finished())
                 });
                 let nodes = self.nodes_of(&needed)?;
                 Ok((Arc::new(def), nodes))
@@ -497,6 +504,7 @@ impl Workflows {
         let pause_tx_for_task = pause_tx;
         drop(live);
         let ctx = Arc::new(RunCtx {
+            compensating: engine::compensating(&run),
             run_id: run.run_id.clone(),
             def,
             nodes,
@@ -645,7 +653,7 @@ impl Workflows {
     ///
     /// # Errors
     /// [`WorkflowError::UnknownRun`], [`WorkflowError::Store`].
-    pub async fn cancel(&self, run_id: &str) -> Result<RunRecord, WorkflowError> {
+    pub async fn cancel(self: &Arc<Self>, run_id: &str) -> Result<RunRecord, WorkflowError> {
         let token = self.with_live(run_id, |l| l.cancel.clone());
         match token {
             Some(token) => {
@@ -824,6 +832,14 @@ impl Workflows {
         };
         let record = self.get(run_id, false).await?;
         let steps: Vec<&super::StepRecord> = record.steps.iter().flatten().collect();
+        if steps
+            .iter()
+            .any(|s| definition::compensated_by(&s.id).is_some())
+        {
+            return refuse(
+                "it is undoing its steps (compensating); it ends on the definition it has".into(),
+            );
+        }
         let ids: std::collections::BTreeSet<&str> = steps.iter().map(|s| s.id.as_str()).collect();
         let new_ids: std::collections::BTreeSet<&str> =
             current.steps.iter().map(|s| s.spec.id.as_str()).collect();
@@ -890,6 +906,19 @@ impl Workflows {
             return Err(WorkflowError::ShuttingDown);
         }
         let run = self.stored_run(run_id).await?;
+        // Its undone steps would not run again.
+        if run.status.is_finished()
+            && self
+                .store
+                .steps(run_id)
+                .await?
+                .iter()
+                .any(|s| definition::compensated_by(&s.step_id).is_some())
+        {
+            return Err(WorkflowError::Compensated {
+                run_id: run_id.to_owned(),
+            });
+        }
         // A run under flow control goes back to the queue; the admitter
         // drives it from there, whenever it admits it (maybe before the
         // read below).

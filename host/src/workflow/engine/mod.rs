@@ -35,12 +35,14 @@ use crate::store::{Fence, Store, StoreError};
 use crate::trace;
 
 mod child;
+mod compensate;
 mod component;
 mod journal;
 mod sleep;
 mod wait;
 
 use child::{child_run, child_step};
+pub(crate) use compensate::{compensating, to_compensate_stored};
 use component::{Attempt, park_told, run_step};
 use journal::{StepJournal, step_journal};
 pub(crate) use journal::{StepProgress, answer_signal};
@@ -135,6 +137,8 @@ pub(crate) struct RunCtx {
     /// Where the run's child runs start (`run-workflow`); gone once the
     /// host is.
     pub workflows: std::sync::Weak<super::Workflows>,
+    /// A run that began compensating: how it will end ([`compensating`]).
+    pub compensating: Option<(RunStatus, Failure)>,
 }
 
 impl RunCtx {
@@ -259,6 +263,23 @@ struct StepState {
     /// ran, or while its node waited. A durable node goes on from its
     /// journal of that attempt.
     interrupted: bool,
+    /// When it finished (RFC 3339): compensations run latest first.
+    finished_at: Option<String>,
+}
+
+impl StepState {
+    /// A step that has not run.
+    fn pending() -> StepState {
+        StepState {
+            status: StepStatus::Pending,
+            output: None,
+            attempts: 0,
+            error: None,
+            resumed: None,
+            interrupted: false,
+            finished_at: None,
+        }
+    }
 }
 
 /// Drives a run until every step has finished or it is stopped.
@@ -271,6 +292,12 @@ struct StepState {
 /// caller marks it failed.
 pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending, StoreError> {
     let mut crashed = Vec::new();
+    // The compensations a run began, in the order they run.
+    let undo: Vec<String> = rows
+        .iter()
+        .filter(|r| super::definition::compensated_by(&r.step_id).is_some())
+        .map(|r| r.step_id.clone())
+        .collect();
     let mut states: HashMap<String, StepState> = rows
         .into_iter()
         .map(|r| {
@@ -310,6 +337,7 @@ pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending
                     attempts: r.attempts,
                     error: r.error,
                     resumed,
+                    finished_at: r.finished_at,
                 },
             )
         })
@@ -321,6 +349,9 @@ pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending
             format!("the host stopped {attempts} times while this step ran; not trying again"),
         );
         settle(&ctx, &mut states, &id, StepStatus::Failed, Some(error)).await?;
+    }
+    if let Some(end) = ctx.compensating.clone() {
+        return compensate::run(&ctx, &mut states, end, &undo).await;
     }
     let deadline = ctx
         .def
@@ -594,6 +625,7 @@ fn set_finished(
     state.status = status;
     state.output = output;
     state.error = error;
+    state.finished_at = Some(now_text());
 }
 
 /// Settles a step without running it (it can no longer run, or is not to):
@@ -612,7 +644,7 @@ async fn settle(
 /// the run's last step to end, the run's end goes in the same write, and is
 /// what this returns.
 async fn record(
-    ctx: &RunCtx,
+    ctx: &Arc<RunCtx>,
     states: &mut HashMap<String, StepState>,
     id: &str,
     outcome: Outcome,
@@ -663,20 +695,41 @@ async fn record(
     // between two writes.
     set_finished(states, id, status, output, error);
     let end = run_end(ctx, states, stop).await;
-    let state = &states[id];
+    let (output, error) = (states[id].output.clone(), states[id].error.clone());
     let step = Transition::StepFinished {
         step_id: id,
         status,
-        output: state.output.as_ref(),
-        error: state.error.as_ref(),
+        output: output.as_ref(),
+        error: error.as_ref(),
         log: log.as_ref(),
     };
-    end_run(ctx, end, Some(step)).await.map(Some)
+    conclude(ctx, states, end, Some(step)).await.map(Some)
+}
+
+/// Ends a run whose steps have all finished (after `step`'s end, in the
+/// same write, when given); a run that fails or is cancelled first undoes
+/// its succeeded steps that have a compensation.
+async fn conclude(
+    ctx: &Arc<RunCtx>,
+    states: &mut HashMap<String, StepState>,
+    end: (RunStatus, Option<Value>, Option<Failure>),
+    step: Option<Transition<'_>>,
+) -> Result<Ending, StoreError> {
+    let undo = match end.0 {
+        RunStatus::Failed | RunStatus::Cancelled => compensate::to_compensate(ctx, states),
+        _ => Vec::new(),
+    };
+    if undo.is_empty() {
+        return end_run(ctx, end, step).await;
+    }
+    let (status, _, error) = end;
+    let error = error.unwrap_or_else(|| Failure::new("failed", "the run failed"));
+    compensate::begin(ctx, states, (status, error), undo, step).await
 }
 
 /// Settles the steps that never ran and records how the run ended.
 async fn finish(
-    ctx: &RunCtx,
+    ctx: &Arc<RunCtx>,
     states: &mut HashMap<String, StepState>,
     stop: Option<Stop>,
 ) -> Result<Ending, StoreError> {
@@ -693,7 +746,7 @@ async fn finish(
         }
     }
     let end = run_end(ctx, states, stop).await;
-    end_run(ctx, end, None).await
+    conclude(ctx, states, end, None).await
 }
 
 /// How a run whose steps have all finished ends: its status, output and
