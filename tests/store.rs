@@ -257,6 +257,7 @@ every_backend!(
     a_pruned_run_takes_its_events_and_calls_and_ids_are_not_reused,
     concurrent_writes_each_get_their_own_result_and_a_bad_one_fails_alone,
     a_move_its_guard_refuses_writes_nothing_of_its_batch,
+    compensating_adds_its_steps_after_the_run_s_own,
 );
 
 /// Many writers at once (SQLite commits them in groups): every run, step
@@ -1204,6 +1205,94 @@ async fn abandoning_a_run_cancels_its_unfinished_steps(b: Backend) {
     );
 }
 
+/// `workflow.cancel`'s move of a run without compensations.
+fn cancel(failure: &Failure) -> Transition<'_> {
+    Transition::RunAbandoned {
+        status: RunStatus::Cancelled,
+        error: failure,
+    }
+}
+
+/// A run that begins compensating keeps its status, takes the error it
+/// will end with, and gets its compensations as new `pending` steps after
+/// its own, in order; a cancel of a run nothing drives cancels its
+/// unfinished steps, not the compensations it adds, and leaves it running
+/// for a worker to claim.
+async fn compensating_adds_its_steps_after_the_run_s_own(b: Backend) {
+    let store = &b.store;
+    let mut run = new_run("r1", 1);
+    run.steps = vec!["a".into(), "b".into(), "c".into()];
+    store.create_run(&run, Some(&lease("w"))).await.unwrap();
+    let failure = Failure::new("tool-error", "step `c`: no");
+    let undo = json!(["b.compensate", "a.compensate"]);
+    let begin = Transition::RunCompensating {
+        status: RunStatus::Failed,
+        error: &failure,
+        steps: &undo,
+    };
+    let events = store
+        .transitions("r1", &[begin], Some(&fence("w")))
+        .await
+        .unwrap();
+    assert_eq!(events[0].kind, "run.compensating");
+    assert_eq!(events[0].data["steps"], undo);
+    let ids = |steps: Vec<wf_host::store::StepRow>| {
+        steps
+            .into_iter()
+            .map(|s| (s.step_id, s.status))
+            .collect::<Vec<_>>()
+    };
+    let pending = StepStatus::Pending;
+    assert_eq!(
+        ids(store.steps("r1").await.unwrap()),
+        [
+            ("a".to_owned(), pending),
+            ("b".to_owned(), pending),
+            ("c".to_owned(), pending),
+            ("b.compensate".to_owned(), pending),
+            ("a.compensate".to_owned(), pending),
+        ]
+    );
+    let stored = store.run("r1").await.unwrap().unwrap();
+    assert_eq!(
+        (stored.status, stored.error),
+        (RunStatus::Running, Some(failure))
+    );
+
+    let mut run = new_run("r2", 2);
+    run.steps = vec!["a".into(), "b".into()];
+    store.create_run(&run, Some(&lease("w"))).await.unwrap();
+    store
+        .step_finished("r2", "a", StepStatus::Succeeded, None, None, &fence("w"))
+        .await
+        .unwrap();
+    // Its worker let it go (paused): nobody holds it.
+    store.release_runs("w", &["r2".to_owned()]).await.unwrap();
+    let cancelled = Failure::new("cancelled", "the run was cancelled");
+    let undo = json!(["a.compensate"]);
+    let cancel = Transition::RunCancelCompensating {
+        error: &cancelled,
+        steps: &undo,
+    };
+    assert!(matches!(
+        store.request_cancel("r2", cancel).await.unwrap(),
+        CancelRequest::Ended(_)
+    ));
+    assert_eq!(
+        ids(store.steps("r2").await.unwrap()),
+        [
+            ("a".to_owned(), StepStatus::Succeeded),
+            ("b".to_owned(), StepStatus::Cancelled),
+            ("a.compensate".to_owned(), pending),
+        ]
+    );
+    let stored = store.run("r2").await.unwrap().unwrap();
+    assert_eq!(
+        (stored.status, stored.error),
+        (RunStatus::Running, Some(cancelled))
+    );
+}
+
 /// A SQLite state file gets its WAL copied back while it is open, by a
 /// checkpoint beside the writer (the writer's own automatic one is off, so no
 /// write waits for it). Without it, these 3 MB would all still sit in the WAL
@@ -1513,7 +1602,7 @@ mod shared {
             .unwrap();
         let failure = Failure::new("cancelled", "asked to");
         assert_eq!(
-            store.request_cancel("r2", &failure).await.unwrap(),
+            store.request_cancel("r2", cancel(&failure)).await.unwrap(),
             CancelRequest::Signalled
         );
         let ids: Vec<String> = ["r1", "r2", "r3", "gone"].map(String::from).to_vec();
@@ -1542,7 +1631,7 @@ mod shared {
         let store = open(&server).await;
         let failure = Failure::new("cancelled", "asked to");
         assert_eq!(
-            store.request_cancel("nope", &failure).await.unwrap(),
+            store.request_cancel("nope", cancel(&failure)).await.unwrap(),
             CancelRequest::NotRunning
         );
         // Held by a live worker: marked, and that worker is told.
@@ -1551,7 +1640,7 @@ mod shared {
             .await
             .unwrap();
         assert_eq!(
-            store.request_cancel("held", &failure).await.unwrap(),
+            store.request_cancel("held", cancel(&failure)).await.unwrap(),
             CancelRequest::Signalled
         );
         assert_eq!(
@@ -1560,7 +1649,7 @@ mod shared {
         );
         // Held by nobody: ended here.
         store.create_run(&new_run("free", 2), None).await.unwrap();
-        let CancelRequest::Ended(events) = store.request_cancel("free", &failure).await.unwrap()
+        let CancelRequest::Ended(events) = store.request_cancel("free", cancel(&failure)).await.unwrap()
         else {
             panic!("a run nobody holds is ended here");
         };
@@ -1584,7 +1673,7 @@ mod shared {
             StepStatus::Cancelled
         );
         assert_eq!(
-            store.request_cancel("free", &failure).await.unwrap(),
+            store.request_cancel("free", cancel(&failure)).await.unwrap(),
             CancelRequest::NotRunning
         );
         // Its lease expired: nobody drives it any more.
@@ -1597,7 +1686,7 @@ mod shared {
             .unwrap();
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(matches!(
-            store.request_cancel("expired", &failure).await.unwrap(),
+            store.request_cancel("expired", cancel(&failure)).await.unwrap(),
             CancelRequest::Ended(_)
         ));
     }
@@ -1618,7 +1707,7 @@ mod shared {
             .unwrap()
             .remove(0);
         writer
-            .request_cancel("r1", &Failure::new("cancelled", "asked to"))
+            .request_cancel("r1", cancel(&Failure::new("cancelled", "asked to")))
             .await
             .unwrap();
         note(&mut rx, |n| *n == Note::Cancel("r1".into())).await;

@@ -188,6 +188,27 @@ component = "{echo}""#,
         (
             r#"[[workflows.w.steps]]
 id = "a"
+sleep = "1s"
+compensate = { component = "{echo}" }"#,
+            "workflow `w`, step `a`: a sleep step (`sleep` or `until`) changes nothing outside the run: remove `compensate`".to_owned(),
+        ),
+        (
+            r#"[[workflows.w.steps]]
+id = "a"
+component = "{echo}"
+compensate = { component = "nope.wasm" }"#,
+            "workflow `w`, step `a`: `compensate`: component `".to_owned(),
+        ),
+        (
+            r#"[[workflows.w.steps]]
+id = "a"
+component = "{echo}"
+compensate = { component = "{echo}", input = "{" }"#,
+            "workflow `w`, step `a.compensate`: `input`: jq expression `{` is invalid".to_owned(),
+        ),
+        (
+            r#"[[workflows.w.steps]]
+id = "a"
 component = "{echo}"
 needs = ["b"]
 [[workflows.w.steps]]
