@@ -4,6 +4,8 @@
 //! killed server, can be cancelled while queued, and a key's limit holds
 //! across two PostgreSQL workers. Overlaps and windows are measured from the
 //! store's own times (`admitted_ms`, `finished_ms`), read straight from it.
+//! Debounced starts collapse into one run per key, also across a restart
+//! and across two PostgreSQL workers.
 
 mod common;
 
@@ -51,7 +53,15 @@ rate = {{ limit = 3, period = "2s" }}
 [workflows.mixed]
 concurrency = {{ key = '.k', limit = 1 }}
 rate = {{ limit = 100, period = "1m" }}
-{mixed}"#,
+{mixed}
+[workflows.bounced]
+debounce = {{ key = '.k', period = "1s" }}
+{bounced}
+[workflows.steady]
+debounce = {{ period = "700ms", max_wait = "1500ms" }}
+{steady}"#,
+        bounced = step("bounced"),
+        steady = step("steady"),
         mixed = step("mixed"),
         keyed = step("keyed"),
         ranked = step("ranked"),
@@ -482,4 +492,171 @@ async fn a_slot_held_by_a_killed_worker_frees_once_another_worker_ends_its_run()
     assert_eq!(records.len(), 2);
     let runs = stored_postgres(&pg.url(), "ranked").await;
     assert_eq!(most_at_once(runs.iter()), 1, "{runs:?}");
+}
+
+/// The run ids of `replies` (workflow.start results), in order.
+fn ids_of(replies: &[Value]) -> Vec<String> {
+    replies
+        .iter()
+        .map(|r| r["run_id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The `run.debounced` events of `run_id`.
+async fn joins_of(serve: &Serve, run_id: &str) -> usize {
+    let (status, body) = serve
+        .get(&format!("/runs/{run_id}/events?after=0"), None)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    body.matches("event: run.debounced").count()
+}
+
+/// Five starts with one debounce key within its period make one run,
+/// with the last start's input, begun a period after that last start;
+/// two keys make two runs. Every start answers with its run's id; the
+/// run waits `queued`, saying why and until when.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn five_starts_with_one_debounce_key_make_one_run_with_the_last_input() {
+    let state = tempfile::tempdir().unwrap();
+    let db = state.path().join("state.db");
+    let serve = Serve::start(config, &["--state", db.to_str().unwrap()]);
+    let mut a = Vec::new();
+    let mut b = Vec::new();
+    for n in 1..=5 {
+        a.push(start(&serve, "bounced", json!({"k": "a", "n": n})).await);
+        if n <= 2 {
+            b.push(start(&serve, "bounced", json!({"k": "b", "n": n})).await);
+        }
+    }
+    let last_start = domain_now_ms();
+    let (a, b) = (ids_of(&a), ids_of(&b));
+    assert!(a.iter().all(|id| id == &a[0]), "{a:?}");
+    assert!(b.iter().all(|id| id == &b[0]), "{b:?}");
+    assert_ne!(a[0], b[0]);
+    let waiting = call(&serve, "workflow.get", json!({"run_id": a[0]})).await;
+    assert_eq!(waiting["status"], "queued", "{waiting}");
+    assert!(
+        waiting["queued_reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("debounce: starts with key \"a\" until "),
+        "{waiting}"
+    );
+    let done = wait_all(
+        &serve,
+        &[a[0].clone(), b[0].clone()],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(done[0]["input"], json!({"k": "a", "n": 5}));
+    assert_eq!(done[1]["input"], json!({"k": "b", "n": 2}));
+    assert_eq!(joins_of(&serve, &a[0]).await, 4);
+    let runs = stored_sqlite(&db, "bounced").await;
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    for (id, _, admitted, _) in &runs {
+        assert!(
+            *admitted >= last_start + 1000 - 50,
+            "run {id} began {} ms after the last start, within the period",
+            admitted - last_start
+        );
+    }
+    // The next start with key `a` makes a new run.
+    let later = start(&serve, "bounced", json!({"k": "a", "n": 6})).await;
+    assert_ne!(later["run_id"], a[0]);
+}
+
+fn domain_now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// A steady stream of starts, closer together than the period, still makes
+/// a run every `max_wait`; a debounced run survives a killed server, and a
+/// start after the restart still joins it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn max_wait_runs_a_steady_stream_and_a_debounced_run_survives_a_restart() {
+    let state = tempfile::tempdir().unwrap();
+    let db = state.path().join("state.db");
+    let args = ["--state", db.to_str().unwrap()];
+    let mut serve = Serve::start(config, &args);
+    let began = Instant::now();
+    let mut replies = Vec::new();
+    while began.elapsed() < Duration::from_millis(3200) {
+        replies.push(start(&serve, "steady", json!({"n": replies.len()})).await);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let mut ids = ids_of(&replies);
+    ids.dedup();
+    assert!(
+        (2..=4).contains(&ids.len()),
+        "{} starts over 3.2 s made {} runs: {ids:?}",
+        replies.len(),
+        ids.len()
+    );
+    wait_all(&serve, &ids, Duration::from_secs(30)).await;
+    // Each run but the last began at its first start plus `max_wait`
+    // (1.5 s), though starts kept coming closer than the period.
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(
+            sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(&db)
+                .read_only(true),
+        )
+        .await
+        .unwrap();
+    let waits: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT run_id, admitted_ms - created_ms FROM runs WHERE workflow = 'steady'
+         ORDER BY created_ms",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    assert_eq!(waits.len(), ids.len(), "{waits:?}");
+    for (id, waited) in &waits[..waits.len() - 1] {
+        assert!(
+            (1450..2500).contains(waited),
+            "run {id} began {waited} ms after its first start: {waits:?}"
+        );
+    }
+
+    // Killed while a debounced run waits; a start after the restart joins it.
+    let first = start(&serve, "bounced", json!({"k": "z", "n": 1})).await;
+    serve.child.kill().unwrap();
+    serve.child.wait().unwrap();
+    let serve = Serve::start(config, &args);
+    let second = start(&serve, "bounced", json!({"k": "z", "n": 2})).await;
+    assert_eq!(second["run_id"], first["run_id"], "{second}");
+    let id = first["run_id"].as_str().unwrap().to_owned();
+    let done = wait_all(&serve, &[id], Duration::from_secs(30)).await;
+    assert_eq!(done[0]["input"], json!({"k": "z", "n": 2}));
+}
+
+/// Starts with one key made through two PostgreSQL workers, alternately,
+/// collapse into one run, which one of them drives once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_debounce_key_holds_across_two_postgres_workers() {
+    let pg = TestPostgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    let url = pg.url();
+    let worker = || {
+        let config = config.clone();
+        Serve::start(move |_| config, &["--state", &url])
+    };
+    let (a, b) = (worker(), worker());
+    let mut replies = Vec::new();
+    for n in 0..8 {
+        let serve = if n % 2 == 0 { &a } else { &b };
+        replies.push(start(serve, "bounced", json!({"k": "shared", "n": n})).await);
+    }
+    let ids = ids_of(&replies);
+    assert!(ids.iter().all(|id| id == &ids[0]), "{ids:?}");
+    let done = wait_all(&b, &ids[..1], Duration::from_secs(30)).await;
+    assert_eq!(done[0]["input"], json!({"k": "shared", "n": 7}));
+    let runs = stored_postgres(&pg.url(), "bounced").await;
+    assert_eq!(runs.len(), 1, "{runs:?}");
 }

@@ -718,6 +718,7 @@ fn new_run(id: &str, created_ms: i64) -> NewRun {
             flow: None,
             queued_reason: None,
             admitted_ms: None,
+            debounce: None,
         },
         steps: vec!["a".into()],
     }
@@ -1631,7 +1632,10 @@ mod shared {
         let store = open(&server).await;
         let failure = Failure::new("cancelled", "asked to");
         assert_eq!(
-            store.request_cancel("nope", cancel(&failure)).await.unwrap(),
+            store
+                .request_cancel("nope", cancel(&failure))
+                .await
+                .unwrap(),
             CancelRequest::NotRunning
         );
         // Held by a live worker: marked, and that worker is told.
@@ -1640,7 +1644,10 @@ mod shared {
             .await
             .unwrap();
         assert_eq!(
-            store.request_cancel("held", cancel(&failure)).await.unwrap(),
+            store
+                .request_cancel("held", cancel(&failure))
+                .await
+                .unwrap(),
             CancelRequest::Signalled
         );
         assert_eq!(
@@ -1649,7 +1656,10 @@ mod shared {
         );
         // Held by nobody: ended here.
         store.create_run(&new_run("free", 2), None).await.unwrap();
-        let CancelRequest::Ended(events) = store.request_cancel("free", cancel(&failure)).await.unwrap()
+        let CancelRequest::Ended(events) = store
+            .request_cancel("free", cancel(&failure))
+            .await
+            .unwrap()
         else {
             panic!("a run nobody holds is ended here");
         };
@@ -1673,7 +1683,10 @@ mod shared {
             StepStatus::Cancelled
         );
         assert_eq!(
-            store.request_cancel("free", cancel(&failure)).await.unwrap(),
+            store
+                .request_cancel("free", cancel(&failure))
+                .await
+                .unwrap(),
             CancelRequest::NotRunning
         );
         // Its lease expired: nobody drives it any more.
@@ -1686,7 +1699,10 @@ mod shared {
             .unwrap();
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(matches!(
-            store.request_cancel("expired", cancel(&failure)).await.unwrap(),
+            store
+                .request_cancel("expired", cancel(&failure))
+                .await
+                .unwrap(),
             CancelRequest::Ended(_)
         ));
     }

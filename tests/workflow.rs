@@ -186,6 +186,18 @@ component = "{echo}""#,
             "workflow `w`, step `a`: duplicate step id".to_owned(),
         ),
         (
+            r#"[workflows.w]
+component = "{echo}"
+debounce = { period = "10s", max_wait = "5s" }"#,
+            "workflow `w`: `debounce.max_wait` must not be less than `debounce.period`".to_owned(),
+        ),
+        (
+            r#"[workflows.w]
+component = "{echo}"
+debounce = { key = ".a |", period = "10s" }"#,
+            "workflow `w`: `debounce.key`: jq expression `.a |` is invalid".to_owned(),
+        ),
+        (
             r#"[[workflows.w.steps]]
 id = "a"
 sleep = "1s"

@@ -255,6 +255,24 @@ pub struct WorkflowConfig {
     /// jq over the input giving an integer (default 0): queued runs with a
     /// higher priority are admitted first.
     pub priority: Option<String>,
+    /// `debounce = { key, period, max_wait }`: starts with the same key
+    /// within `period` of each other make one run, with the last input.
+    pub debounce: Option<DebounceConfig>,
+}
+
+/// `debounce = { … }` of a workflow.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DebounceConfig {
+    /// jq over the run's input: the key starts are collapsed by (without
+    /// it, one key for the workflow).
+    pub key: Option<String>,
+    /// How long after the last start the run begins.
+    #[serde(with = "humantime_serde")]
+    pub period: Duration,
+    /// The longest a run waits after the first start, however many come.
+    #[serde(default, with = "humantime_serde")]
+    pub max_wait: Option<Duration>,
 }
 
 /// `concurrency = { … }` of a workflow.

@@ -106,6 +106,11 @@ pub struct RunSet<'a> {
     /// Steps added to the run, `pending`, after its own (a JSON array of
     /// ids, in order), once its other steps have moved.
     pub new_steps: Option<&'a Value>,
+    /// The run's input (a debounced run takes its last start's).
+    pub input: Option<&'a Value>,
+    /// Not admitted before this time (ms since the epoch), capped at the
+    /// run's debounce deadline.
+    pub not_before: Option<i64>,
 }
 
 /// What a shared store tells every worker when a move commits.
@@ -267,6 +272,19 @@ impl<'a> Transition<'a> {
                     finished: Some(Stamp::Now),
                     ..StepSet::default()
                 }),
+            },
+            Transition::RunDebounced {
+                input,
+                not_before_ms,
+                reason,
+            } => Target::Run {
+                set: RunSet {
+                    input: Some(input),
+                    not_before: Some(not_before_ms),
+                    queued_reason: Some(Some(reason)),
+                    ..RunSet::default()
+                },
+                steps: None,
             },
             Transition::RunAdmitted { at_ms } => Target::Run {
                 set: RunSet {

@@ -144,6 +144,20 @@ pub struct RunRow {
     pub queued_reason: Option<String>,
     /// When flow control admitted it (ms since the epoch).
     pub admitted_ms: Option<i64>,
+    /// A run of a workflow with `debounce`, while later starts with its key
+    /// may still join it.
+    pub debounce: Option<Debounce>,
+}
+
+/// A debounced run's wait: starts with the same `key` join it (the last
+/// input wins) while it is `queued`; it is not admitted before
+/// `not_before_ms`, which each start moves to its own time plus the
+/// period, up to `deadline_ms` (the first start plus `max_wait`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Debounce {
+    pub key: String,
+    pub not_before_ms: i64,
+    pub deadline_ms: Option<i64>,
 }
 
 /// A run's flow limits, its workflow's `concurrency`, `rate` and `priority`

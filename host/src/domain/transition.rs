@@ -118,6 +118,14 @@ pub enum Transition<'a> {
         error: &'a Failure,
         steps: &'a Value,
     },
+    /// A later start with a debounced run's key joins it: the run takes
+    /// `input`, and is not admitted before `not_before_ms` (capped at its
+    /// deadline), for `reason`.
+    RunDebounced {
+        input: &'a Value,
+        not_before_ms: i64,
+        reason: &'a str,
+    },
     /// A queued run is admitted at `at_ms` and becomes `running`, unclaimed:
     /// only while its flow limits allow it (its concurrency key has fewer
     /// than `limit` runs running, its rate key fewer than `limit` admitted
@@ -177,6 +185,7 @@ impl<'a> Transition<'a> {
             Transition::RunPaused => "run.paused",
             Transition::RunResumed => "run.resumed",
             Transition::RunMigrated { .. } => "run.migrated",
+            Transition::RunDebounced { .. } => "run.debounced",
             Transition::RunCompensating { .. } | Transition::RunCancelCompensating { .. } => {
                 "run.compensating"
             }
@@ -213,6 +222,9 @@ impl<'a> Transition<'a> {
                 json!({})
             }
             Transition::RunMigrated { hash, .. } => json!({"definition_hash": hash}),
+            Transition::RunDebounced { not_before_ms, .. } => {
+                json!({"not_before_ms": not_before_ms})
+            }
             Transition::RunCompensating {
                 status,
                 error,
@@ -277,7 +289,9 @@ impl<'a> Transition<'a> {
                 run: &[R::Running, R::Paused],
                 steps: &[S::Pending, S::Running, S::Waiting],
             },
-            Transition::RunQueued { .. } | Transition::RunAdmitted { .. } => Guard {
+            Transition::RunQueued { .. }
+            | Transition::RunAdmitted { .. }
+            | Transition::RunDebounced { .. } => Guard {
                 run: &[R::Queued],
                 steps: &[],
             },
@@ -297,6 +311,7 @@ impl<'a> Transition<'a> {
                 | Transition::RunResumed
                 | Transition::RunMigrated { .. }
                 | Transition::RunCancelCompensating { .. }
+                | Transition::RunDebounced { .. }
         )
     }
 
@@ -326,6 +341,7 @@ impl<'a> Transition<'a> {
             }
             Transition::RunFinished { .. }
             | Transition::RunCompensating { .. }
+            | Transition::RunDebounced { .. }
             | Transition::RunQueued { .. }
             | Transition::RunAdmitted { .. }
             | Transition::RunPaused
@@ -344,7 +360,9 @@ impl<'a> Transition<'a> {
             | Transition::RunAdmitted { .. }
             | Transition::RunResumed
             | Transition::RunCancelCompensating { .. } => Some(RunStatus::Running),
-            Transition::RunQueued { .. } => Some(RunStatus::Queued),
+            Transition::RunQueued { .. } | Transition::RunDebounced { .. } => {
+                Some(RunStatus::Queued)
+            }
             Transition::RunPaused => Some(RunStatus::Paused),
             _ => None,
         }
@@ -368,6 +386,8 @@ impl<'a> Transition<'a> {
                     ..Carried::default()
                 }
             }
+            // A run's input is stored as it is, as at its start.
+            Transition::RunDebounced { .. } => Carried::default(),
             Transition::StepFinished {
                 output, error, log, ..
             } => Carried {
@@ -514,6 +534,7 @@ impl<'a> Transition<'a> {
             Transition::RunMigrated { .. } => "RunMigrated",
             Transition::RunCompensating { .. } => "RunCompensating",
             Transition::RunCancelCompensating { .. } => "RunCancelCompensating",
+            Transition::RunDebounced { .. } => "RunDebounced",
         }
     }
 }

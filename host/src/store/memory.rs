@@ -136,6 +136,13 @@ impl State {
     /// What [`State::flow_usage`] finds of `run`'s workflow and keys at
     /// `now_ms`: whether its flow limits admit one more.
     fn flow_allows(&self, run: &RunRow, now_ms: i64) -> bool {
+        if run
+            .debounce
+            .as_ref()
+            .is_some_and(|d| d.not_before_ms > now_ms)
+        {
+            return false;
+        }
         let Some(flow) = &run.flow else { return true };
         let usage = self.flow_usage(&run.workflow, flow, now_ms);
         flow.concurrency
@@ -344,6 +351,12 @@ fn set_run(run: &mut RunEntry, set: &RunSet<'_>, at: &str) {
         // Dated when written, as the SQL stores do.
         row.admitted_ms = Some(at_ms.max(now_ms()));
     }
+    if let Some(input) = set.input {
+        row.input = input.clone();
+    }
+    if let (Some(at), Some(debounce)) = (set.not_before, row.debounce.as_mut()) {
+        debounce.not_before_ms = debounce.deadline_ms.map_or(at, |d| at.min(d));
+    }
     if let Some((definition, hash)) = set.definition {
         row.definition = std::sync::Arc::new(definition.clone());
         row.definition_hash = hash.to_owned();
@@ -409,7 +422,16 @@ impl Store for MemoryStore {
             .as_ref()
             .and_then(|k| state.by_key.get(k))
             .and_then(|id| state.runs.get(id))
-            .or_else(|| state.runs.get(&run.run_id));
+            .or_else(|| state.runs.get(&run.run_id))
+            .or_else(|| {
+                // A queued run with its debounce key, which it joins.
+                let key = run.debounce.as_ref()?;
+                state.runs.values().find(|r| {
+                    r.row.workflow == run.workflow
+                        && r.row.status == RunStatus::Queued
+                        && r.row.debounce.as_ref().is_some_and(|d| d.key == key.key)
+                })
+            });
         if let Some(existing) = existing {
             written.created = Created::Existing(Box::new(existing.row.clone()));
             return Ok(written);

@@ -93,6 +93,11 @@ pub(super) const MIGRATIONS: &[(i64, &str, &str)] = &[
         "paused",
         include_str!("../../migrations/postgres/0010_paused.sql"),
     ),
+    (
+        11,
+        "debounce",
+        include_str!("../../migrations/postgres/0011_debounce.sql"),
+    ),
 ];
 
 /// The database's clock, in ms since the epoch. `clock_timestamp()`, not

@@ -10,6 +10,7 @@ use super::cells::Cells;
 use super::{
     AttemptWorker, Failure, Flow, FlowLimit, RunRow, RunStatus, StepRow, StepStatus, StoreError,
 };
+use crate::domain::Debounce;
 
 /// A JSON value as stored: its text.
 pub(super) fn json_text(value: &Value) -> String {
@@ -68,6 +69,14 @@ pub(super) fn run_row(row: &Cells) -> Result<RunRow, StoreError> {
         flow: flow(row)?,
         queued_reason: row.text_opt("queued_reason")?,
         admitted_ms: row.int_opt("admitted_ms")?,
+        debounce: match row.text_opt("debounce_key")? {
+            Some(key) => Some(Debounce {
+                key,
+                not_before_ms: row.int_opt("not_before_ms")?.unwrap_or(0),
+                deadline_ms: row.int_opt("debounce_deadline_ms")?,
+            }),
+            None => None,
+        },
     })
 }
 

@@ -248,7 +248,8 @@ pub fn move_statements(
                            OR rate_limit > (SELECT count(*) FROM runs other
                                             WHERE other.workflow = runs.workflow
                                               AND other.rate_key = runs.rate_key
-                                              AND other.admitted_ms > {now} - runs.rate_period_ms))"
+                                              AND other.admitted_ms > {now} - runs.rate_period_ms))
+                      AND (not_before_ms IS NULL OR not_before_ms <= {now})"
                 ));
             }
             sql.push(&format!("UPDATE runs SET {sets} WHERE {where_}"));
@@ -315,6 +316,10 @@ pub fn create_run(dialect: Dialect, new: &NewRun, lease: Option<&Lease>) -> [Sta
         sql.int(rate.map(|r| i64::from(r.limit))),
         sql.int(rate.map(|r| r.period_ms)),
         sql.int(run.flow.as_ref().map_or(0, |f| f.priority)),
+        sql.text(run.debounce.as_ref().map(|d| d.key.as_str())),
+        sql.int(run.debounce.as_ref().map(|d| d.not_before_ms)),
+        sql.int(run.debounce.as_ref().and_then(|d| d.deadline_ms)),
+        sql.text(run.queued_reason.as_deref()),
     ]
     .join(", ");
     let owner = sql.text(lease.map(|l| &*l.worker));
@@ -324,6 +329,7 @@ pub fn create_run(dialect: Dialect, new: &NewRun, lease: Option<&Lease>) -> [Sta
         "INSERT INTO runs (run_id, workflow, status, input, definition, definition_hash,
                            idempotency_key, created_ms, started_at, run_trigger,
                            flow_key, flow_limit, rate_key, rate_limit, rate_period_ms, priority,
+                           debounce_key, not_before_ms, debounce_deadline_ms, queued_reason,
                            lease_owner, lease_until_ms, lease_epoch)
          VALUES ({values}, {owner}, {now} + {until},
                  CASE WHEN {owner} IS NULL THEN 0 ELSE 1 END)
@@ -501,6 +507,17 @@ fn run_sets(sql: &mut Sql, set: &RunSet<'_>, cx: &MoveContext<'_>) -> (String, O
     }
     if set.clear_cancel {
         sets.push("cancel_requested = FALSE".to_owned());
+    }
+    if let Some(input) = set.input {
+        sets.push(format!("input = {}", sql.text(json(input))));
+    }
+    if let Some(at) = set.not_before {
+        let at = sql.int(at);
+        let capped = match sql.dialect {
+            Dialect::Sqlite => format!("min({at}, coalesce(debounce_deadline_ms, {at}))"),
+            Dialect::Postgres => format!("least({at}, debounce_deadline_ms)"),
+        };
+        sets.push(format!("not_before_ms = {capped}"));
     }
     if let Some((definition, hash)) = set.definition {
         sets.push(format!(

@@ -163,20 +163,29 @@ impl<D: Db> Store for SqlStore<D> {
             let existing = self
                 .runs(
                     "SELECT * FROM runs WHERE (workflow = $1 AND idempotency_key = $2) OR run_id = $3
-                     ORDER BY run_id = $3 LIMIT 1",
+                        OR (workflow = $1 AND debounce_key = $4 AND status = 'queued')
+                     ORDER BY run_id = $3, CASE WHEN idempotency_key = $2 THEN 0 ELSE 1 END
+                     LIMIT 1",
                     vec![
                         Arg::from(run.workflow.as_str()),
                         Arg::from(run.idempotency_key.as_deref()),
                         Arg::from(run.run_id.as_str()),
+                        Arg::from(run.debounce.as_ref().map(|d| d.key.as_str())),
                     ],
                 )
                 .await?
                 .pop()
-                .ok_or_else(|| {
-                    StoreError::Corrupt(format!(
+                .ok_or_else(|| match &run.debounce {
+                    // The debounced run it would have joined was admitted
+                    // since: the start tries again.
+                    Some(_) => StoreError::Refused(format!(
+                        "run `{}`: the debounced run it was to join has started",
+                        run.run_id
+                    )),
+                    None => StoreError::Corrupt(format!(
                         "run `{}` was neither created nor found: the run it conflicted with is gone",
                         run.run_id
-                    ))
+                    )),
                 })?;
             return Ok(NewRunWrite {
                 created: Created::Existing(Box::new(existing)),

@@ -63,6 +63,11 @@ pub(super) const MIGRATIONS: &[(i64, &str, &str)] = &[
         "tape",
         include_str!("../../migrations/sqlite/0007_tape.sql"),
     ),
+    (
+        8,
+        "debounce",
+        include_str!("../../migrations/sqlite/0008_debounce.sql"),
+    ),
 ];
 
 /// `PRAGMA application_id` of a wf-host state file: "wfhs".

@@ -182,6 +182,20 @@ pub struct Spec {
     /// Flow control: jq over the input, an integer; higher is admitted first.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub priority: Option<String>,
+    /// Starts with the same key within `period_ms` make one run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub debounce: Option<DebounceSpec>,
+}
+
+/// `debounce` of a workflow, as a run stores it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DebounceSpec {
+    /// jq over the input; `None`: one key for the whole workflow.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    pub period_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_wait_ms: Option<u64>,
 }
 
 impl Spec {
@@ -317,6 +331,26 @@ impl Spec {
                 period_ms: u64::try_from(r.period.as_millis()).unwrap_or(u64::MAX),
             }),
             priority: w.priority.clone(),
+            debounce: w
+                .debounce
+                .as_ref()
+                .map(|d| {
+                    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+                    if d.period.as_millis() < 1 {
+                        return Err(wf_err("`debounce.period` must be at least 1ms".into()));
+                    }
+                    if d.max_wait.is_some_and(|m| m < d.period) {
+                        return Err(wf_err(
+                            "`debounce.max_wait` must not be less than `debounce.period`".into(),
+                        ));
+                    }
+                    Ok(DebounceSpec {
+                        key: d.key.clone(),
+                        period_ms: ms(d.period),
+                        max_wait_ms: d.max_wait.map(ms),
+                    })
+                })
+                .transpose()?,
         })
     }
 
@@ -545,6 +579,8 @@ pub struct Definition {
     /// The compensations of the steps that have one, by their own id
     /// ([`compensation_id`]).
     pub compensations: HashMap<String, Step>,
+    /// `debounce`'s key, compiled (`Some(None)`: one key for the workflow).
+    pub debounce_key: Option<Option<Expr>>,
 }
 
 impl std::fmt::Debug for Definition {
@@ -645,9 +681,14 @@ impl Definition {
             spec.priority.as_deref(),
         )
         .map_err(wf_err)?;
+        let debounce_key = match &spec.debounce {
+            Some(d) => Some(compile_expr(name, "", "debounce.key", &d.key)?),
+            None => None,
+        };
         Ok(Definition {
             flow,
             compensations,
+            debounce_key,
             name: name.to_owned(),
             hash: spec.hash(),
             timeout: spec.timeout_ms.map(Duration::from_millis),

@@ -186,7 +186,8 @@ pub(super) fn reason(flow: &Flow, usage: &FlowUsage) -> Option<String> {
 pub(super) struct Pass {
     /// The runs admitted (now `running`).
     pub admitted: Vec<String>,
-    /// When a rate window next lets a queued run in (ms since the epoch).
+    /// When a rate window next lets a queued run in, or a debounced run's
+    /// time comes (ms since the epoch).
     pub next_window_ms: Option<i64>,
 }
 
@@ -223,7 +224,32 @@ impl Workflows {
             let queued = self.store.queued_runs(PAGE, offset).await?;
             let (read, admitted_before) = (queued.len(), pass.admitted.len());
             for run in queued {
+                // A debounced run waits for later starts until its time.
+                if let Some(at) = run
+                    .debounce
+                    .as_ref()
+                    .map(|d| d.not_before_ms)
+                    .filter(|&at| at > now_ms())
+                {
+                    pass.next_window_ms = Some(pass.next_window_ms.map_or(at, |n| n.min(at)));
+                    continue;
+                }
                 let Some(flow) = run.flow.clone() else {
+                    // Debounced, without flow control: nothing else holds it.
+                    if run.debounce.is_some() {
+                        let now = now_ms();
+                        let admit = Transition::RunAdmitted { at_ms: now };
+                        match self.events.apply(&run.run_id, &[admit], None).await {
+                            Ok(_) => {
+                                pass.admitted.push(run.run_id.clone());
+                                self.admitted(run, now).await;
+                            }
+                            // A start joined it just now (its time moved),
+                            // or another worker admitted it.
+                            Err(StoreError::Refused(_)) => self.worker.queue.notify_one(),
+                            Err(e) => return Err(e),
+                        }
+                    }
                     continue;
                 };
                 let keys = [("c", &flow.concurrency), ("r", &flow.rate)];

@@ -17,7 +17,8 @@ use super::definition::{self, Definition, DefinitionError, Spec};
 use super::engine::{self, Ending, RunCtx};
 use super::{RunRecord, WorkflowError, Workflows};
 use crate::domain::{
-    Failure, RUN_STARTED, RunRow, RunStatus, StepRow, StepStatus, Transition, now_ms, now_text,
+    Debounce, Failure, RUN_STARTED, RunRow, RunStatus, StepRow, StepStatus, Transition, now_ms,
+    now_text,
 };
 use crate::runtime::{LoadError, Node};
 use crate::store::{Created, Fence, Lease, NewRun, StoreError};
@@ -78,6 +79,17 @@ pub(super) enum NodeError {
     Load(LoadError),
     /// The file's content no longer has the hash the definition names.
     Changed(String),
+}
+
+/// Why a debounced run waits: the starts that may still join it.
+fn debounce_reason(d: &Debounce) -> String {
+    let at =
+        std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(d.not_before_ms).unwrap_or(0));
+    format!(
+        "debounce: starts with key {:?} until {} join this run",
+        d.key,
+        humantime::format_rfc3339_millis(at)
+    )
 }
 
 /// A run id that is unique across restarts and sorts by creation time (and,
@@ -177,10 +189,6 @@ impl Workflows {
         trigger: Option<Value>,
         parent: &TraceParent,
     ) -> Result<Started, WorkflowError> {
-        let existing = |run: Box<RunRow>| Started {
-            run: (*run).into(),
-            new: false,
-        };
         let def = self
             .definition(workflow)
             .ok_or_else(|| WorkflowError::unknown_workflow(workflow, self.names()))?;
@@ -203,6 +211,34 @@ impl Workflows {
                 workflow: workflow.to_owned(),
                 message,
             })?;
+        // Debounce: its key, from the input, and its time.
+        let debounce = def
+            .debounce_key
+            .as_ref()
+            .zip(def.spec.debounce.as_ref())
+            .map(|(key, spec)| {
+                let key = match key {
+                    None => String::new(),
+                    Some(expr) => match expr.eval(&input) {
+                        Ok(Value::String(key)) => key,
+                        Ok(other) => other.to_string(),
+                        Err(e) => {
+                            return Err(WorkflowError::InvalidInput {
+                                workflow: workflow.to_owned(),
+                                message: format!("`debounce.key`: {e}"),
+                            });
+                        }
+                    },
+                };
+                let now = now_ms();
+                let ms = |ms: u64| i64::try_from(ms).unwrap_or(i64::MAX);
+                Ok(Debounce {
+                    key,
+                    not_before_ms: now.saturating_add(ms(spec.period_ms)),
+                    deadline_ms: spec.max_wait_ms.map(|m| now.saturating_add(ms(m))),
+                })
+            })
+            .transpose()?;
         // The nodes first: a run is stored only when it can run.
         let nodes = self.nodes_of(&def).map_err(|f| {
             WorkflowError::Definition(DefinitionError::Workflow {
@@ -214,8 +250,9 @@ impl Workflows {
         let run = RunRow {
             run_id: new_run_id(created_ms),
             workflow: workflow.to_owned(),
-            // Under flow control, queued until the admission pass below.
-            status: if flow.is_some() {
+            // Under flow control, queued until the admission pass below;
+            // debounced, until its time.
+            status: if flow.is_some() || debounce.is_some() {
                 RunStatus::Queued
             } else {
                 RunStatus::Running
@@ -231,8 +268,9 @@ impl Workflows {
             finished_at: None,
             trigger,
             flow,
-            queued_reason: None,
+            queued_reason: debounce.as_ref().map(debounce_reason),
             admitted_ms: None,
+            debounce,
         };
         let new = NewRun {
             steps: def.spec.steps.iter().map(|s| s.id.clone()).collect(),
@@ -285,12 +323,18 @@ impl Workflows {
             // is stored with it, in one write.
             let span = trace::run_span(workflow, &run.run_id, parent);
             let then = fence.as_ref().map(|fence| (fence, starts.as_slice()));
-            let (created, then_stored) = self
+            let created = self
                 .events
                 .create_run(&new, lease.as_ref(), started(&span), then, &def.spec.redact)
-                .await?;
-            if let Created::Existing(run) = created {
-                return Ok(existing(run));
+                .await;
+            let (created, then_stored) = match created {
+                Err(StoreError::Refused(_)) if run.debounce.is_some() => {
+                    return self.start_again(run, parent).await;
+                }
+                other => other?,
+            };
+            if let Created::Existing(found) = created {
+                return self.join_debounced(found, run, parent).await;
             }
             if then_stored {
                 first_started = first_steps.iter().map(|&id| id.to_owned()).collect();
@@ -299,8 +343,15 @@ impl Workflows {
         } else {
             // The key may find the run it started before: no span for a run
             // that this start does not make.
-            if let Created::Existing(run) = self.store.create_run(&new, lease.as_ref()).await? {
-                return Ok(existing(run));
+            match self.store.create_run(&new, lease.as_ref()).await {
+                Err(StoreError::Refused(_)) if run.debounce.is_some() => {
+                    return self.start_again(run, parent).await;
+                }
+                Err(e) => return Err(e.into()),
+                Ok(Created::Existing(found)) => {
+                    return self.join_debounced(found, run, parent).await;
+                }
+                Ok(Created::New) => {}
             }
             let span = trace::run_span(workflow, &run.run_id, parent);
             self.events
@@ -345,6 +396,79 @@ impl Workflows {
             run: run.into(),
             new: true,
         })
+    }
+
+    /// A start whose insert found `found`: the run its idempotency key
+    /// started before, or a queued run with its debounce key, which it
+    /// joins (the run takes this start's input and time).
+    async fn join_debounced(
+        self: &Arc<Self>,
+        found: Box<RunRow>,
+        mine: RunRow,
+        parent: &TraceParent,
+    ) -> Result<Started, WorkflowError> {
+        let same_key =
+            mine.idempotency_key.is_some() && found.idempotency_key == mine.idempotency_key;
+        let joins = match (&mine.debounce, &found.debounce) {
+            (Some(m), Some(f)) => {
+                !same_key
+                    && m.key == f.key
+                    && found.status == RunStatus::Queued
+                    && found.run_id != mine.run_id
+            }
+            _ => false,
+        };
+        let (Some(debounce), true) = (&mine.debounce, joins) else {
+            return Ok(Started {
+                run: (*found).into(),
+                new: false,
+            });
+        };
+        let at = found
+            .debounce
+            .as_ref()
+            .and_then(|f| f.deadline_ms)
+            .map_or(debounce.not_before_ms, |d| d.min(debounce.not_before_ms));
+        let reason = debounce_reason(&Debounce {
+            not_before_ms: at,
+            ..debounce.clone()
+        });
+        let joined = Transition::RunDebounced {
+            input: &mine.input,
+            not_before_ms: debounce.not_before_ms,
+            reason: &reason,
+        };
+        match self.events.apply(&found.run_id, &[joined], None).await {
+            Ok(_) => {}
+            // It was admitted since: this start makes a run of its own.
+            Err(StoreError::Refused(_)) => return self.start_again(mine, parent).await,
+            Err(e) => return Err(e.into()),
+        }
+        tracing::debug!(run = %found.run_id, key = %debounce.key, "start joined a debounced run");
+        // The admitter waits for the run's new time.
+        self.worker.queue.notify_one();
+        let run = self.stored_run(&found.run_id).await?;
+        Ok(Started {
+            run: run.into(),
+            new: false,
+        })
+    }
+
+    /// Starts `run`'s workflow again with its input: the debounced run it
+    /// was to join has begun in the meantime.
+    async fn start_again(
+        self: &Arc<Self>,
+        run: RunRow,
+        parent: &TraceParent,
+    ) -> Result<Started, WorkflowError> {
+        Box::pin(self.start_with(
+            &run.workflow,
+            run.input,
+            run.idempotency_key,
+            run.trigger,
+            parent,
+        ))
+        .await
     }
 
     /// The nodes of every step of `def`, checked against the hashes it
