@@ -65,6 +65,18 @@ input = '{{capability: "fixture.sleep", arguments: {{ms: 120000}}}}'
 id = "after"
 component = {echo:?}
 needs = ["nap"]
+
+[[workflows.trip.steps]]
+id = "book"
+component = {echo:?}
+compensate = {{ component = {echo:?} }}
+
+[[workflows.trip.steps]]
+id = "pay"
+component = {call:?}
+allow = ["fixture.fail"]
+needs = ["book"]
+input = '{{capability: "fixture.fail", arguments: {{message: "card declined"}}}}'
 "#
         ),
     )
@@ -518,6 +530,29 @@ async fn the_console_starts_follows_and_cancels_runs() {
     let shot = c.screenshot().await.unwrap();
     assert!(shot.starts_with(b"\x89PNG"), "a PNG screenshot");
     std::fs::write(artifacts().join("console.png"), shot).unwrap();
+
+    // A failed run that undid its booking: the compensation is a step of
+    // the run, drawn after the step it undoes, and the timeline marks the
+    // time spent compensating.
+    start_with_form(&c, "trip", "{}").await;
+    click(&c, "#start-result a").await;
+    wait_for(
+        &c,
+        r#"#run-view:not([hidden]) #run-status[data-status="failed"]"#,
+    )
+    .await;
+    let undo = step_with_status(&c, "book.compensate", "succeeded").await;
+    assert!(undo.contains("compensation"), "{undo}");
+    wait_for(
+        &c,
+        r#"#graph path.edge[data-from="book"][data-to="book.compensate"]"#,
+    )
+    .await;
+    wait_for(&c, "#timeline rect.compensating").await;
+    assert!(attr_of(&c, "#retry-run", "disabled").await.is_some());
+    wait_for(&c, r#"#timeline rect.attempt[data-step="book.compensate"]"#).await;
+    let shot = c.screenshot().await.unwrap();
+    std::fs::write(artifacts().join("console-compensation.png"), shot).unwrap();
 
     // The list, filtered by status and workflow.
     click(&c, "#nav-runs").await;

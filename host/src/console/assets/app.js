@@ -608,7 +608,10 @@
     $("pause-run").disabled = run.status !== "running";
     $("migrate-run").disabled = !olderDefinition(run);
     $("resume-run").disabled = run.status !== "paused";
-    $("retry-run").disabled = !(run.status === "failed" || run.status === "cancelled");
+    // A compensated run's undone steps would not run again: no retry.
+    const compensated = (run.steps || []).some((s) => s.compensates);
+    $("retry-run").disabled = compensated || !(run.status === "failed" || run.status === "cancelled");
+    $("retry-run").title = compensated ? "its steps were undone (compensated): start a new run" : "";
     const steps = run.steps || [];
     if (selectedStep !== null && !steps.some((s) => s.id === selectedStep)) selectedStep = null;
     // A step that waits for someone is what the page is opened for.
@@ -732,7 +735,10 @@
       const g = svg(
         "g",
         {
-          class: `step status-${status}` + (step.id === selectedStep ? " selected" : ""),
+          class:
+            `step status-${status}` +
+            (step.compensates ? " compensation" : "") +
+            (step.id === selectedStep ? " selected" : ""),
           "data-step": step.id,
           "data-status": status,
           "data-attempts": step.attempts,
@@ -846,6 +852,13 @@
       }
     }
     if (pausedAt !== null) band(pausedAt, end);
+    // Undoing its steps (compensation), from when it began to the run's end.
+    const compensating = events.find((e) => e.kind === "run.compensating");
+    if (compensating) {
+      const from = at(compensating.at);
+      const to = run.finished_at ? at(run.finished_at) : end;
+      shapes.unshift(svg("rect", { class: "compensating", x: x(from), y: 0, width: Math.max(x(to) - x(from), 2), height }));
+    }
     const labels = steps.map((s) =>
       svg("text", { x: 4, y: y(s.id) + LANE_H / 2 + 4, class: "lane-name" }, document.createTextNode(s.id)),
     );
