@@ -1336,3 +1336,89 @@ async fn a_question_from_upstream_is_relayed_to_the_official_mcp_clients() {
         );
     }
 }
+
+/// `workflow.pause {workflow}`: while a workflow is paused, its schedule's
+/// ticks are skipped (and counted), a start waits `queued` saying why, it
+/// stays so across a restart, `host.status` and `/metrics` show the pause;
+/// `workflow.resume {workflow}` lets the queued run in and ticks fire
+/// again. A call naming both a run and a workflow is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_workflow_skips_its_ticks_and_queues_its_starts_until_resumed() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), EVERY_SECOND);
+    let state = dir.path().join("state.db");
+    let server = serve(&config, state.to_str().unwrap(), &[]);
+    let paused = call(&server, "workflow.pause", json!({"workflow": "tick"})).await;
+    assert_eq!(
+        paused,
+        json!({"workflow": "tick", "paused": true, "changed": true})
+    );
+    let again = call(&server, "workflow.pause", json!({"workflow": "tick"})).await;
+    assert_eq!(again["changed"], false);
+    let before = runs(&server, "tick").await.len();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // A tick that was firing as the pause came may have made one more run.
+    assert!(runs(&server, "tick").await.len() <= before + 1);
+    let skipped = metric(&server, "wf_schedule_skips_total", "workflow=\"tick\"").await;
+    assert!(skipped >= 1.0, "{skipped} ticks skipped");
+    assert_eq!(
+        metric(&server, "wf_workflow_paused", "workflow=\"tick\"").await,
+        1.0
+    );
+    let started = call(
+        &server,
+        "workflow.start",
+        json!({"workflow": "tick", "input": {"by": "hand"}}),
+    )
+    .await;
+    assert_eq!(started["status"], "queued", "{started}");
+    assert!(
+        started["queued_reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("workflow `tick` is paused"),
+        "{started}"
+    );
+    let both = server
+        .rpc(
+            "workflow.pause",
+            json!({"workflow": "tick", "run_id": started["run_id"]}),
+            None,
+        )
+        .await;
+    assert_eq!(both["error"]["code"], -32602, "{both}");
+    let unknown = server
+        .rpc("workflow.pause", json!({"workflow": "tock"}), None)
+        .await;
+    assert_eq!(unknown["error"]["code"], -32001, "{unknown}");
+
+    // Still paused after a restart.
+    kill(server);
+    let server = serve(&config, state.to_str().unwrap(), &[]);
+    let status = call(&server, "host.status", json!({})).await;
+    assert_eq!(status["paused_workflows"], json!(["tick"]), "{status}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let run_id = started["run_id"].as_str().unwrap();
+    let still = call(&server, "workflow.get", json!({"run_id": run_id})).await;
+    assert_eq!(still["status"], "queued", "{still}");
+
+    let resumed = call(&server, "workflow.resume", json!({"workflow": "tick"})).await;
+    assert_eq!(resumed["paused"], false);
+    let done = call(
+        &server,
+        "workflow.wait",
+        json!({"run_id": run_id, "timeout_ms": 30000}),
+    )
+    .await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert_eq!(done["output"], json!({"by": "hand"}));
+    let resumed_at = runs(&server, "tick").await.len();
+    wait_until(
+        "a tick after the resume",
+        Duration::from_secs(10),
+        async || runs(&server, "tick").await.len() > resumed_at,
+    )
+    .await;
+    let status = call(&server, "host.status", json!({})).await;
+    assert_eq!(status["paused_workflows"], json!([]), "{status}");
+}

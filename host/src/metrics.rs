@@ -8,8 +8,9 @@
 //! | `wf_runs_waiting` | | of those, runs waiting (a durable sleep, a signal) |
 //! | `wf_runs_live` | `workflow`, `definition` | unfinished runs (queued, running, paused) on each definition of their workflow (its hash), from the state at scrape time |
 //! | `wf_runs_queued` | `workflow` | runs `queued` by the workflow's `concurrency` or `rate` (every worker's, as the last admission pass found them) |
+//! | `wf_workflow_paused` | `workflow` | 1 while the workflow is paused as a whole (`workflow.pause {workflow}`), as this process last set or read it |
 //! | `wf_schedule_fires_total` | `workflow`, `schedule` | runs started by a schedule's tick (`skipped` ticks apart) |
-//! | `wf_schedule_skips_total` | `workflow`, `schedule` | ticks that started no run (`overlap = "skip"`, or missed) |
+//! | `wf_schedule_skips_total` | `workflow`, `schedule` | ticks that started no run (`overlap = "skip"`, missed, or the workflow paused) |
 //! | `wf_webhook_requests_total` | `workflow`, `status` | `POST /hooks/…` requests, by HTTP status |
 //! | `wf_step_duration_seconds` | `workflow`, `step` | histogram of step run times, all attempts |
 //! | `wf_capability_calls_total` | `connection`, `outcome` | tool calls: `ok`, `tool_error`, `refused`, `timeout`, `unavailable`, `server_error` |
@@ -39,6 +40,7 @@ pub struct Metrics {
     runs_running: Gauge,
     runs_waiting: Gauge,
     runs_queued: Family<Labels, Gauge>,
+    workflow_paused: Family<Labels, Gauge>,
     runs_live: Family<Labels, Gauge>,
     step_duration: Histograms,
     calls: Family<Labels, Counter>,
@@ -90,6 +92,12 @@ impl Metrics {
             "wf_runs_queued",
             "Workflow runs queued by their workflow's concurrency or rate, as the last admission pass found them",
             runs_queued.clone(),
+        );
+        let workflow_paused = Family::<Labels, Gauge>::default();
+        registry.register(
+            "wf_workflow_paused",
+            "1 while the workflow is paused as a whole",
+            workflow_paused.clone(),
         );
         let step_duration: Histograms = Family::new_with_constructor(duration_histogram);
         registry.register(
@@ -155,6 +163,7 @@ impl Metrics {
             runs_running,
             runs_waiting,
             runs_queued,
+            workflow_paused,
             runs_live,
             step_duration,
             calls,
@@ -165,6 +174,12 @@ impl Metrics {
     }
 
     /// How many runs of `workflow` wait `queued` (set by each admission pass).
+    pub fn workflow_paused(&self, workflow: &str, paused: bool) {
+        self.workflow_paused
+            .get_or_create(&vec![("workflow", workflow.to_owned())])
+            .set(i64::from(paused));
+    }
+
     pub fn runs_queued(&self, workflow: &str, count: i64) {
         self.runs_queued
             .get_or_create(&vec![("workflow", workflow.to_owned())])

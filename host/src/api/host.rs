@@ -34,6 +34,7 @@ impl Api {
             "workers": workers,
             "connections": self.pool.stats(),
             "workflows": workflows.names(),
+            "paused_workflows": workflows.paused_workflows(),
             "input_schemas": workflows.input_schemas(),
             "definitions": definitions,
             "schedules": schedules,

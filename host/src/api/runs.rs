@@ -208,6 +208,21 @@ impl<'a> Runs<'a> {
         Ok(self.workflows.resume_run(run_id).await?)
     }
 
+    /// Pauses or resumes a whole workflow (the `cancel` scope on it).
+    ///
+    /// # Errors
+    /// [`ApiError::Denied`] without the `cancel` scope; as
+    /// [`Workflows::pause_workflow`].
+    pub async fn pause_workflow(
+        &self,
+        caller: &Caller,
+        workflow: &str,
+        paused: bool,
+    ) -> Result<crate::workflow::WorkflowPause, ApiError> {
+        Self::may_workflow(caller, RunScope::Cancel, workflow)?;
+        Ok(self.workflows.pause_workflow(workflow, paused).await?)
+    }
+
     /// Moves an unfinished run to its workflow's definition in force (the
     /// `cancel` scope: it changes what a run does).
     ///

@@ -80,13 +80,24 @@ pub async fn call(
             let p: RunParams = parse(params, &["run_id"])?;
             runs.migrate(caller, &p.run_id).await.map(|v| json!(v))
         }
-        "workflow.pause" => {
-            let p: RunParams = parse(params, &["run_id"])?;
-            runs.pause(caller, &p.run_id).await.map(|v| json!(v))
-        }
-        "workflow.resume" => {
-            let p: RunParams = parse(params, &["run_id"])?;
-            runs.resume(caller, &p.run_id).await.map(|v| json!(v))
+        "workflow.pause" | "workflow.resume" => {
+            let pause = method == "workflow.pause";
+            let p: PauseParams = parse(params, &["run_id"])?;
+            match (p.run_id, p.workflow) {
+                (Some(run_id), None) if pause => {
+                    runs.pause(caller, &run_id).await.map(|v| json!(v))
+                }
+                (Some(run_id), None) => runs.resume(caller, &run_id).await.map(|v| json!(v)),
+                (None, Some(workflow)) => runs
+                    .pause_workflow(caller, &workflow, pause)
+                    .await
+                    .map(|v| json!(v)),
+                _ => {
+                    return Err(RpcError::invalid_params(
+                        "give `run_id` (one run) or `workflow` (the whole workflow), not both",
+                    ));
+                }
+            }
         }
         "workflow.signal" => {
             let p: SignalParams = parse(params, &["run_id", "signal", "payload"])?;
@@ -181,6 +192,14 @@ struct StartParams {
 #[serde(deny_unknown_fields)]
 struct RunParams {
     run_id: String,
+}
+
+/// `workflow.pause` and `workflow.resume`: a run, or a whole workflow.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PauseParams {
+    run_id: Option<String>,
+    workflow: Option<String>,
 }
 
 #[derive(Deserialize)]

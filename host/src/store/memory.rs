@@ -44,6 +44,8 @@ struct State {
     finished: BTreeSet<(Option<i64>, String)>,
     /// Schedules' progress by `(workflow, name)`.
     schedules: BTreeMap<(String, String), ScheduleRow>,
+    /// Workflows paused as a whole.
+    paused_workflows: BTreeSet<String>,
     /// Signals by run, oldest first.
     signals: HashMap<String, Vec<SignalRow>>,
     /// Upstream tasks by call key: `(run_id, task_id)`.
@@ -140,6 +142,7 @@ impl State {
             .debounce
             .as_ref()
             .is_some_and(|d| d.not_before_ms > now_ms)
+            || self.paused_workflows.contains(&run.workflow)
         {
             return false;
         }
@@ -830,6 +833,18 @@ impl Store for MemoryStore {
 
     async fn schedules(&self) -> Result<Vec<ScheduleRow>, StoreError> {
         Ok(self.lock().schedules.values().cloned().collect())
+    }
+
+    async fn pause_workflow(&self, workflow: &str, paused: bool) -> Result<bool, StoreError> {
+        let mut state = self.lock();
+        Ok(match paused {
+            true => state.paused_workflows.insert(workflow.to_owned()),
+            false => state.paused_workflows.remove(workflow),
+        })
+    }
+
+    async fn paused_workflows(&self) -> Result<Vec<String>, StoreError> {
+        Ok(self.lock().paused_workflows.iter().cloned().collect())
     }
 
     async fn last_event_id(&self) -> Result<i64, StoreError> {

@@ -438,6 +438,11 @@ pub trait Store: Send + Sync {
     ) -> Result<bool, StoreError>;
     /// Every schedule's progress.
     async fn schedules(&self) -> Result<Vec<ScheduleRow>, StoreError>;
+    /// Pauses `workflow` as a whole (`paused`), or resumes it; whether that
+    /// changed anything.
+    async fn pause_workflow(&self, workflow: &str, paused: bool) -> Result<bool, StoreError>;
+    /// The workflows paused as a whole.
+    async fn paused_workflows(&self) -> Result<Vec<String>, StoreError>;
     /// Keeps the upstream task a call of run `run_id` (idempotency key
     /// `key`) made on `connection`.
     async fn record_task(

@@ -98,6 +98,11 @@ pub(super) const MIGRATIONS: &[(i64, &str, &str)] = &[
         "debounce",
         include_str!("../../migrations/postgres/0011_debounce.sql"),
     ),
+    (
+        12,
+        "paused workflows",
+        include_str!("../../migrations/postgres/0012_paused_workflows.sql"),
+    ),
 ];
 
 /// The database's clock, in ms since the epoch. `clock_timestamp()`, not

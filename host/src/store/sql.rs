@@ -249,7 +249,9 @@ pub fn move_statements(
                                             WHERE other.workflow = runs.workflow
                                               AND other.rate_key = runs.rate_key
                                               AND other.admitted_ms > {now} - runs.rate_period_ms))
-                      AND (not_before_ms IS NULL OR not_before_ms <= {now})"
+                      AND (not_before_ms IS NULL OR not_before_ms <= {now})
+                      AND NOT EXISTS (SELECT 1 FROM paused_workflows p
+                                      WHERE p.workflow = runs.workflow)"
                 ));
             }
             sql.push(&format!("UPDATE runs SET {sets} WHERE {where_}"));

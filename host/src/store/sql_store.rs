@@ -741,6 +741,38 @@ impl<D: Db> Store for SqlStore<D> {
             .collect()
     }
 
+    async fn pause_workflow(&self, workflow: &str, paused: bool) -> Result<bool, StoreError> {
+        let changed = if paused {
+            self.db
+                .write(
+                    "INSERT INTO paused_workflows (workflow, paused_at) VALUES ($1, $2)
+                     ON CONFLICT DO NOTHING RETURNING 1",
+                    vec![workflow.into(), now_text().into()],
+                )
+                .await?
+        } else {
+            self.db
+                .write(
+                    "DELETE FROM paused_workflows WHERE workflow = $1 RETURNING 1",
+                    vec![workflow.into()],
+                )
+                .await?
+        };
+        Ok(!changed.is_empty())
+    }
+
+    async fn paused_workflows(&self) -> Result<Vec<String>, StoreError> {
+        self.db
+            .read(
+                "SELECT workflow FROM paused_workflows ORDER BY workflow",
+                Vec::new(),
+            )
+            .await?
+            .iter()
+            .map(|row| row.text("workflow"))
+            .collect()
+    }
+
     async fn schedules(&self) -> Result<Vec<ScheduleRow>, StoreError> {
         self.db
             .read(

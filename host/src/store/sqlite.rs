@@ -68,6 +68,11 @@ pub(super) const MIGRATIONS: &[(i64, &str, &str)] = &[
         "debounce",
         include_str!("../../migrations/sqlite/0008_debounce.sql"),
     ),
+    (
+        9,
+        "paused workflows",
+        include_str!("../../migrations/sqlite/0009_paused_workflows.sql"),
+    ),
 ];
 
 /// `PRAGMA application_id` of a wf-host state file: "wfhs".

@@ -9,15 +9,15 @@
 //! ([`Transition::RunQueued`]). The admitter (`maintenance/admitter.rs`) runs
 //! the pass whenever room may have been made.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::Workflows;
 use super::expr::{CompileError, Expr};
+use super::{WorkflowError, Workflows};
 use crate::domain::{Flow, FlowLimit, FlowUsage, RunRow, RunStatus, Transition, now_ms};
 use crate::store::StoreError;
 
@@ -181,6 +181,16 @@ pub(super) fn reason(flow: &Flow, usage: &FlowUsage) -> Option<String> {
     None
 }
 
+/// What `workflow.pause {workflow}` and `workflow.resume {workflow}` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkflowPause {
+    pub workflow: String,
+    /// Whether the workflow is paused now.
+    pub paused: bool,
+    /// Whether this call changed that (false: it was so already).
+    pub changed: bool,
+}
+
 /// What one admission pass did.
 #[derive(Debug, Default)]
 pub(super) struct Pass {
@@ -219,11 +229,21 @@ impl Workflows {
         // The whole queue, a page at a time: runs of a full key ahead never
         // hide the runs of other keys behind them. Admitted runs leave the
         // queue, so the next page starts that many runs earlier.
+        // Another worker may have paused or resumed a workflow.
+        if self.store.shared() {
+            self.read_paused_workflows().await?;
+        }
+        let paused = self.paused_workflows();
         let mut offset = 0;
         for _ in 0..MAX_PAGES {
             let queued = self.store.queued_runs(PAGE, offset).await?;
             let (read, admitted_before) = (queued.len(), pass.admitted.len());
             for run in queued {
+                // Its workflow is paused: it waits for `workflow.resume`.
+                if paused.contains(&run.workflow) {
+                    *per_workflow.entry(run.workflow.clone()).or_default() += 1;
+                    continue;
+                }
                 // A debounced run waits for later starts until its time.
                 if let Some(at) = run
                     .debounce
@@ -235,20 +255,19 @@ impl Workflows {
                     continue;
                 }
                 let Some(flow) = run.flow.clone() else {
-                    // Debounced, without flow control: nothing else holds it.
-                    if run.debounce.is_some() {
-                        let now = now_ms();
-                        let admit = Transition::RunAdmitted { at_ms: now };
-                        match self.events.apply(&run.run_id, &[admit], None).await {
-                            Ok(_) => {
-                                pass.admitted.push(run.run_id.clone());
-                                self.admitted(run, now).await;
-                            }
-                            // A start joined it just now (its time moved),
-                            // or another worker admitted it.
-                            Err(StoreError::Refused(_)) => self.worker.queue.notify_one(),
-                            Err(e) => return Err(e),
+                    // Debounced, or of a workflow paused then: without flow
+                    // control, nothing else holds it.
+                    let now = now_ms();
+                    let admit = Transition::RunAdmitted { at_ms: now };
+                    match self.events.apply(&run.run_id, &[admit], None).await {
+                        Ok(_) => {
+                            pass.admitted.push(run.run_id.clone());
+                            self.admitted(run, now).await;
                         }
+                        // A start joined it just now (its time moved), its
+                        // workflow was paused, or another worker admitted it.
+                        Err(StoreError::Refused(_)) => {}
+                        Err(e) => return Err(e),
                     }
                     continue;
                 };
@@ -337,6 +356,85 @@ impl Workflows {
             self.admissions.send_modify(|n| *n += 1);
         }
         Ok(pass)
+    }
+
+    /// Whether `workflow` is paused as a whole (as this process knows).
+    pub(super) fn workflow_paused(&self, workflow: &str) -> bool {
+        self.paused_workflows
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(workflow)
+    }
+
+    /// The workflows paused as a whole.
+    pub fn paused_workflows(&self) -> BTreeSet<String> {
+        self.paused_workflows
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Reads which workflows are paused from the store.
+    pub(super) async fn read_paused_workflows(&self) -> Result<(), StoreError> {
+        let paused: BTreeSet<String> = self.store.paused_workflows().await?.into_iter().collect();
+        let before = std::mem::replace(
+            &mut *self
+                .paused_workflows
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+            paused.clone(),
+        );
+        for workflow in before.union(&paused) {
+            crate::metrics::metrics().workflow_paused(workflow, paused.contains(workflow));
+        }
+        Ok(())
+    }
+
+    /// `workflow.pause {workflow}` (`paused`) and `workflow.resume
+    /// {workflow}`: while a workflow is paused, its new runs (from any
+    /// start) wait `queued`, none of its queued runs is admitted, and its
+    /// schedules skip their ticks; its running runs go on. Resuming lets
+    /// its queued runs in, as their flow control allows.
+    ///
+    /// # Errors
+    /// [`WorkflowError::UnknownWorkflow`], [`WorkflowError::Store`].
+    pub async fn pause_workflow(
+        self: &Arc<Self>,
+        workflow: &str,
+        paused: bool,
+    ) -> Result<WorkflowPause, WorkflowError> {
+        if self.definition(workflow).is_none() {
+            return Err(WorkflowError::unknown_workflow(workflow, self.names()));
+        }
+        let changed = self.store.pause_workflow(workflow, paused).await?;
+        {
+            let mut set = self
+                .paused_workflows
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if paused {
+                set.insert(workflow.to_owned());
+            } else {
+                set.remove(workflow);
+            }
+        }
+        crate::metrics::metrics().workflow_paused(workflow, paused);
+        tracing::info!(
+            workflow,
+            paused,
+            changed,
+            "workflow {}",
+            if paused { "paused" } else { "resumed" }
+        );
+        if !paused {
+            // Its queued runs may go in now.
+            self.worker.queue.notify_one();
+        }
+        Ok(WorkflowPause {
+            workflow: workflow.to_owned(),
+            paused,
+            changed,
+        })
     }
 
     /// A run this pass admitted, as the store now holds it.

@@ -40,6 +40,7 @@ pub use crate::store::is_postgres_url;
 use crate::store::{Note, Store, StoreError};
 pub use definition::{Definition, DefinitionError, Spec};
 pub(crate) use engine::answer_signal;
+pub use flow::WorkflowPause;
 pub use maintenance::DEFAULT_LEASE;
 pub use mcp::Exposed;
 use mode::Mode;
@@ -348,6 +349,9 @@ pub struct Workflows {
     schedules_changed: Arc<tokio::sync::Notify>,
     /// Held by the admission pass ([`flow`]): one at a time here.
     admitting: tokio::sync::Mutex<()>,
+    /// The workflows paused as a whole, as this process last read them
+    /// (exact alone; on a shared store, read again every admission pass).
+    paused_workflows: Mutex<std::collections::BTreeSet<String>>,
     /// Bumped after every admission pass that admitted a run: a waiter on
     /// a queued run looks again.
     admissions: watch::Sender<u64>,
@@ -384,6 +388,7 @@ impl Workflows {
             asleep: Arc::default(),
             schedules_changed: Arc::default(),
             admitting: tokio::sync::Mutex::default(),
+            paused_workflows: Mutex::default(),
             admissions: watch::channel(0).0,
             options,
             closing: closing.clone(),
@@ -481,6 +486,7 @@ impl Workflows {
     /// On a shared store, starts claiming runs instead: an unfinished run is
     /// resumed by whichever worker claims it once its lease has expired.
     pub async fn resume(self: &Arc<Self>) -> Result<usize, WorkflowError> {
+        self.read_paused_workflows().await?;
         let count = self.mode.resume(self).await?;
         // After the resumed runs are driven: a pass counts them as running.
         maintenance::start_admitter(self);

@@ -81,6 +81,11 @@ pub(super) enum NodeError {
     Changed(String),
 }
 
+/// Why a run of a paused workflow waits.
+pub(super) fn workflow_paused(workflow: &str) -> String {
+    format!("workflow `{workflow}` is paused (`workflow.resume` lets its runs in)")
+}
+
 /// Why a debounced run waits: the starts that may still join it.
 fn debounce_reason(d: &Debounce) -> String {
     let at =
@@ -239,6 +244,8 @@ impl Workflows {
                 })
             })
             .transpose()?;
+        // A workflow paused as a whole: its new runs wait, queued.
+        let paused = self.workflow_paused(workflow);
         // The nodes first: a run is stored only when it can run.
         let nodes = self.nodes_of(&def).map_err(|f| {
             WorkflowError::Definition(DefinitionError::Workflow {
@@ -252,7 +259,7 @@ impl Workflows {
             workflow: workflow.to_owned(),
             // Under flow control, queued until the admission pass below;
             // debounced, until its time.
-            status: if flow.is_some() || debounce.is_some() {
+            status: if flow.is_some() || debounce.is_some() || paused {
                 RunStatus::Queued
             } else {
                 RunStatus::Running
@@ -268,7 +275,10 @@ impl Workflows {
             finished_at: None,
             trigger,
             flow,
-            queued_reason: debounce.as_ref().map(debounce_reason),
+            queued_reason: match &debounce {
+                Some(d) => Some(debounce_reason(d)),
+                None => paused.then(|| workflow_paused(workflow)),
+            },
             admitted_ms: None,
             debounce,
         };

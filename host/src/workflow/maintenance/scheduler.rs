@@ -119,6 +119,9 @@ impl Workflows {
             }
             Ok(Fired::Done)
         };
+        if self.workflow_paused(workflow) {
+            return Ok(skip("the workflow is paused").await?);
+        }
         if schedule.catch_up == CatchUp::None
             && due.tick_ms <= watching_since
             && !self.watched_by_another(due.tick_ms).await?
