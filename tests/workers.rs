@@ -803,3 +803,100 @@ sleep = "2s"
         "four 2 s sleeps took {all:?}: a sleeping run kept the worker's only slot"
     );
 }
+
+/// Versions on PostgreSQL workers: a run waiting for a signal across a
+/// reload that changes a later step's mapping finishes with the mapping it
+/// started with, and a run started after the reload with the new one, with
+/// both workers killed and started again in between; `host.status` on
+/// either worker counts the live runs on each definition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_waiting_run_keeps_its_definition_across_a_reload_and_restarts_on_two_workers() {
+    let pg = TestPostgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("wf.toml");
+    let version = |last: &str| {
+        format!(
+            "[runtime]\nlease = \"2s\"\n\n[[workflows.w.steps]]\nid = \"a\"\ncomponent = {echo:?}\n\n[[workflows.w.steps]]\nid = \"gate\"\nneeds = [\"a\"]\nwait = \"go\"\n\n[[workflows.w.steps]]\nid = \"b\"\nneeds = [\"gate\"]\ncomponent = {echo:?}\ninput = '{last}'\n",
+            echo = plugin("echo").display().to_string(),
+        )
+    };
+    std::fs::write(&path, version("{v: 1}")).unwrap();
+    let url = pg.url();
+    let (a, b) = (worker(&path, &url), worker(&path, &url));
+    let waiting = async |serve: &Serve, run_id: &str| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let got = call(serve, "workflow.get", json!({"run_id": run_id})).await;
+            if got["steps"][1]["status"] == "waiting" {
+                return got["definition_hash"].as_str().unwrap().to_owned();
+            }
+            assert!(Instant::now() < deadline, "never waited: {got}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let start = async |serve: &Serve| {
+        let started = call(
+            serve,
+            "workflow.start",
+            json!({"workflow": "w", "input": {}}),
+        )
+        .await;
+        started["run_id"].as_str().unwrap().to_owned()
+    };
+    let old_run = start(&a).await;
+    let first = waiting(&b, &old_run).await;
+
+    std::fs::write(&path, version("{v: 2}")).unwrap();
+    for serve in [&a, &b] {
+        call(serve, "host.reload", json!({})).await;
+    }
+    let new_run = start(&b).await;
+    let second = waiting(&a, &new_run).await;
+    assert_ne!(first, second);
+    for serve in [&a, &b] {
+        let status = call(serve, "host.status", json!({})).await;
+        let defs = &status["definitions"]["w"];
+        assert_eq!(defs["current"], second, "{status}");
+        let mut live: Vec<(String, u64)> = defs["live"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                (
+                    l["hash"].as_str().unwrap().to_owned(),
+                    l["runs"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        live.sort();
+        let mut expected = vec![(first.clone(), 1), (second.clone(), 1)];
+        expected.sort();
+        assert_eq!(live, expected, "{status}");
+    }
+
+    // Both workers killed, and started again on the new config.
+    for serve in [a, b] {
+        signal(&serve, libc::SIGKILL);
+        drop(serve);
+    }
+    let (a, b) = (worker(&path, &url), worker(&path, &url));
+    for (serve, run_id) in [(&a, &old_run), (&b, &new_run)] {
+        call(
+            serve,
+            "workflow.signal",
+            json!({"run_id": run_id, "signal": "go", "payload": {}}),
+        )
+        .await;
+    }
+    for (run_id, v) in [(&old_run, 1), (&new_run, 2)] {
+        let done = call(
+            &b,
+            "workflow.wait",
+            json!({"run_id": run_id, "timeout_ms": 60000}),
+        )
+        .await;
+        assert_eq!(done["status"], "succeeded", "{done}");
+        assert_eq!(done["output"], json!({"v": v}), "run {run_id}: {done}");
+    }
+    drop(a);
+}
