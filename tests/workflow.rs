@@ -4457,3 +4457,146 @@ needs = ["nap"]
     );
     assert!(echoed(&read_witness(&witness)).contains(&"unheld-held-7".to_owned()));
 }
+
+/// A tmpfs of `size` mounted on a temp dir (this test host runs as root,
+/// as CI does), unmounted on drop.
+struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    fn mount(size: &str) -> SmallDisk {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "mounting a small tmpfs (the test needs root): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        SmallDisk { dir }
+    }
+
+    fn resize(&self, size: &str) {
+        let out = Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(self.dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.dir.path()).status();
+    }
+}
+
+/// The state on a small disk that fills up: a start is refused as busy
+/// (-32004 with `retry_after_ms`), naming the full disk and the file; a
+/// run that was going on when it filled waits, `serve` answers reads and
+/// `/healthz` says it is degraded. Once there is room again it recovers by
+/// itself: every run accepted before finishes, new starts go through, and
+/// SQLite's `integrity_check` is `ok`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_refuses_starts_clearly_and_loses_nothing_when_space_comes_back() {
+    let disk = SmallDisk::mount("4m");
+    let dir = tempfile::tempdir().unwrap();
+    let db = disk.dir.path().join("state.db");
+    write_config(
+        dir.path(),
+        &format!(
+            "[runtime]\nstate = {:?}\n\n[[workflows.w.steps]]\nid = \"a\"\ncomponent = \"{{echo}}\"\n[[workflows.w.steps]]\nid = \"b\"\ncomponent = \"{{echo}}\"\nneeds = [\"a\"]\n",
+            db.display().to_string()
+        ),
+    );
+    let serve = Serve::start(dir.path());
+    let pad = "x".repeat(2000);
+    let mut accepted = Vec::new();
+    let refused = loop {
+        let reply = serve
+            .reply(
+                "workflow.start",
+                json!({"workflow": "w", "input": {"n": accepted.len(), "pad": pad}}),
+            )
+            .await;
+        match reply.get("result") {
+            Some(run) => accepted.push(run["run_id"].as_str().unwrap().to_owned()),
+            None => break reply["error"].clone(),
+        }
+        assert!(accepted.len() < 5000, "the disk never filled");
+    };
+    assert!(!accepted.is_empty());
+    assert_eq!(refused["code"], -32004, "{refused}");
+    assert_eq!(refused["data"]["retry_after_ms"], 5000, "{refused}");
+    let message = refused["message"].as_str().unwrap();
+    assert!(
+        message.contains("is full") && message.contains(&db.display().to_string()),
+        "{message}"
+    );
+    let health = common::http_client()
+        .get(serve.url.replace("/rpc", "/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 503);
+    assert!(
+        health
+            .text()
+            .await
+            .unwrap()
+            .starts_with("degraded: the disk holding the state file")
+    );
+    // Reads are answered.
+    let listed = serve.call("workflow.list", json!({"limit": 5})).await;
+    assert!(!listed["runs"].as_array().unwrap().is_empty());
+    let status = serve.call("host.status", json!({})).await;
+    assert!(
+        status["state"]["degraded"]
+            .as_str()
+            .unwrap()
+            .contains("is full"),
+        "{status}"
+    );
+
+    disk.resize("32m");
+    for run_id in &accepted {
+        let done = serve
+            .call(
+                "workflow.wait",
+                json!({"run_id": run_id, "timeout_ms": 30000}),
+            )
+            .await;
+        assert_eq!(done["status"], "succeeded", "{done}");
+    }
+    let health = common::http_client()
+        .get(serve.url.replace("/rpc", "/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    let after = serve
+        .call(
+            "workflow.start",
+            json!({"workflow": "w", "input": {"n": -1}, "wait": true}),
+        )
+        .await;
+    assert_eq!(after["status"], "succeeded", "{after}");
+    serve.kill();
+    assert_eq!(
+        sqlite(
+            &db,
+            "print(c.execute('PRAGMA integrity_check').fetchone()[0])"
+        )
+        .trim(),
+        "ok"
+    );
+}

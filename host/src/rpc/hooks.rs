@@ -39,12 +39,19 @@ pub(super) async fn deliver(
     if app.state.workflows.webhook(&workflow).is_some() {
         crate::metrics::metrics().webhook_request(&workflow, status.as_u16());
     }
-    (
+    let mut response = (
         status,
         [(header::CONTENT_TYPE, "application/json")],
         reply.to_string(),
     )
-        .into_response()
+        .into_response();
+    // Busy (the state cannot be written now): when to deliver again.
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from_static("5"));
+    }
+    response
 }
 
 async fn handle(
@@ -131,6 +138,9 @@ async fn handle(
                     StatusCode::BAD_REQUEST
                 }
                 HookError::Workflow(WorkflowError::ShuttingDown) => StatusCode::SERVICE_UNAVAILABLE,
+                HookError::Workflow(WorkflowError::Store(e)) if e.is_unavailable() => {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
                 HookError::Workflow(_) => StatusCode::INTERNAL_SERVER_ERROR,
             };
             if status.is_server_error() {

@@ -300,11 +300,25 @@ fn api_error(e: ApiError) -> RpcError {
     }
 }
 
+/// When a caller refused because the state cannot be written may try again.
+const RETRY_AFTER_MS: u64 = 5000;
+
 fn workflow_error(e: WorkflowError) -> RpcError {
     if let WorkflowError::UnknownWorkflow { known, .. } = &e {
         return RpcError {
             code: jsonrpc::UNKNOWN_WORKFLOW,
             data: Some(json!({ "workflows": known })),
+            message: e.to_string(),
+        };
+    }
+    // The store cannot write now (its disk is full, or it is away): a busy
+    // refusal, with when to try again.
+    if let WorkflowError::Store(store) = &e
+        && store.is_unavailable()
+    {
+        return RpcError {
+            code: jsonrpc::UNAVAILABLE,
+            data: Some(json!({ "retry_after_ms": RETRY_AFTER_MS })),
             message: e.to_string(),
         };
     }

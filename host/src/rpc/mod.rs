@@ -175,12 +175,26 @@ pub fn router(state: RpcState, access: Access) -> Result<Router, ServeError> {
         .route("/hooks/{workflow}", post(hooks::deliver))
         .with_state(app.clone());
     Ok(Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz).with_state(app.clone()))
         .merge(guarded)
         .merge(crate::console::router())
         .layer(middleware::from_fn_with_state(app, same_origin))
         .merge(hooks))
 }
+/// `ok`, or `503 degraded: <why>` while the state cannot be written (its
+/// disk is full): the host still answers reads.
+async fn healthz(State(app): State<App>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match app.state.workflows.degraded() {
+        None => "ok\n".into_response(),
+        Some(why) => (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            format!("degraded: {why}\n"),
+        )
+            .into_response(),
+    }
+}
+
 /// Serves `router` on `listener` until `shutdown` resolves, then stops
 /// accepting and lets open requests finish.
 ///

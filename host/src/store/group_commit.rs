@@ -26,6 +26,7 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::c_int;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rusqlite::hooks::Wal;
@@ -170,6 +171,9 @@ struct Queued {
 #[derive(Clone)]
 pub(super) struct Writer {
     queue: mpsc::Sender<Queued>,
+    /// While the disk is full: why writes fail (cleared by the next write
+    /// that commits).
+    full: Arc<Mutex<Option<String>>>,
 }
 
 impl Writer {
@@ -206,11 +210,22 @@ impl Writer {
         };
         setup().map_err(|e| e.to_string())?;
         let (queue, rx) = mpsc::channel(1024);
+        let full = Arc::new(Mutex::new(None));
+        let state = Disk {
+            path: path.display().to_string(),
+            full: full.clone(),
+        };
         std::thread::Builder::new()
             .name("wf-sqlite-writer".into())
-            .spawn(move || write_loop(conn, rx))
+            .spawn(move || write_loop(conn, rx, state))
             .map_err(|e| format!("cannot start its writer: {e}"))?;
-        Ok(Writer { queue })
+        Ok(Writer { queue, full })
+    }
+
+    /// While the disk holding the state is full: what the last write that
+    /// failed said. `None` once a write has committed since.
+    pub(super) fn full(&self) -> Option<String> {
+        self.full.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Commits `write`; the result of each of its statements, in order.
@@ -227,7 +242,40 @@ impl Writer {
     }
 }
 
-fn write_loop(mut conn: Connection, mut rx: mpsc::Receiver<Queued>) {
+/// The state file, and whether its disk is full (see [`Writer::full`]).
+struct Disk {
+    path: String,
+    full: Arc<Mutex<Option<String>>>,
+}
+
+impl Disk {
+    /// `e` as the store's error: a full disk says so, naming the file.
+    fn error(&self, e: &rusqlite::Error) -> StoreError {
+        if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull) {
+            let message = format!(
+                "the disk holding the state file `{}` is full ({e}); writes resume once space is freed",
+                self.path
+            );
+            let mut full = self.full.lock().unwrap_or_else(|p| p.into_inner());
+            if full.is_none() {
+                tracing::error!("{message}");
+            }
+            *full = Some(message.clone());
+            return StoreError::Full(message);
+        }
+        StoreError::Write(e.to_string())
+    }
+
+    /// A write committed: there is room again.
+    fn committed(&self) {
+        let mut full = self.full.lock().unwrap_or_else(|p| p.into_inner());
+        if full.take().is_some() {
+            tracing::info!(path = %self.path, "the disk holding the state has room again; writes resume");
+        }
+    }
+}
+
+fn write_loop(mut conn: Connection, mut rx: mpsc::Receiver<Queued>, disk: Disk) {
     let mut split = Statements::default();
     let mut group: Vec<Queued> = Vec::new();
     let mut restart_at = WAL_RESTART_PAGES;
@@ -239,18 +287,27 @@ fn write_loop(mut conn: Connection, mut rx: mpsc::Receiver<Queued>) {
                 Err(_) => break,
             }
         }
-        match commit(&mut conn, &mut split, &group) {
+        match commit(&mut conn, &mut split, &group, &disk) {
             Ok(results) => {
+                if results.iter().any(Result::is_ok) {
+                    disk.committed();
+                }
                 for (queued, result) in group.drain(..).zip(results) {
                     let _ = queued.reply.send(result);
                 }
             }
             // Nothing of the group was committed.
             Err(e) => {
-                tracing::warn!(writes = group.len(), "a group of state writes failed: {e}");
-                let message = e.to_string();
+                let error = disk.error(&e);
+                if !matches!(error, StoreError::Full(_)) {
+                    tracing::warn!(writes = group.len(), "a group of state writes failed: {e}");
+                }
                 for queued in group.drain(..) {
-                    let _ = queued.reply.send(Err(StoreError::Write(message.clone())));
+                    let each = match &error {
+                        StoreError::Full(message) => StoreError::Full(message.clone()),
+                        _ => StoreError::Write(e.to_string()),
+                    };
+                    let _ = queued.reply.send(Err(each));
                 }
             }
         }
@@ -321,6 +378,7 @@ fn commit(
     conn: &mut Connection,
     split: &mut Statements,
     group: &[Queued],
+    disk: &Disk,
 ) -> rusqlite::Result<Vec<Result<Vec<Done>, StoreError>>> {
     // First without savepoints: a savepoint copies every page a write
     // touches into its journal again (an eighth of the writer's time under
@@ -338,7 +396,7 @@ fn commit(
         }
         // A lone write's error is its own (the transaction rolls back as
         // it drops).
-        Err(e) if group.len() == 1 => return Ok(vec![Err(e.into())]),
+        Err(e) if group.len() == 1 => return Ok(vec![Err(e.into_store(disk))]),
         Err(_) => tx.rollback()?,
     }
     // Again, each write in a savepoint of its own.
@@ -354,7 +412,7 @@ fn commit(
             Err(e) => {
                 tx.prepare_cached("ROLLBACK TO write")?.execute([])?;
                 tx.prepare_cached("RELEASE write")?.execute([])?;
-                results.push(Err(e.into()));
+                results.push(Err(e.into_store(disk)));
             }
         }
     }
@@ -375,10 +433,10 @@ impl From<rusqlite::Error> for Failed {
     }
 }
 
-impl From<Failed> for StoreError {
-    fn from(failed: Failed) -> StoreError {
-        match failed {
-            Failed::Sql(e) => StoreError::Write(e.to_string()),
+impl Failed {
+    fn into_store(self, disk: &Disk) -> StoreError {
+        match self {
+            Failed::Sql(e) => disk.error(&e),
             Failed::Refused(message) => StoreError::Refused(message),
         }
     }

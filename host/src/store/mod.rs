@@ -187,6 +187,11 @@ pub enum StoreError {
     /// [`Transition::refusal`]): nothing was written.
     #[error("state store: {0}")]
     Refused(String),
+    /// The disk holding the state is full: nothing was written (the
+    /// message names the file). Writes resume by themselves once there is
+    /// room.
+    #[error("state store: {0}")]
+    Full(String),
     /// The store was unreachable for a write grouped with others: each of
     /// them is told so (the error itself goes to one of them).
     #[error("state store unavailable: {0}")]
@@ -213,7 +218,7 @@ impl StoreError {
                     // PostgreSQL: admin shutdown, crash shutdown, cannot connect now.
                     .is_some_and(|c| matches!(&*c, "57P01" | "57P02" | "57P03"))
             }
-            StoreError::LeaseLost(_) | StoreError::Unavailable(_) => true,
+            StoreError::LeaseLost(_) | StoreError::Unavailable(_) | StoreError::Full(_) => true,
             _ => false,
         }
     }
@@ -225,6 +230,15 @@ impl StoreError {
 pub trait Store: Send + Sync {
     /// `sqlite`, `postgres`.
     fn backend(&self) -> &'static str;
+    /// Why writes fail now, while they do for a reason that passes by
+    /// itself (the disk holding the state is full); `None` when they do not.
+    fn degraded(&self) -> Option<String> {
+        None
+    }
+    /// A small write that changes nothing: whether writes go through again.
+    async fn probe_write(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
     /// The file, `:memory:`, or the URL without its password.
     fn location(&self) -> String;
     /// What several workers sharing this store do, where they may

@@ -40,6 +40,16 @@ pub trait Db: Send + Sync + 'static {
     fn shared_by(&self) -> Option<&dyn Shared> {
         None
     }
+
+    /// See [`Store::degraded`].
+    fn degraded(&self) -> Option<String> {
+        None
+    }
+
+    /// See [`Store::probe_write`].
+    async fn probe_write(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// The update that takes a signal for a step: its own (taken before a
@@ -107,6 +117,14 @@ impl<D: Db> Store for SqlStore<D> {
 
     fn shared_by(&self) -> Option<&dyn Shared> {
         self.db.shared_by()
+    }
+
+    fn degraded(&self) -> Option<String> {
+        self.db.degraded()
+    }
+
+    async fn probe_write(&self) -> Result<(), StoreError> {
+        self.db.probe_write().await
     }
 
     /// One worker writes (SQLite), or workers write at once (PostgreSQL):

@@ -444,6 +444,24 @@ impl Db for SqliteDb {
         sqlite_cells(bind(sql, args).fetch_all(&self.pool).await?)
     }
 
+    fn degraded(&self) -> Option<String> {
+        self.writer.full()
+    }
+
+    /// Writes a megabyte and takes it back, in one transaction: its pages
+    /// still go to the WAL, so this commits only where a run's write has
+    /// room (a write of one page may fit in a WAL a full disk left).
+    async fn probe_write(&self) -> Result<(), StoreError> {
+        self.writer
+            .write(Write::new(
+                "CREATE TABLE IF NOT EXISTS room_probe (b BLOB);
+                 INSERT INTO room_probe (b) VALUES (zeroblob(1048576));
+                 DELETE FROM room_probe",
+            ))
+            .await
+            .map(drop)
+    }
+
     /// Through the writer, as the runs' own writes: a write from another
     /// connection held SQLite's lock while the writer slept waiting for it.
     async fn write(&self, sql: &'static str, args: Vec<Arg>) -> Result<Vec<i64>, StoreError> {

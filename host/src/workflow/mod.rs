@@ -352,6 +352,9 @@ pub struct Workflows {
     /// The workflows paused as a whole, as this process last read them
     /// (exact alone; on a shared store, read again every admission pass).
     paused_workflows: Mutex<std::collections::BTreeSet<String>>,
+    /// Runs whose driver stopped because the state's disk was full, and
+    /// whether a task is waiting for room to drive them again.
+    stalled: Mutex<(std::collections::BTreeSet<String>, bool)>,
     /// Bumped after every admission pass that admitted a run: a waiter on
     /// a queued run looks again.
     admissions: watch::Sender<u64>,
@@ -389,6 +392,7 @@ impl Workflows {
             schedules_changed: Arc::default(),
             admitting: tokio::sync::Mutex::default(),
             paused_workflows: Mutex::default(),
+            stalled: Mutex::default(),
             admissions: watch::channel(0).0,
             options,
             closing: closing.clone(),
@@ -587,6 +591,12 @@ impl Workflows {
     ///
     /// Where the state is: its backend and its path or URL (without a
     /// password).
+    /// Why the host is degraded, while it is: the state's disk is full
+    /// (reads are answered; starts and runs' progress wait for room).
+    pub fn degraded(&self) -> Option<String> {
+        self.store.degraded()
+    }
+
     pub fn state_location(&self) -> (&'static str, String) {
         (self.store.backend(), self.store.location())
     }
@@ -605,6 +615,7 @@ impl Workflows {
         Ok(json!({
             "backend": self.store.backend(),
             "path": self.store.location(),
+            "degraded": self.degraded(),
             "runs_running": runs_running,
             "runs_queued": runs_queued,
             "runs_paused": runs_paused,

@@ -69,7 +69,7 @@ impl Mode {
     /// it next (another worker holds it now, or the store is away), rather
     /// than failed.
     pub(crate) fn pauses_on(self, e: &StoreError) -> bool {
-        self == Mode::Shared && e.is_unavailable()
+        matches!(e, StoreError::Full(_)) || (self == Mode::Shared && e.is_unavailable())
     }
 
     /// At start: alone, drives every run the state holds as `running` (the

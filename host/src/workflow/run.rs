@@ -689,6 +689,11 @@ impl Workflows {
                 // whoever drives it next picks it up where it stands.
                 Err(e) if this.mode.pauses_on(e) => {
                     tracing::warn!(run = %run_id, "run paused here: {e}");
+                    if matches!(e, StoreError::Full(_)) && this.mode == super::mode::Mode::Alone {
+                        // Alone, nobody else picks it up: driven again here
+                        // once the state can be written.
+                        this.stall(&run_id);
+                    }
                     true
                 }
                 _ => false,
@@ -757,6 +762,72 @@ impl Workflows {
             if flow {
                 // And a slot of its workflow's flow control.
                 this.worker.queue.notify_one();
+            }
+        });
+    }
+
+    /// Keeps `run_id`, whose driver stopped on a full disk, to be driven
+    /// again once the state can be written: a task probes it with a small
+    /// write, backing off to 5 s, and then resumes every run kept so.
+    fn stall(self: &Arc<Self>, run_id: &str) {
+        {
+            let mut stalled = self.stalled.lock().unwrap_or_else(|e| e.into_inner());
+            stalled.0.insert(run_id.to_owned());
+            if std::mem::replace(&mut stalled.1, true) {
+                return;
+            }
+        }
+        let weak = Arc::downgrade(self);
+        let closing = self.closing.clone();
+        self.tasks.spawn(async move {
+            let mut wait = Duration::from_millis(250);
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = closing.cancelled() => return,
+                }
+                let Some(this) = weak.upgrade() else { return };
+                if this.store.probe_write().await.is_err() {
+                    wait = (wait * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+                let runs =
+                    std::mem::take(&mut this.stalled.lock().unwrap_or_else(|e| e.into_inner()).0);
+                tracing::info!(
+                    runs = runs.len(),
+                    "the state can be written again: driving its stalled runs"
+                );
+                for run_id in runs {
+                    let run = match this.store.run(&run_id).await {
+                        Ok(Some(run)) => run,
+                        Ok(None) => continue,
+                        Err(e) => {
+                            tracing::warn!(run = %run_id, "cannot read the stalled run: {e}");
+                            this.stalled
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .0
+                                .insert(run_id);
+                            continue;
+                        }
+                    };
+                    let live = this.with_live(&run_id, |_| ()).is_some();
+                    if run.status != RunStatus::Running || live {
+                        continue;
+                    }
+                    let fence = super::mode::Mode::Alone.first_fence(&this.worker.id);
+                    if let Err(e) = this.launch_stored(run, true, fence).await {
+                        tracing::warn!(run = %run_id, "cannot drive the stalled run again: {e}");
+                    }
+                }
+                // Runs that stalled meanwhile (or again): wait for room,
+                // longer each time.
+                let mut stalled = this.stalled.lock().unwrap_or_else(|e| e.into_inner());
+                if stalled.0.is_empty() {
+                    stalled.1 = false;
+                    return;
+                }
+                wait = (wait * 2).min(Duration::from_secs(5));
             }
         });
     }
