@@ -719,6 +719,7 @@ fn new_run(id: &str, created_ms: i64) -> NewRun {
             queued_reason: None,
             admitted_ms: None,
             debounce: None,
+            wake_ms: None,
         },
         steps: vec!["a".into()],
     }
@@ -1073,7 +1074,7 @@ async fn a_run_s_progress_is_recorded(b: Backend) {
     assert_eq!(row.error, Some(failure));
     assert_eq!(row.input, json!({"x": 1}));
     assert!(row.finished_at.is_some());
-    assert!(store.unfinished_runs().await.unwrap().is_empty());
+    assert!(store.unfinished_runs(i64::MAX).await.unwrap().is_empty());
     assert_eq!(store.counts().await.unwrap().runs_running, 0);
 }
 
@@ -1102,7 +1103,7 @@ async fn runs_page_newest_first(b: Backend) {
     }
     assert_eq!(seen, ["r4", "r3", "r2", "r1"]);
     let unfinished: Vec<_> = store
-        .unfinished_runs()
+        .unfinished_runs(i64::MAX)
         .await
         .unwrap()
         .into_iter()

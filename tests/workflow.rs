@@ -4600,3 +4600,73 @@ async fn a_full_disk_refuses_starts_clearly_and_loses_nothing_when_space_comes_b
         "ok"
     );
 }
+
+/// A run whose only step in flight is a long durable sleep lets go of its
+/// driver (a `run.asleep` event with its wake time): no task of this
+/// process holds it while it sleeps, and the waker drives it again on
+/// time, also after `serve` was SIGKILLed in between; `workflow.wait`
+/// waits across it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_sleep_lets_go_of_its_driver_and_wakes_on_time_across_a_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    write_config(
+        dir.path(),
+        &format!(
+            "[runtime]\nstate = \"state.db\"\n{}",
+            NAP.replace("sleep = \"1s\"", "sleep = \"7s\"")
+        ),
+    );
+    let serve = Serve::start(dir.path());
+    let started = serve
+        .call(
+            "workflow.start",
+            json!({"workflow": "nap", "input": {"n": 1}}),
+        )
+        .await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    // The `run.asleep` event's wake time, read from the state file.
+    let db = dir.path().join("state.db");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let wake_ms = loop {
+        let data = sqlite(
+            &db,
+            &format!(
+                "r = c.execute(\"SELECT data FROM events WHERE run_id = '{run_id}' AND kind = 'run.asleep'\").fetchone(); print(r[0] if r else '')"
+            ),
+        );
+        if !data.trim().is_empty() {
+            let data: Value = serde_json::from_str(data.trim()).unwrap();
+            break data["wake_ms"].as_i64().unwrap();
+        }
+        assert!(Instant::now() < deadline, "never let go of its driver");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let status = serve.call("host.status", json!({})).await;
+    assert_eq!(
+        status["runs_waiting_here"], 0,
+        "no driver sleeps here: {status}"
+    );
+    let got = serve.call("workflow.get", json!({"run_id": run_id})).await;
+    assert_eq!(got["status"], "running", "{got}");
+    assert_eq!(got["steps"][1]["status"], "running", "{got}");
+    serve.kill();
+
+    let serve = Serve::start(dir.path());
+    let done = serve
+        .call(
+            "workflow.wait",
+            json!({"run_id": run_id, "timeout_ms": 30000}),
+        )
+        .await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    let got = serve.call("workflow.get", json!({"run_id": run_id})).await;
+    let b_started = ms_between(
+        "1970-01-01T00:00:00Z",
+        got["steps"][2]["started_at"].as_str().unwrap(),
+    );
+    assert!(
+        b_started >= wake_ms && b_started - wake_ms < 3000,
+        "the step after the sleep began {} ms after its wake time",
+        b_started - wake_ms
+    );
+}

@@ -111,6 +111,8 @@ pub struct RunSet<'a> {
     /// Not admitted before this time (ms since the epoch), capped at the
     /// run's debounce deadline.
     pub not_before: Option<i64>,
+    /// Asleep until this time (ms since the epoch): a waker drives it then.
+    pub wake: Option<i64>,
 }
 
 /// What a shared store tells every worker when a move commits.
@@ -282,6 +284,13 @@ impl<'a> Transition<'a> {
                     input: Some(input),
                     not_before: Some(not_before_ms),
                     queued_reason: Some(Some(reason)),
+                    ..RunSet::default()
+                },
+                steps: None,
+            },
+            Transition::RunAsleep { wake_ms } => Target::Run {
+                set: RunSet {
+                    wake: Some(wake_ms),
                     ..RunSet::default()
                 },
                 steps: None,

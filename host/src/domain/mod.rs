@@ -147,6 +147,9 @@ pub struct RunRow {
     /// A run of a workflow with `debounce`, while later starts with its key
     /// may still join it.
     pub debounce: Option<Debounce>,
+    /// When the run last let go of its driver to sleep: when it wakes (ms
+    /// since the epoch).
+    pub wake_ms: Option<i64>,
 }
 
 /// A debounced run's wait: starts with the same `key` join it (the last

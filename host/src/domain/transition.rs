@@ -126,6 +126,10 @@ pub enum Transition<'a> {
         not_before_ms: i64,
         reason: &'a str,
     },
+    /// A driven run whose only steps in flight sleep lets go of its driver
+    /// until `wake_ms` (the earliest of their wake times): a waker drives
+    /// it again then.
+    RunAsleep { wake_ms: i64 },
     /// A queued run is admitted at `at_ms` and becomes `running`, unclaimed:
     /// only while its flow limits allow it (its concurrency key has fewer
     /// than `limit` runs running, its rate key fewer than `limit` admitted
@@ -186,6 +190,7 @@ impl<'a> Transition<'a> {
             Transition::RunResumed => "run.resumed",
             Transition::RunMigrated { .. } => "run.migrated",
             Transition::RunDebounced { .. } => "run.debounced",
+            Transition::RunAsleep { .. } => "run.asleep",
             Transition::RunCompensating { .. } | Transition::RunCancelCompensating { .. } => {
                 "run.compensating"
             }
@@ -225,6 +230,7 @@ impl<'a> Transition<'a> {
             Transition::RunDebounced { not_before_ms, .. } => {
                 json!({"not_before_ms": not_before_ms})
             }
+            Transition::RunAsleep { wake_ms } => json!({"wake_ms": wake_ms}),
             Transition::RunCompensating {
                 status,
                 error,
@@ -285,6 +291,10 @@ impl<'a> Transition<'a> {
                 run: &[R::Running, R::Paused],
                 steps: &[],
             },
+            Transition::RunAsleep { .. } => Guard {
+                run: &[R::Running],
+                steps: &[],
+            },
             Transition::RunCancelCompensating { .. } => Guard {
                 run: &[R::Running, R::Paused],
                 steps: &[S::Pending, S::Running, S::Waiting],
@@ -342,6 +352,7 @@ impl<'a> Transition<'a> {
             Transition::RunFinished { .. }
             | Transition::RunCompensating { .. }
             | Transition::RunDebounced { .. }
+            | Transition::RunAsleep { .. }
             | Transition::RunQueued { .. }
             | Transition::RunAdmitted { .. }
             | Transition::RunPaused
@@ -387,7 +398,7 @@ impl<'a> Transition<'a> {
                 }
             }
             // A run's input is stored as it is, as at its start.
-            Transition::RunDebounced { .. } => Carried::default(),
+            Transition::RunDebounced { .. } | Transition::RunAsleep { .. } => Carried::default(),
             Transition::StepFinished {
                 output, error, log, ..
             } => Carried {
@@ -535,6 +546,7 @@ impl<'a> Transition<'a> {
             Transition::RunCompensating { .. } => "RunCompensating",
             Transition::RunCancelCompensating { .. } => "RunCancelCompensating",
             Transition::RunDebounced { .. } => "RunDebounced",
+            Transition::RunAsleep { .. } => "RunAsleep",
         }
     }
 }

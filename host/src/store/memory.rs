@@ -357,6 +357,9 @@ fn set_run(run: &mut RunEntry, set: &RunSet<'_>, at: &str) {
     if let Some(input) = set.input {
         row.input = input.clone();
     }
+    if let Some(wake) = set.wake {
+        row.wake_ms = Some(wake);
+    }
     if let (Some(at), Some(debounce)) = (set.not_before, row.debounce.as_mut()) {
         debounce.not_before_ms = debounce.deadline_ms.map_or(at, |d| at.min(d));
     }
@@ -520,15 +523,35 @@ impl Store for MemoryStore {
         Ok((runs, next))
     }
 
-    async fn unfinished_runs(&self) -> Result<Vec<RunRow>, StoreError> {
+    async fn unfinished_runs(&self, awake_by_ms: i64) -> Result<Vec<RunRow>, StoreError> {
         let state = self.lock();
         Ok(state
             .by_created
             .iter()
             .filter_map(|(_, id)| state.runs.get(id))
             .filter(|r| r.row.status == RunStatus::Running)
+            .filter(|r| r.row.wake_ms.is_none_or(|w| w <= awake_by_ms))
             .map(|r| r.row.clone())
             .collect())
+    }
+
+    async fn asleep_runs(
+        &self,
+        after: (i64, &str),
+        until_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        let state = self.lock();
+        let mut due: Vec<(i64, String)> = state
+            .runs
+            .values()
+            .filter(|r| r.row.status == RunStatus::Running)
+            .filter_map(|r| Some((r.row.wake_ms?, r.row.run_id.clone())))
+            .filter(|(w, id)| (*w, id.as_str()) > after && *w <= until_ms)
+            .collect();
+        due.sort();
+        due.truncate(limit as usize);
+        Ok(due.into_iter().map(|(w, id)| (id, w)).collect())
     }
 
     async fn queued_runs(&self, limit: u32, offset: u32) -> Result<Vec<RunRow>, StoreError> {

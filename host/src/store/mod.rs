@@ -304,7 +304,18 @@ pub trait Store: Send + Sync {
         query: &ListQuery,
     ) -> Result<(Vec<RunRow>, Option<String>), StoreError>;
     /// Runs still `running`: what a start-up resumes.
-    async fn unfinished_runs(&self) -> Result<Vec<RunRow>, StoreError>;
+    /// The runs `running` but for those asleep past `awake_by_ms` (their
+    /// waker drives them).
+    async fn unfinished_runs(&self, awake_by_ms: i64) -> Result<Vec<RunRow>, StoreError>;
+    /// Runs asleep ([`Transition::RunAsleep`]) that wake by `until_ms`,
+    /// after `after` (`(wake_ms, run_id)`), in that order: `(run_id,
+    /// wake_ms)`, at most `limit`.
+    async fn asleep_runs(
+        &self,
+        after: (i64, &str),
+        until_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<(String, i64)>, StoreError>;
     /// Up to `limit` `queued` runs past the first `offset`, in the order
     /// flow control admits them: highest priority first, then oldest first.
     async fn queued_runs(&self, limit: u32, offset: u32) -> Result<Vec<RunRow>, StoreError>;

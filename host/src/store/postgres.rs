@@ -103,6 +103,11 @@ pub(super) const MIGRATIONS: &[(i64, &str, &str)] = &[
         "paused workflows",
         include_str!("../../migrations/postgres/0012_paused_workflows.sql"),
     ),
+    (
+        13,
+        "asleep",
+        include_str!("../../migrations/postgres/0013_asleep.sql"),
+    ),
 ];
 
 /// The database's clock, in ms since the epoch. `clock_timestamp()`, not

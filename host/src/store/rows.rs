@@ -69,6 +69,7 @@ pub(super) fn run_row(row: &Cells) -> Result<RunRow, StoreError> {
         flow: flow(row)?,
         queued_reason: row.text_opt("queued_reason")?,
         admitted_ms: row.int_opt("admitted_ms")?,
+        wake_ms: row.int_opt("wake_ms")?,
         debounce: match row.text_opt("debounce_key")? {
             Some(key) => Some(Debounce {
                 key,

@@ -513,6 +513,9 @@ fn run_sets(sql: &mut Sql, set: &RunSet<'_>, cx: &MoveContext<'_>) -> (String, O
     if let Some(input) = set.input {
         sets.push(format!("input = {}", sql.text(json(input))));
     }
+    if let Some(wake) = set.wake {
+        sets.push(format!("wake_ms = {}", sql.int(wake)));
+    }
     if let Some(at) = set.not_before {
         let at = sql.int(at);
         let capped = match sql.dialect {

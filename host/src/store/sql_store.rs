@@ -301,12 +301,38 @@ impl<D: Db> Store for SqlStore<D> {
         Ok((runs, next))
     }
 
-    async fn unfinished_runs(&self) -> Result<Vec<RunRow>, StoreError> {
+    async fn unfinished_runs(&self, awake_by_ms: i64) -> Result<Vec<RunRow>, StoreError> {
         self.runs(
-            "SELECT * FROM runs WHERE status = 'running' ORDER BY created_ms, run_id",
-            Vec::new(),
+            "SELECT * FROM runs WHERE status = 'running' AND (wake_ms IS NULL OR wake_ms <= $1)
+             ORDER BY created_ms, run_id",
+            vec![awake_by_ms.into()],
         )
         .await
+    }
+
+    async fn asleep_runs(
+        &self,
+        after: (i64, &str),
+        until_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        self.db
+            .read(
+                "SELECT run_id, wake_ms FROM runs
+                 WHERE status = 'running' AND wake_ms IS NOT NULL
+                   AND (wake_ms, run_id) > ($1, $2) AND wake_ms <= $3
+                 ORDER BY wake_ms, run_id LIMIT $4",
+                vec![
+                    after.0.into(),
+                    after.1.into(),
+                    until_ms.into(),
+                    i64::from(limit).into(),
+                ],
+            )
+            .await?
+            .iter()
+            .map(|row| Ok((row.text("run_id")?, row.int("wake_ms")?)))
+            .collect()
     }
 
     async fn queued_runs(&self, limit: u32, offset: u32) -> Result<Vec<RunRow>, StoreError> {

@@ -73,6 +73,11 @@ pub(super) const MIGRATIONS: &[(i64, &str, &str)] = &[
         "paused workflows",
         include_str!("../../migrations/sqlite/0009_paused_workflows.sql"),
     ),
+    (
+        10,
+        "asleep",
+        include_str!("../../migrations/sqlite/0010_asleep.sql"),
+    ),
 ];
 
 /// `PRAGMA application_id` of a wf-host state file: "wfhs".

@@ -496,6 +496,7 @@ impl Workflows {
         maintenance::start_admitter(self);
         maintenance::start_pruner(self);
         maintenance::start_scheduler(self);
+        maintenance::start_waker(self);
         Ok(count)
     }
 
@@ -1066,7 +1067,14 @@ impl Workflows {
             // launching it, and bumps `admissions` once it has.
             let admitting = run.status == RunStatus::Running && run.admitted_ms.is_some();
             if run.status != RunStatus::Queued && !admitting {
-                return Ok(Some(None));
+                if run.status.is_finished() {
+                    return Ok(Some(None));
+                }
+                // Unfinished with no driver here (asleep, paused): the
+                // caller looks again until one drives it or it ends.
+                let (tx, ended) = watch::channel(Done::Ended(None));
+                drop(tx);
+                return Ok(Some(Some(ended)));
             }
             if tokio::time::Instant::now() >= deadline || self.closing.is_cancelled() {
                 return Ok(None);

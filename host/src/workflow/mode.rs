@@ -83,7 +83,11 @@ impl Mode {
                 Ok(0)
             }
             Mode::Alone => {
-                let runs = wf.store.unfinished_runs().await?;
+                // Not those asleep past the waker's first look: it drives them.
+                let runs = wf
+                    .store
+                    .unfinished_runs(crate::domain::now_ms() + super::maintenance::WAKE_AHEAD_MS)
+                    .await?;
                 let count = runs.len();
                 for run in runs {
                     tracing::info!(run = %run.run_id, workflow = %run.workflow, "resuming run");

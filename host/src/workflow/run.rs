@@ -281,6 +281,7 @@ impl Workflows {
             },
             admitted_ms: None,
             debounce,
+            wake_ms: None,
         };
         let new = NewRun {
             steps: def.spec.steps.iter().map(|s| s.id.clone()).collect(),
@@ -517,35 +518,42 @@ impl Workflows {
         fence: Fence,
     ) -> Result<(), WorkflowError> {
         let rows = self.store.steps(&run.run_id).await?;
-        let prepared = Spec::deserialize(&*run.definition)
-            .map_err(|e| {
-                Failure::new(
-                    "definition-changed",
-                    format!("the stored definition cannot be read: {e}"),
-                )
-            })
-            .and_then(|spec| {
-                Definition::compile(&run.workflow, spec)
-                    .map_err(|e| Failure::new("definition-changed", e.to_string()))
-            })
-            .and_then(|def| {
-                // Only the steps that will run need their code unchanged.
-                let mut needed = def.clone();
-                needed.steps.retain(|s| {
-                    rows.iter().any(|r| {
-                        r.step_id == s.spec.id
-                            && !matches!(r.status, StepStatus::Succeeded | StepStatus::Skipped)
-                    })
-                });
-                // A compensation may run until its own row has finished.
-                needed.compensations.retain(|id, _| {
-                    !rows
-                        .iter()
-                        .any(|r| &r.step_id == id && r.status.is_finished())
-                });
-                let nodes = self.nodes_of(&needed)?;
-                Ok((Arc::new(def), nodes))
+        // The definition in force, compiled already, when the run is on it.
+        let current = self
+            .definition(&run.workflow)
+            .filter(|d| d.hash == run.definition_hash);
+        let compiled = match current {
+            Some(def) => Ok(Definition::clone(&def)),
+            None => Spec::deserialize(&*run.definition)
+                .map_err(|e| {
+                    Failure::new(
+                        "definition-changed",
+                        format!("the stored definition cannot be read: {e}"),
+                    )
+                })
+                .and_then(|spec| {
+                    Definition::compile(&run.workflow, spec)
+                        .map_err(|e| Failure::new("definition-changed", e.to_string()))
+                }),
+        };
+        let prepared = compiled.and_then(|def| {
+            // Only the steps that will run need their code unchanged.
+            let mut needed = def.clone();
+            needed.steps.retain(|s| {
+                rows.iter().any(|r| {
+                    r.step_id == s.spec.id
+                        && !matches!(r.status, StepStatus::Succeeded | StepStatus::Skipped)
+                })
             });
+            // A compensation may run until its own row has finished.
+            needed.compensations.retain(|id, _| {
+                !rows
+                    .iter()
+                    .any(|r| &r.step_id == id && r.status.is_finished())
+            });
+            let nodes = self.nodes_of(&needed)?;
+            Ok((Arc::new(def), nodes))
+        });
         match prepared {
             Ok((def, nodes)) => {
                 // A resumed run's deadline counts from its start; a retried
@@ -639,6 +647,7 @@ impl Workflows {
         drop(live);
         let ctx = Arc::new(RunCtx {
             compensating: engine::compensating(&run),
+            parks: self.mode == super::mode::Mode::Alone,
             run_id: run.run_id.clone(),
             def,
             nodes,
@@ -742,6 +751,7 @@ impl Workflows {
                     this.after_finish().await;
                 }
                 Ok(Ending::Interrupted) => this.mode.interrupted(&this, &run_id, &span).await,
+                Ok(Ending::Asleep) => trace::record_status(&span, "asleep", true, None),
                 Ok(Ending::Paused) => {
                     trace::record_status(&span, "paused", false, None);
                     this.mode.let_go(&this, &run_id).await;

@@ -139,6 +139,9 @@ pub(crate) struct RunCtx {
     pub workflows: std::sync::Weak<super::Workflows>,
     /// A run that began compensating: how it will end ([`compensating`]).
     pub compensating: Option<(RunStatus, Failure)>,
+    /// Whether the run may let go of its driver while only sleeps are in
+    /// flight ([`Ending::Asleep`]): alone, where a waker drives it again.
+    pub parks: bool,
 }
 
 impl RunCtx {
@@ -175,6 +178,11 @@ impl Asleep {
         }
     }
 
+    /// How many of this run's steps sleep now.
+    fn sleeping(&self) -> usize {
+        self.steps.load(Ordering::Acquire) as usize
+    }
+
     /// A step of the run sleeps until the guard drops.
     fn enter(&self) -> AsleepGuard {
         if self.steps.fetch_add(1, Ordering::AcqRel) == 0 {
@@ -204,7 +212,17 @@ pub(crate) enum Ending {
     /// Paused with steps left to run: its running steps have finished, and
     /// it stays `paused` in the store until resumed.
     Paused,
+    /// Only sleeps were in flight, long ones: the run let go of its driver
+    /// until they wake ([`Transition::RunAsleep`]); the waker drives it
+    /// again then.
+    Asleep,
 }
+
+/// How long a run whose only steps in flight are asleep keeps its driver
+/// before it lets go of it.
+const PARK_CHECK: Duration = Duration::from_secs(1);
+/// The shortest sleep left that a run lets go of its driver for.
+const PARK_MIN: Duration = Duration::from_secs(5);
 
 /// What a run's end wrote: with the run as it started, the run as stored now.
 #[derive(Debug, Clone, PartialEq)]
@@ -370,9 +388,23 @@ pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending
         if running.is_empty() {
             break;
         }
+        // Only sleeps in flight: the run may let go of its driver.
+        let only_sleeps = ctx.parks
+            && stop.is_none()
+            && !paused
+            && states
+                .iter()
+                .filter(|(_, s)| s.status == StepStatus::Running)
+                .all(|(id, _)| ctx.def.step(id).is_some_and(|s| s.spec.sleeps()));
         tokio::select! {
             // Resumed while steps ran: what is ready starts now.
             _ = pause.changed(), if paused => {}
+            () = tokio::time::sleep(PARK_CHECK), if only_sleeps => {
+                if park(&ctx, running.len()).await? {
+                    // Dropping the sleeps: their wake times are stored.
+                    return Ok(Ending::Asleep);
+                }
+            }
             joined = running.next() => {
                 let Some(joined) = joined else { continue };
                 let (id, outcome, log) = match joined {
@@ -412,6 +444,34 @@ pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending
     finish(&ctx, &mut states, stop).await
 }
 
+/// Lets go of the run's driver while its `in_flight` steps, all sleeps,
+/// sleep (each past writing its wake time) for at least [`PARK_MIN`]:
+/// stores the earliest wake time ([`Transition::RunAsleep`]). Whether it
+/// did.
+async fn park(ctx: &RunCtx, in_flight: usize) -> Result<bool, StoreError> {
+    if ctx.asleep.sleeping() != in_flight {
+        return Ok(false);
+    }
+    let rows = ctx.store.steps(&ctx.run_id).await?;
+    let wake_ms = rows
+        .iter()
+        .filter(|r| r.status == StepStatus::Running)
+        .filter_map(|r| r.input.as_ref()?.get("until")?.as_str().map(str::to_owned))
+        .filter_map(|until| humantime::parse_rfc3339_weak(&until).ok())
+        .filter_map(|at| at.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|at| at.as_millis() as i64)
+        .min();
+    let Some(wake_ms) = wake_ms else {
+        return Ok(false);
+    };
+    if wake_ms - crate::domain::now_ms() < PARK_MIN.as_millis() as i64 {
+        return Ok(false);
+    }
+    apply(ctx, &[Transition::RunAsleep { wake_ms }]).await?;
+    tracing::debug!(run = %ctx.run_id, wake_ms, "run asleep: its driver lets go until then");
+    Ok(true)
+}
+
 /// A step that ended: its id, how, and its last attempt's `step.log` event.
 type StepDone = (String, Outcome, Option<Value>);
 
@@ -437,6 +497,11 @@ impl Steps {
 
     fn is_empty(&self) -> bool {
         self.inline.is_none() && self.spawned.is_empty()
+    }
+
+    /// How many are in flight.
+    fn len(&self) -> usize {
+        usize::from(self.inline.is_some()) + self.spawned.len()
     }
 
     /// The next step to end; `Err` when one panicked (a host bug), as a

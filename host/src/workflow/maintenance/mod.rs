@@ -12,6 +12,9 @@
 //!   frees a slot, and on a shared store every [`Worker::poll`] too, in case
 //!   a note was missed. Every store.
 //!
+//! - [`waker`]: drives again, when they wake, the runs that let go of their
+//!   drivers to sleep. Alone only.
+//!
 //! And on a shared store (PostgreSQL), where every `wf-host serve` on one
 //! database is a worker and a run is driven by the worker that holds its
 //! lease:
@@ -39,6 +42,7 @@ mod listener;
 mod pruner;
 mod renewer;
 mod scheduler;
+mod waker;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,6 +56,7 @@ pub(crate) use admitter::start_admitter;
 pub(crate) use claimer::start_claimer;
 pub(crate) use pruner::start_pruner;
 pub(crate) use scheduler::start_scheduler;
+pub(crate) use waker::{WAKE_AHEAD_MS, start_waker};
 
 /// Default lease of a claimed run.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
