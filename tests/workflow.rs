@@ -4670,3 +4670,68 @@ async fn a_long_sleep_lets_go_of_its_driver_and_wakes_on_time_across_a_kill() {
         b_started - wake_ms
     );
 }
+
+/// Past `[runtime] max_live_runs`, a start is refused as busy (-32004 with
+/// `retry_after_ms`) and stores nothing; once a run ends, starts go through
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_past_max_live_runs_is_refused_busy_and_stores_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    write_config(
+        dir.path(),
+        r#"[runtime]
+state = "state.db"
+max_live_runs = 2
+
+[[workflows.slow.steps]]
+id = "nap"
+component = "{call}"
+allow = ["fixture.sleep"]
+input = '{capability: "fixture.sleep", arguments: {ms: .input.ms}}'
+"#,
+    );
+    let serve = Serve::start(dir.path());
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let started = serve
+            .call(
+                "workflow.start",
+                json!({"workflow": "slow", "input": {"ms": 1500}}),
+            )
+            .await;
+        ids.push(started["run_id"].as_str().unwrap().to_owned());
+    }
+    let refused = serve
+        .reply(
+            "workflow.start",
+            json!({"workflow": "slow", "input": {"ms": 1}}),
+        )
+        .await;
+    assert_eq!(refused["error"]["code"], -32004, "{refused}");
+    assert_eq!(
+        refused["error"]["data"]["retry_after_ms"], 1000,
+        "{refused}"
+    );
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_live_runs"),
+        "{refused}"
+    );
+    let listed = serve.call("workflow.list", json!({"limit": 10})).await;
+    assert_eq!(listed["runs"].as_array().unwrap().len(), 2, "{listed}");
+    for id in &ids {
+        let done = serve
+            .call("workflow.wait", json!({"run_id": id, "timeout_ms": 30000}))
+            .await;
+        assert_eq!(done["status"], "succeeded", "{done}");
+    }
+    let again = serve
+        .call(
+            "workflow.start",
+            json!({"workflow": "slow", "input": {"ms": 1}, "wait": true}),
+        )
+        .await;
+    assert_eq!(again["status"], "succeeded", "{again}");
+}

@@ -881,6 +881,10 @@ fn workflow_options(config: &Config) -> workflow::Options {
             .runtime
             .max_concurrent_steps
             .unwrap_or(defaults.max_concurrent_steps),
+        max_live_runs: config
+            .runtime
+            .max_live_runs
+            .unwrap_or(defaults.max_live_runs),
         keep_runs: config.runtime.keep_runs.unwrap_or(defaults.keep_runs),
         keep_for: config.runtime.keep_for.unwrap_or(defaults.keep_for),
         lease: config.runtime.lease.unwrap_or(defaults.lease),

@@ -101,6 +101,10 @@ pub struct RuntimeSection {
     pub lease: Option<Duration>,
     /// How many workflow steps may run at once across all runs (default 64).
     pub max_concurrent_steps: Option<usize>,
+    /// How many runs this process drives at once (those asleep, queued or
+    /// paused in the state do not count); a start past it is refused as
+    /// busy, with when to try again (default 10,000).
+    pub max_live_runs: Option<usize>,
     /// How many finished runs to keep (default 10,000).
     pub keep_runs: Option<u64>,
     /// How long to keep finished runs (default 30 days).
@@ -142,6 +146,7 @@ impl RuntimeSection {
             state,
             lease,
             max_concurrent_steps,
+            max_live_runs,
             keep_runs,
             keep_for,
             max_concurrent_runs,
@@ -765,6 +770,12 @@ impl Config {
             return Err(ConfigError::Invalid {
                 path: path.to_owned(),
                 message: "`runtime.max_concurrent_steps` must be at least 1".into(),
+            });
+        }
+        if config.runtime.max_live_runs == Some(0) {
+            return Err(ConfigError::Invalid {
+                path: path.to_owned(),
+                message: "`runtime.max_live_runs` must be at least 1".into(),
             });
         }
         for (name, workflow) in &config.workflows {

@@ -141,6 +141,7 @@ async fn handle(
                 HookError::Workflow(WorkflowError::Store(e)) if e.is_unavailable() => {
                     StatusCode::SERVICE_UNAVAILABLE
                 }
+                HookError::Workflow(WorkflowError::Busy { .. }) => StatusCode::SERVICE_UNAVAILABLE,
                 HookError::Workflow(_) => StatusCode::INTERNAL_SERVER_ERROR,
             };
             if status.is_server_error() {

@@ -311,6 +311,13 @@ fn workflow_error(e: WorkflowError) -> RpcError {
             message: e.to_string(),
         };
     }
+    if let WorkflowError::Busy { retry_after, .. } = &e {
+        return RpcError {
+            code: jsonrpc::UNAVAILABLE,
+            data: Some(json!({ "retry_after_ms": retry_after.as_millis() as u64 })),
+            message: e.to_string(),
+        };
+    }
     // The store cannot write now (its disk is full, or it is away): a busy
     // refusal, with when to try again.
     if let WorkflowError::Store(store) = &e
@@ -326,6 +333,7 @@ fn workflow_error(e: WorkflowError) -> RpcError {
         WorkflowError::UnknownWorkflow { .. } => jsonrpc::UNKNOWN_WORKFLOW,
         WorkflowError::UnknownRun(_) => jsonrpc::UNKNOWN_RUN,
         WorkflowError::ShuttingDown => jsonrpc::SHUTTING_DOWN,
+        WorkflowError::Busy { .. } => jsonrpc::UNAVAILABLE,
         WorkflowError::NotWaiting { .. } => jsonrpc::NOT_WAITING,
         WorkflowError::InvalidInput { .. }
         | WorkflowError::InvalidPayload(_)

@@ -57,6 +57,11 @@ pub const DEFAULT_KEEP_RUNS: u64 = 10_000;
 pub const DEFAULT_KEEP_FOR: Duration = Duration::from_secs(30 * 24 * 3600);
 /// Default number of steps that may run at once.
 pub const DEFAULT_MAX_CONCURRENT_STEPS: usize = 64;
+/// Default number of runs a process drives at once before it refuses
+/// starts as busy.
+pub const DEFAULT_MAX_LIVE_RUNS: usize = 10_000;
+/// When a start refused as busy may try again.
+pub const BUSY_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// How the workflow engine is set up.
 #[derive(Debug, Clone)]
@@ -64,6 +69,8 @@ pub struct Options {
     /// A SQLite file, `:memory:`, or a `postgres://` URL (shared by workers).
     pub state: String,
     pub max_concurrent_steps: usize,
+    /// Runs driven at once here; past it, starts are refused as busy.
+    pub max_live_runs: usize,
     pub keep_runs: u64,
     pub keep_for: Duration,
     /// How long a worker holds a run of a shared store without renewing.
@@ -75,6 +82,7 @@ impl Default for Options {
         Options {
             state: ":memory:".into(),
             max_concurrent_steps: DEFAULT_MAX_CONCURRENT_STEPS,
+            max_live_runs: DEFAULT_MAX_LIVE_RUNS,
             keep_runs: DEFAULT_KEEP_RUNS,
             keep_for: DEFAULT_KEEP_FOR,
             lease: DEFAULT_LEASE,
@@ -301,6 +309,11 @@ pub enum WorkflowError {
         "run `{run_id}` was compensated (its succeeded steps were undone): start a new run instead of retrying it"
     )]
     Compensated { run_id: String },
+    #[error(
+        "busy: this host drives {live} runs, its limit (`[runtime] max_live_runs`); try again in {} ms",
+        retry_after.as_millis()
+    )]
+    Busy { live: usize, retry_after: Duration },
     #[error(transparent)]
     Store(#[from] StoreError),
 }

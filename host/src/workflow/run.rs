@@ -200,6 +200,16 @@ impl Workflows {
         if self.tasks.is_closed() {
             return Err(WorkflowError::ShuttingDown);
         }
+        // Past the runs it may drive, a new start is refused (nothing is
+        // stored); a parent's child run is part of a run already going.
+        let child = trigger.as_ref().is_some_and(|t| t["kind"] == "parent");
+        let live = self.running();
+        if live >= self.options.max_live_runs && !child {
+            return Err(WorkflowError::Busy {
+                live,
+                retry_after: super::BUSY_RETRY_AFTER,
+            });
+        }
         def.check_input(&input)
             .map_err(|message| WorkflowError::InvalidInput {
                 workflow: workflow.to_owned(),

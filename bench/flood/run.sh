@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Flood benchmark (issue 52): RUNS `workflow.start` requests (no wait) at
+# CONNECTIONS concurrent connections, for a workflow that sleeps SLEEP between
+# two echo steps, so that every run is asleep at once; into a fresh SQLite file.
+# Samples the server's RSS while it runs and prints the peak, then waits until
+# every run has ended and counts them by status from the state file.
+#
+#   bench/flood/run.sh                 build the release binary if missing, run
+#
+# Settings (environment):
+#   RUNS=40000 CONNECTIONS=64 SLEEP=20s PORT=7879
+#   WF_HOST=target/release/wf-host
+#
+# Needs: python3, curl. Every request is checked: a run id, or a busy refusal
+# (-32004 with retry_after_ms); anything else is counted as an error and makes
+# the script exit non-zero, as does a run that did not succeed.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$root"
+RUNS="${RUNS:-40000}"
+CONNECTIONS="${CONNECTIONS:-64}"
+SLEEP="${SLEEP:-20s}"
+PORT="${PORT:-7879}"
+WF_HOST="${WF_HOST:-$root/target/release/wf-host}"
+
+if [ ! -x "$WF_HOST" ]; then
+    cargo build --release -p wf-host
+fi
+work="$(mktemp -d)"
+trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; rm -rf "$work"' EXIT
+cat > "$work/wf.toml" <<TOML
+[runtime]
+state = "$work/state.db"
+
+[[workflows.flood.steps]]
+id = "a"
+component = "$root/plugins/echo.wasm"
+[[workflows.flood.steps]]
+id = "nap"
+needs = ["a"]
+sleep = "$SLEEP"
+[[workflows.flood.steps]]
+id = "b"
+component = "$root/plugins/echo.wasm"
+needs = ["nap"]
+TOML
+RUST_LOG=warn "$WF_HOST" serve --config "$work/wf.toml" --listen "127.0.0.1:$PORT" 2> "$work/serve.log" &
+server=$!
+for _ in $(seq 100); do
+    curl -sf "http://127.0.0.1:$PORT/healthz" >/dev/null && break
+    sleep 0.1
+done
+
+python3 - "$PORT" "$RUNS" "$CONNECTIONS" "$server" "$work/state.db" <<'PY'
+import http.client, json, sqlite3, sys, threading, time
+
+port, runs, connections, pid, db = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+
+def rss_kib():
+    with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return int(fields["VmRSS"].split()[0])
+
+peak = [0]
+stop = threading.Event()
+def sample():
+    while not stop.is_set():
+        peak[0] = max(peak[0], rss_kib())
+        time.sleep(0.2)
+sampler = threading.Thread(target=sample, daemon=True)
+sampler.start()
+
+lock = threading.Lock()
+counts = {"accepted": 0, "busy": 0, "error": 0}
+latencies = []
+next_n = [0]
+def client():
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    while True:
+        with lock:
+            n = next_n[0]
+            if n >= runs:
+                return
+            next_n[0] += 1
+        body = json.dumps({"jsonrpc": "2.0", "id": n, "method": "workflow.start",
+                           "params": {"workflow": "flood", "input": {"n": n}}})
+        began = time.perf_counter()
+        try:
+            conn.request("POST", "/rpc", body, {"content-type": "application/json"})
+            reply = json.loads(conn.getresponse().read())
+        except Exception as e:
+            with lock:
+                counts["error"] += 1
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            continue
+        took = time.perf_counter() - began
+        with lock:
+            latencies.append(took)
+            if "result" in reply and reply["result"].get("run_id"):
+                counts["accepted"] += 1
+            elif reply.get("error", {}).get("code") == -32004 and "retry_after_ms" in (reply["error"].get("data") or {}):
+                counts["busy"] += 1
+            else:
+                counts["error"] += 1
+                if counts["error"] <= 3:
+                    print("unexpected reply:", reply, file=sys.stderr)
+
+began = time.time()
+threads = [threading.Thread(target=client) for _ in range(connections)]
+for t in threads: t.start()
+for t in threads: t.join()
+sent = time.time() - began
+latencies.sort()
+p99 = latencies[int(len(latencies) * 0.99)] * 1000 if latencies else 0
+print(f"sent {runs} starts in {sent:.1f} s: {counts}; p99 start {p99:.1f} ms")
+rss_all_asleep = rss_kib()
+
+# Every run ends: succeeded, or otherwise (counted).
+def by_status():
+    c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return dict(c.execute("SELECT status, count(*) FROM runs GROUP BY status").fetchall())
+    finally:
+        c.close()
+while True:
+    statuses = by_status()
+    if statuses.get("running", 0) + statuses.get("queued", 0) == 0:
+        break
+    time.sleep(1)
+stop.set()
+print(f"runs by status: {statuses}")
+print(f"peak RSS {peak[0] / 1024:.0f} MiB; RSS with every run asleep {rss_all_asleep / 1024:.0f} MiB; "
+      f"{(peak[0] * 1024) / max(counts['accepted'], 1):.0f} bytes per accepted run at the peak")
+ok = counts["error"] == 0 and statuses.get("succeeded", 0) == counts["accepted"]
+sys.exit(0 if ok else 1)
+PY
