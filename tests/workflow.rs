@@ -4577,12 +4577,24 @@ async fn a_full_disk_refuses_starts_clearly_and_loses_nothing_when_space_comes_b
             .await;
         assert_eq!(done["status"], "succeeded", "{done}");
     }
-    let health = common::http_client()
-        .get(serve.url.replace("/rpc", "/healthz"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(health.status(), 200);
+    // Healthy again within the probe's longest backoff.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let health = common::http_client()
+            .get(serve.url.replace("/rpc", "/healthz"))
+            .send()
+            .await
+            .unwrap();
+        if health.status() == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still {}",
+            health.text().await.unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let after = serve
         .call(
             "workflow.start",

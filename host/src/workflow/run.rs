@@ -194,6 +194,24 @@ impl Workflows {
         trigger: Option<Value>,
         parent: &TraceParent,
     ) -> Result<Started, WorkflowError> {
+        let started = self
+            .start_stored(workflow, input, idempotency_key, trigger, parent)
+            .await;
+        if let Err(WorkflowError::Store(StoreError::Full(_))) = &started {
+            // Told when there is room again, whether or not a run waits.
+            self.wait_for_room(None);
+        }
+        started
+    }
+
+    async fn start_stored(
+        self: &Arc<Self>,
+        workflow: &str,
+        input: Value,
+        idempotency_key: Option<String>,
+        trigger: Option<Value>,
+        parent: &TraceParent,
+    ) -> Result<Started, WorkflowError> {
         let def = self
             .definition(workflow)
             .ok_or_else(|| WorkflowError::unknown_workflow(workflow, self.names()))?;
@@ -711,7 +729,7 @@ impl Workflows {
                     if matches!(e, StoreError::Full(_)) && this.mode == super::mode::Mode::Alone {
                         // Alone, nobody else picks it up: driven again here
                         // once the state can be written.
-                        this.stall(&run_id);
+                        this.wait_for_room(Some(&run_id));
                     }
                     true
                 }
@@ -786,13 +804,17 @@ impl Workflows {
         });
     }
 
-    /// Keeps `run_id`, whose driver stopped on a full disk, to be driven
-    /// again once the state can be written: a task probes it with a small
-    /// write, backing off to 5 s, and then resumes every run kept so.
-    fn stall(self: &Arc<Self>, run_id: &str) {
+    /// The state's disk is full: keeps `run_id` (whose driver stopped on
+    /// it), to be driven again once the state can be written. A task probes
+    /// that with a write that needs room, backing off to 5 s; when it
+    /// commits, the store is no longer degraded and every run kept so is
+    /// driven again.
+    pub(super) fn wait_for_room(self: &Arc<Self>, run_id: Option<&str>) {
         {
             let mut stalled = self.stalled.lock().unwrap_or_else(|e| e.into_inner());
-            stalled.0.insert(run_id.to_owned());
+            if let Some(run_id) = run_id {
+                stalled.0.insert(run_id.to_owned());
+            }
             if std::mem::replace(&mut stalled.1, true) {
                 return;
             }
