@@ -103,7 +103,7 @@ pub struct RuntimeSection {
     pub max_concurrent_steps: Option<usize>,
     /// How many runs this process drives at once (those asleep, queued or
     /// paused in the state do not count); a start past it is refused as
-    /// busy, with when to try again (default 10,000).
+    /// busy, with when to try again (default 4,000).
     pub max_live_runs: Option<usize>,
     /// How many finished runs to keep (default 10,000).
     pub keep_runs: Option<u64>,

@@ -59,7 +59,7 @@ pub const DEFAULT_KEEP_FOR: Duration = Duration::from_secs(30 * 24 * 3600);
 pub const DEFAULT_MAX_CONCURRENT_STEPS: usize = 64;
 /// Default number of runs a process drives at once before it refuses
 /// starts as busy.
-pub const DEFAULT_MAX_LIVE_RUNS: usize = 10_000;
+pub const DEFAULT_MAX_LIVE_RUNS: usize = 4_000;
 /// When a start refused as busy may try again.
 pub const BUSY_RETRY_AFTER: Duration = Duration::from_secs(1);
 
