@@ -4566,6 +4566,20 @@ async fn a_full_disk_refuses_starts_clearly_and_loses_nothing_when_space_comes_b
             .contains("is full"),
         "{status}"
     );
+    let metrics = |serve: &Serve| {
+        let url = serve.url.replace("/rpc", "/metrics");
+        async move {
+            common::http_client()
+                .get(url)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        }
+    };
+    assert!(metrics(&serve).await.contains("wf_state_degraded 1"));
 
     disk.resize("32m");
     for run_id in &accepted {
@@ -4595,6 +4609,7 @@ async fn a_full_disk_refuses_starts_clearly_and_loses_nothing_when_space_comes_b
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    assert!(metrics(&serve).await.contains("wf_state_degraded 0"));
     let after = serve
         .call(
             "workflow.start",

@@ -5,6 +5,7 @@
 //! |---|---|---|
 //! | `wf_runs_total` | `workflow`, `status` | runs finished (`succeeded`, `failed`, `cancelled`) |
 //! | `wf_runs_running` | | runs executing now |
+//! | `wf_state_degraded` | | 1 while the state cannot be written (its disk is full; `/healthz` says degraded) |
 //! | `wf_runs_waiting` | | of those, runs waiting (a durable sleep, a signal) |
 //! | `wf_runs_live` | `workflow`, `definition` | unfinished runs (queued, running, paused) on each definition of their workflow (its hash), from the state at scrape time |
 //! | `wf_runs_queued` | `workflow` | runs `queued` by the workflow's `concurrency` or `rate` (every worker's, as the last admission pass found them) |
@@ -38,6 +39,7 @@ pub struct Metrics {
     registry: Registry,
     runs: Family<Labels, Counter>,
     runs_running: Gauge,
+    state_degraded: Gauge,
     runs_waiting: Gauge,
     runs_queued: Family<Labels, Gauge>,
     workflow_paused: Family<Labels, Gauge>,
@@ -69,6 +71,12 @@ impl Metrics {
         let mut registry = Registry::default();
         let runs = Family::<Labels, Counter>::default();
         registry.register("wf_runs", "Workflow runs finished, by status", runs.clone());
+        let state_degraded = Gauge::default();
+        registry.register(
+            "wf_state_degraded",
+            "1 while the state cannot be written (its disk is full)",
+            state_degraded.clone(),
+        );
         let runs_running = Gauge::default();
         registry.register(
             "wf_runs_running",
@@ -161,6 +169,7 @@ impl Metrics {
             registry,
             runs,
             runs_running,
+            state_degraded,
             runs_waiting,
             runs_queued,
             workflow_paused,
@@ -257,7 +266,9 @@ impl Metrics {
         running: usize,
         waiting: usize,
         live: &[(String, String, u64)],
+        degraded: bool,
     ) -> String {
+        self.state_degraded.set(i64::from(degraded));
         // Only the definitions with live runs now: one whose runs ended goes.
         self.runs_live.clear();
         for (workflow, definition, runs) in live {

@@ -344,6 +344,7 @@ async fn metrics(State(app): State<App>, Extension(caller): Extension<Arc<Caller
         workflows.running(),
         workflows.waiting(),
         &live,
+        workflows.degraded().is_some(),
     );
     (
         [(
