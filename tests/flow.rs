@@ -116,14 +116,7 @@ type Stored = (String, Value, i64, i64);
 /// The runs of `workflow` that succeeded, in a SQLite state file, read
 /// beside the server (WAL readers do not hold it up).
 async fn stored_sqlite(state: &Path, workflow: &str) -> Vec<Stored> {
-    let options = sqlx::sqlite::SqliteConnectOptions::new()
-        .filename(state)
-        .read_only(true);
-    let pool = sqlx::sqlite::SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect_with(options)
-        .await
-        .unwrap();
+    let pool = read_only(state).await;
     let rows: Vec<(String, String, Option<i64>, Option<i64>)> = sqlx::query_as(
         "SELECT run_id, input, admitted_ms, finished_ms FROM runs
          WHERE workflow = ? AND status = 'succeeded'",
@@ -134,6 +127,18 @@ async fn stored_sqlite(state: &Path, workflow: &str) -> Vec<Stored> {
     .unwrap();
     pool.close().await;
     stored(rows)
+}
+
+/// One read-only connection to the SQLite state file `state`.
+async fn read_only(state: &Path) -> sqlx::SqlitePool {
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(state)
+        .read_only(true);
+    sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .unwrap()
 }
 
 async fn stored_postgres(url: &str, workflow: &str) -> Vec<Stored> {
@@ -598,15 +603,7 @@ async fn max_wait_runs_a_steady_stream_and_a_debounced_run_survives_a_restart() 
     wait_all(&serve, &ids, Duration::from_secs(30)).await;
     // Each run but the last began at its first start plus `max_wait`
     // (1.5 s), though starts kept coming closer than the period.
-    let pool = sqlx::sqlite::SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect_with(
-            sqlx::sqlite::SqliteConnectOptions::new()
-                .filename(&db)
-                .read_only(true),
-        )
-        .await
-        .unwrap();
+    let pool = read_only(&db).await;
     let waits: Vec<(String, i64)> = sqlx::query_as(
         "SELECT run_id, admitted_ms - created_ms FROM runs WHERE workflow = 'steady'
          ORDER BY created_ms",

@@ -108,16 +108,8 @@ impl FlowControl {
     pub fn of(&self, input: &Value) -> Result<Flow, String> {
         let limit = |what: &str, limit: &Option<Limit>| -> Result<Option<FlowLimit>, String> {
             let Some(l) = limit else { return Ok(None) };
-            let key = match &l.key {
-                None => String::new(),
-                Some(expr) => match expr.eval(input) {
-                    Ok(Value::String(key)) => key,
-                    Ok(other) => other.to_string(),
-                    Err(e) => return Err(format!("`{what}`: {e}")),
-                },
-            };
             Ok(Some(FlowLimit {
-                key,
+                key: key_of(what, l.key.as_ref(), input)?,
                 limit: l.limit,
                 period_ms: l.period_ms,
             }))
@@ -142,6 +134,21 @@ impl FlowControl {
             rate: limit("rate.key", &self.rate)?,
             priority,
         })
+    }
+}
+
+/// A run's key (flow control's, debounce's): `expr` (`what` in the
+/// config) over its input, a string as it is and anything else as its JSON
+/// text; `""` without an expression (one key for the workflow).
+///
+/// # Errors
+/// The expression's failure, naming `what`: the start is refused.
+pub(super) fn key_of(what: &str, expr: Option<&Expr>, input: &Value) -> Result<String, String> {
+    match expr.map(|expr| expr.eval(input)) {
+        None => Ok(String::new()),
+        Some(Ok(Value::String(key))) => Ok(key),
+        Some(Ok(other)) => Ok(other.to_string()),
+        Some(Err(e)) => Err(format!("`{what}`: {e}")),
     }
 }
 
@@ -238,7 +245,7 @@ impl Workflows {
         for _ in 0..MAX_PAGES {
             let queued = self.store.queued_runs(PAGE, offset).await?;
             let (read, admitted_before) = (queued.len(), pass.admitted.len());
-            for run in queued {
+            for mut run in queued {
                 // Its workflow is paused: it waits for `workflow.resume`.
                 if paused.contains(&run.workflow) {
                     *per_workflow.entry(run.workflow.clone()).or_default() += 1;
@@ -256,19 +263,10 @@ impl Workflows {
                 }
                 let Some(flow) = run.flow.clone() else {
                     // Debounced, or of a workflow paused then: without flow
-                    // control, nothing else holds it.
-                    let now = now_ms();
-                    let admit = Transition::RunAdmitted { at_ms: now };
-                    match self.events.apply(&run.run_id, &[admit], None).await {
-                        Ok(_) => {
-                            pass.admitted.push(run.run_id.clone());
-                            self.admitted(run, now).await;
-                        }
-                        // A start joined it just now (its time moved), its
-                        // workflow was paused, or another worker admitted it.
-                        Err(StoreError::Refused(_)) => {}
-                        Err(e) => return Err(e),
-                    }
+                    // control, nothing else holds it. (Refused: a start
+                    // joined it just now, its workflow was paused, or
+                    // another worker admitted it.)
+                    self.propose(run, &mut pass).await?;
                     continue;
                 };
                 let keys = [("c", &flow.concurrency), ("r", &flow.rate)];
@@ -278,16 +276,9 @@ impl Workflows {
                     })
                 });
                 if !blocked {
-                    let now = now_ms();
-                    let admit = Transition::RunAdmitted { at_ms: now };
-                    match self.events.apply(&run.run_id, &[admit], None).await {
-                        Ok(_) => {
-                            pass.admitted.push(run.run_id.clone());
-                            self.admitted(run, now).await;
-                            continue;
-                        }
-                        Err(StoreError::Refused(_)) => {}
-                        Err(e) => return Err(e),
+                    match self.propose(run, &mut pass).await? {
+                        None => continue,
+                        Some(refused) => run = refused,
                     }
                 }
                 *per_workflow.entry(run.workflow.clone()).or_default() += 1;
@@ -435,6 +426,27 @@ impl Workflows {
             paused,
             changed,
         })
+    }
+
+    /// Proposes `run` to the store for admission now: admitted (and
+    /// driven, alone) and counted in `pass`, or refused by the store and
+    /// given back.
+    async fn propose(
+        self: &Arc<Self>,
+        run: RunRow,
+        pass: &mut Pass,
+    ) -> Result<Option<RunRow>, StoreError> {
+        let now = now_ms();
+        let admit = Transition::RunAdmitted { at_ms: now };
+        match self.events.apply(&run.run_id, &[admit], None).await {
+            Ok(_) => {
+                pass.admitted.push(run.run_id.clone());
+                self.admitted(run, now).await;
+                Ok(None)
+            }
+            Err(StoreError::Refused(_)) => Ok(Some(run)),
+            Err(e) => Err(e),
+        }
     }
 
     /// A run this pass admitted, as the store now holds it.

@@ -249,20 +249,13 @@ impl Workflows {
             .debounce_key
             .as_ref()
             .zip(def.spec.debounce.as_ref())
-            .map(|(key, spec)| {
-                let key = match key {
-                    None => String::new(),
-                    Some(expr) => match expr.eval(&input) {
-                        Ok(Value::String(key)) => key,
-                        Ok(other) => other.to_string(),
-                        Err(e) => {
-                            return Err(WorkflowError::InvalidInput {
-                                workflow: workflow.to_owned(),
-                                message: format!("`debounce.key`: {e}"),
-                            });
-                        }
+            .map(|(key, spec)| -> Result<Debounce, WorkflowError> {
+                let key = super::flow::key_of("debounce.key", key.as_ref(), &input).map_err(
+                    |message| WorkflowError::InvalidInput {
+                        workflow: workflow.to_owned(),
+                        message,
                     },
-                };
+                )?;
                 let now = now_ms();
                 let ms = |ms: u64| i64::try_from(ms).unwrap_or(i64::MAX);
                 Ok(Debounce {
@@ -551,7 +544,7 @@ impl Workflows {
             .definition(&run.workflow)
             .filter(|d| d.hash == run.definition_hash);
         let compiled = match current {
-            Some(def) => Ok(Definition::clone(&def)),
+            Some(def) => Ok(def),
             None => Spec::deserialize(&*run.definition)
                 .map_err(|e| {
                     Failure::new(
@@ -561,12 +554,13 @@ impl Workflows {
                 })
                 .and_then(|spec| {
                     Definition::compile(&run.workflow, spec)
+                        .map(Arc::new)
                         .map_err(|e| Failure::new("definition-changed", e.to_string()))
                 }),
         };
         let prepared = compiled.and_then(|def| {
             // Only the steps that will run need their code unchanged.
-            let mut needed = def.clone();
+            let mut needed = Definition::clone(&def);
             needed.steps.retain(|s| {
                 rows.iter().any(|r| {
                     r.step_id == s.spec.id
@@ -580,7 +574,7 @@ impl Workflows {
                     .any(|r| &r.step_id == id && r.status.is_finished())
             });
             let nodes = self.nodes_of(&needed)?;
-            Ok((Arc::new(def), nodes))
+            Ok((def, nodes))
         });
         match prepared {
             Ok((def, nodes)) => {
@@ -840,26 +834,13 @@ impl Workflows {
                     "the state can be written again: driving its stalled runs"
                 );
                 for run_id in runs {
-                    let run = match this.store.run(&run_id).await {
-                        Ok(Some(run)) => run,
-                        Ok(None) => continue,
-                        Err(e) => {
-                            tracing::warn!(run = %run_id, "cannot read the stalled run: {e}");
-                            this.stalled
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .0
-                                .insert(run_id);
-                            continue;
-                        }
-                    };
-                    let live = this.with_live(&run_id, |_| ()).is_some();
-                    if run.status != RunStatus::Running || live {
-                        continue;
-                    }
-                    let fence = super::mode::Mode::Alone.first_fence(&this.worker.id);
-                    if let Err(e) = this.launch_stored(run, true, fence).await {
-                        tracing::warn!(run = %run_id, "cannot drive the stalled run again: {e}");
+                    if let Err(e) = this.drive_again(&run_id).await {
+                        tracing::warn!(run = %run_id, "cannot read the stalled run: {e}");
+                        this.stalled
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .0
+                            .insert(run_id);
                     }
                 }
                 // Runs that stalled meanwhile (or again): wait for room,

@@ -53,7 +53,9 @@ pub(crate) fn start_waker(this: &Arc<Workflows>) {
                         () = closing.cancelled() => return,
                     }
                 }
-                this.wake(&run_id).await;
+                if let Err(e) = this.drive_again(&run_id).await {
+                    tracing::warn!(run = %run_id, "cannot read a waking run: {e}");
+                }
                 cursor = (wake_ms, run_id);
             }
             if full {
@@ -69,23 +71,31 @@ pub(crate) fn start_waker(this: &Arc<Workflows>) {
 }
 
 impl Workflows {
-    /// Drives `run_id` again, if it still sleeps with no driver.
-    async fn wake(self: &Arc<Self>, run_id: &str) {
-        let run = match self.store.run(run_id).await {
-            Ok(Some(run)) if run.status == RunStatus::Running => run,
-            Ok(_) => return,
-            Err(e) => {
-                tracing::warn!(run = %run_id, "cannot read a waking run: {e}");
-                return;
-            }
+    /// Alone: drives `run_id` again (a run that woke, or that waited for
+    /// room on a full disk) if it is still `running` with no driver here.
+    ///
+    /// # Errors
+    /// The run could not be read.
+    pub(in crate::workflow) async fn drive_again(
+        self: &Arc<Self>,
+        run_id: &str,
+    ) -> Result<(), crate::store::StoreError> {
+        let Some(run) = self
+            .store
+            .run(run_id)
+            .await?
+            .filter(|run| run.status == RunStatus::Running)
+        else {
+            return Ok(());
         };
         if self.with_live(run_id, |_| ()).is_some() {
-            return;
+            return Ok(());
         }
-        tracing::debug!(run = %run_id, "run wakes");
+        tracing::debug!(run = %run_id, "driving the run again");
         let fence = Mode::Alone.first_fence(&self.worker.id);
         if let Err(e) = self.launch_stored(run, true, fence).await {
-            tracing::warn!(run = %run_id, "cannot drive a waking run: {e}");
+            tracing::warn!(run = %run_id, "cannot drive the run again: {e}");
         }
+        Ok(())
     }
 }
