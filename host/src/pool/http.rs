@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::error::Error as StdError;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::stream::BoxStream;
@@ -110,6 +110,12 @@ pub(crate) struct HostClient {
     /// server pushes `list_changed`; while none is open, the session learns
     /// of changes only by re-listing.
     open_streams: Arc<AtomicUsize>,
+    /// Whether the server gave the session an id when it initialised it: then
+    /// the transport opens the standalone event stream (`GET`) next.
+    stateful: Arc<AtomicBool>,
+    /// Set once a `GET` for an event stream has been answered (opened or
+    /// refused).
+    stream_answered: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl HostClient {
@@ -119,6 +125,51 @@ impl HostClient {
             oauth,
             last_failure: Arc::default(),
             open_streams: Arc::default(),
+            stateful: Arc::default(),
+            stream_answered: Arc::new(tokio::sync::watch::Sender::new(false)),
+        }
+    }
+
+    /// Waits, at most `within`, until the server has answered the session's
+    /// first `GET` for its standalone event stream. A server sends requests
+    /// that belong to no call of ours (an elicitation a tool asks for without
+    /// tying it to the call, `list_changed`) on that stream, and a server is
+    /// free to drop them while it is not open: a session is ready for calls
+    /// only once it is. Returns at once for a session without an id, which
+    /// has no such stream.
+    pub(crate) async fn standalone_stream_tried(&self, within: std::time::Duration) {
+        if !self.stateful.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut answered = self.stream_answered.subscribe();
+        if tokio::time::timeout(within, answered.wait_for(|a| *a))
+            .await
+            .is_err()
+        {
+            tracing::debug!(
+                "the server has not answered the event stream's GET within {within:?}; going on without it"
+            );
+        }
+    }
+
+    /// Notes what an initialize request's answer says about the session.
+    fn note_initialized(
+        &self,
+        message: &ClientJsonRpcMessage,
+        result: &Result<StreamableHttpPostResponse, HttpError>,
+    ) {
+        let initialize = matches!(
+            message,
+            ClientJsonRpcMessage::Request(request)
+                if matches!(request.request, rmcp::model::ClientRequest::InitializeRequest(_))
+        );
+        if initialize
+            && let Ok(
+                StreamableHttpPostResponse::Json(_, Some(_))
+                | StreamableHttpPostResponse::Sse(_, Some(_)),
+            ) = result
+        {
+            self.stateful.store(true, Ordering::Relaxed);
         }
     }
 
@@ -306,6 +357,7 @@ impl StreamableHttpClient for HostClient {
                 )
             })
             .await;
+        self.note_initialized(&message, &result);
         self.scope_refused(&message, result)
     }
 
@@ -330,6 +382,7 @@ impl StreamableHttpClient for HostClient {
                 )
             })
             .await;
+        self.note_initialized(&message, &result);
         self.scope_refused(&message, result)
     }
 
@@ -354,6 +407,7 @@ impl StreamableHttpClient for HostClient {
                 )
             })
             .await;
+        self.note_initialized(&message, &result);
         self.scope_refused(&message, result)
     }
 
@@ -393,8 +447,9 @@ impl StreamableHttpClient for HostClient {
                     custom_headers.clone(),
                 )
             })
-            .await?;
-        Ok(self.counted(stream))
+            .await;
+        self.stream_answered.send_replace(true);
+        Ok(self.counted(stream?))
     }
 
     async fn get_stream_with_max_sse_event_size(
@@ -417,7 +472,8 @@ impl StreamableHttpClient for HostClient {
                     max_sse_event_size,
                 )
             })
-            .await?;
-        Ok(self.counted(stream))
+            .await;
+        self.stream_answered.send_replace(true);
+        Ok(self.counted(stream?))
     }
 }

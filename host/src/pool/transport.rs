@@ -242,6 +242,7 @@ async fn open(
                     Some(why) => Failed::Other(why),
                     None => Failed::Handshake(e.to_string()),
                 })?;
+            client.standalone_stream_tried(STANDALONE_STREAM_WAIT).await;
             (running, None, Some(streams))
         }
     };
@@ -260,6 +261,11 @@ async fn open(
     )
     .await?)
 }
+
+/// How long a new HTTP session waits for its standalone event stream before
+/// it takes calls; a server that neither opens nor refuses it by then is
+/// used without it.
+const STANDALONE_STREAM_WAIT: Duration = Duration::from_secs(2);
 
 /// Longest stderr line of a server that is logged; the rest of it is skipped.
 const STDERR_LINE_MAX: usize = 8 * 1024;
