@@ -1392,6 +1392,200 @@ async fn a_sigkilled_run_resumes_and_never_reruns_a_finished_step() {
     assert_eq!(again["status"], "cancelled", "{again}");
 }
 
+/// Three steps that each leave a mark on the witness server, with a durable
+/// sleep between the first two; the last call takes 100 ms, so a kill often
+/// lands inside it.
+const MARKS: &str = r#"[runtime]
+state = "state.db"
+
+[[workflows.marks.steps]]
+id = "one"
+component = "{call}"
+allow = ["fixture.echo"]
+input = '{capability: "fixture.echo", arguments: {text: "one-\(.input.n)"}}'
+[[workflows.marks.steps]]
+id = "nap"
+sleep = "300ms"
+needs = ["one"]
+[[workflows.marks.steps]]
+id = "two"
+component = "{call}"
+allow = ["fixture.echo"]
+needs = ["nap"]
+input = '{capability: "fixture.echo", arguments: {text: "two-\(.input.n)"}}'
+[[workflows.marks.steps]]
+id = "three"
+component = "{call}"
+allow = ["fixture.sleep"]
+needs = ["two"]
+input = '{capability: "fixture.sleep", arguments: {ms: 100}}'
+"#;
+
+/// What a start got: a run id, or nothing known (the host died under it, or
+/// it was refused) and so to be sent again with the same key.
+async fn start_mark(client: &reqwest::Client, url: &str, n: u64) -> Option<String> {
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "workflow.start",
+        "params": {"workflow": "marks", "input": {"n": n}, "idempotency_key": format!("mark-{n}")}});
+    let reply: Value = client
+        .post(url)
+        .header("content-type", "application/json")
+        .timeout(Duration::from_secs(5))
+        .body(body.to_string())
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    reply["result"]["run_id"].as_str().map(str::to_owned)
+}
+
+/// Chaos: a steady load of runs while `serve` is SIGKILLed at 20 random
+/// moments and started again. Every start that was answered with a run id
+/// (and every start sent again with its idempotency key after it went
+/// unanswered) ends with one run that succeeded, and the journal's promise
+/// holds on the witness server: a call is made again only by a later
+/// process, for a step whose attempt the kill interrupted (at most once per
+/// interrupted attempt), never twice by the same process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_random_sigkills_lose_no_run_and_repeat_no_completed_call() {
+    let seed = std::env::var("CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    eprintln!("chaos seed {seed} (CHAOS_SEED={seed} plays these kills again)");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path(), MARKS);
+    let serve = Serve::start(dir.path());
+    let url = Arc::new(std::sync::Mutex::new(serve.url.clone()));
+    let stop = tokio_util::sync::CancellationToken::new();
+    // The load: a start every 30 ms.
+    let load = tokio::spawn({
+        let (url, stop) = (url.clone(), stop.clone());
+        async move {
+            let client = common::http_client();
+            let (mut accepted, mut unknown) = (Vec::new(), Vec::new());
+            let mut n = 0u64;
+            while !stop.is_cancelled() {
+                let current = url.lock().unwrap().clone();
+                match start_mark(&client, &current, n).await {
+                    Some(run_id) => accepted.push((n, run_id)),
+                    None => unknown.push(n),
+                }
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
+            (accepted, unknown)
+        }
+    });
+    let mut serve = Some(serve);
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(rng.u64(200..1500))).await;
+        serve.take().unwrap().kill();
+        let next = tokio::task::spawn_blocking({
+            let dir = dir.path().to_owned();
+            move || Serve::start(&dir)
+        })
+        .await
+        .unwrap();
+        *url.lock().unwrap() = next.url.clone();
+        serve = Some(next);
+    }
+    stop.cancel();
+    let (mut accepted, unknown) = load.await.unwrap();
+    let serve = serve.unwrap();
+    // A start that went unanswered is sent again with its key: it either
+    // made its run before the kill (and gets that run) or makes it now.
+    let client = common::http_client();
+    for n in unknown {
+        let run_id = loop {
+            if let Some(run_id) = start_mark(&client, &serve.url, n).await {
+                break run_id;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        accepted.push((n, run_id));
+    }
+    assert!(accepted.len() > 100, "too little load: {}", accepted.len());
+
+    let mut attempts = std::collections::HashMap::new();
+    let mut interrupted = 0;
+    for (n, run_id) in &accepted {
+        let done = serve
+            .call(
+                "workflow.wait",
+                json!({"run_id": run_id, "timeout_ms": 60000}),
+            )
+            .await;
+        assert_eq!(done["status"], "succeeded", "run {n}: {done}");
+        let got = serve.call("workflow.get", json!({"run_id": run_id})).await;
+        for step in got["steps"].as_array().unwrap() {
+            assert_eq!(step["status"], "succeeded", "run {n}: {got}");
+            let tried = step["attempts"].as_u64().unwrap();
+            interrupted += tried.saturating_sub(1);
+            attempts.insert(format!("{run_id}/{}", step["id"].as_str().unwrap()), tried);
+        }
+    }
+    // One run per key, and no run the load did not start.
+    let state = dir.path().join("state.db");
+    let counts = sqlite(
+        &state,
+        "print(c.execute(\"select count(*), count(distinct idempotency_key) from runs\").fetchone()); print(c.execute(\"select count(*) from events where kind = 'run.finished'\").fetchone())",
+    );
+    let keys: std::collections::HashSet<_> = accepted.iter().map(|(n, _)| n).collect();
+    let runs: std::collections::HashSet<_> = accepted.iter().map(|(_, r)| r).collect();
+    assert_eq!(keys.len(), runs.len(), "two keys share a run");
+    assert_eq!(
+        counts,
+        format!("({0}, {0})\n({0},)\n", keys.len()),
+        "runs, keys and run.finished events in the state"
+    );
+
+    // The witness: every step's call was made, and made again only by
+    // another process, once per interrupted attempt at most.
+    let mut made: std::collections::HashMap<String, Vec<i64>> = Default::default();
+    for call in read_witness(&dir.path().join("witness.jsonl")) {
+        let key = call["meta"]["wf-host/idempotency-key"].as_str().unwrap();
+        // `<run_id>/<step>/<item>/<seq>`
+        let mut parts = key.rsplitn(3, '/');
+        let (_, _, step) = (parts.next(), parts.next(), parts.next().unwrap());
+        made.entry(step.to_owned())
+            .or_default()
+            .push(call["ppid"].as_i64().unwrap());
+    }
+    let mut repeated = 0;
+    for (step, tried) in &attempts {
+        if step.ends_with("/nap") {
+            continue;
+        }
+        let by = made.get(step).map(Vec::as_slice).unwrap_or_default();
+        assert!(!by.is_empty(), "{step} never called its server");
+        assert!(
+            by.len() as u64 <= *tried,
+            "{step}: {} calls in {tried} attempts",
+            by.len()
+        );
+        let mut processes = by.to_vec();
+        processes.sort();
+        processes.dedup();
+        assert!(
+            processes.len() == by.len() || by.contains(&1),
+            "{step}: one process made its call twice: {by:?}"
+        );
+        repeated += by.len() - 1;
+    }
+    eprintln!(
+        "{} runs, {interrupted} interrupted attempts, {repeated} calls made again after a kill",
+        accepted.len()
+    );
+    assert_eq!(
+        made.keys().filter(|k| !attempts.contains_key(*k)).count(),
+        0,
+        "calls of steps no run has"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_interrupted_too_often_fails_crashed_instead_of_looping() {
     let dir = tempfile::tempdir().unwrap();
