@@ -554,6 +554,43 @@ async fn a_database_that_goes_away_pauses_runs_and_fails_none() {
     assert!(run["steps"][0]["attempts"].as_u64().unwrap() >= 2, "{run}");
 }
 
+/// A database away for less than the lease while a step's call ends: the
+/// step's outcome is written once it is back, and the call is not made
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_away_for_less_than_the_lease_keeps_the_steps_outcome() {
+    let pg = TestPostgres::dedicated();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), "20s");
+    let a = worker(&config, &pg.url());
+    let run_id = start_nap(&a, 1000).await;
+    wait_until("the sleep upstream", Duration::from_secs(20), || {
+        read_witness(dir.path())
+            .iter()
+            .any(|c| c["tool"] == "sleep")
+    })
+    .await;
+    // Away from before the call ends until well after, and longer than a
+    // write waits for a connection (5 s) twice: the journal's, the step's.
+    pg.stop();
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    pg.restart();
+    let done = call(
+        &a,
+        "workflow.wait",
+        json!({"run_id": run_id, "timeout_ms": 40000}),
+    )
+    .await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    let run = call(&a, "workflow.get", json!({"run_id": run_id})).await;
+    assert_eq!(run["steps"][0]["attempts"], 1, "{run}");
+    let sleeps = read_witness(dir.path())
+        .iter()
+        .filter(|c| c["tool"] == "sleep")
+        .count();
+    assert_eq!(sleeps, 1, "the call was made again");
+}
+
 #[test]
 fn a_database_that_is_down_at_start_exits_2_naming_it_without_the_password() {
     let dir = tempfile::tempdir().unwrap();
@@ -899,4 +936,175 @@ async fn a_waiting_run_keeps_its_definition_across_a_reload_and_restarts_on_two_
         assert_eq!(done["output"], json!({"v": v}), "run {run_id}: {done}");
     }
     drop(a);
+}
+
+/// Starts a run of `three` with idempotency key `chaos-<n>` through `serve`;
+/// `None` when nothing is known (the worker or the database died under it).
+async fn start_three(serve_base: &str, n: u64) -> Option<String> {
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "workflow.start",
+        "params": {"workflow": "three", "input": {"n": n}, "idempotency_key": format!("chaos-{n}")}});
+    let reply: Value = reqwest::Client::new()
+        .post(format!("{serve_base}/rpc"))
+        .header("content-type", "application/json")
+        .timeout(Duration::from_secs(5))
+        .body(body.to_string())
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    reply["result"]["run_id"].as_str().map(str::to_owned)
+}
+
+/// Chaos on PostgreSQL: under a steady load through two workers, 20 times at
+/// random a worker is SIGKILLed and started again, or the database is
+/// stopped at once and started again. Every run ends once and succeeded, one
+/// per key, and a step's call is made again only by another process (after
+/// a kill), at most once per attempt the step was given: an outage shorter
+/// than the lease repeats nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_worker_kills_and_database_restarts_lose_no_run() {
+    let seed = std::env::var("CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    eprintln!("chaos seed {seed} (CHAOS_SEED={seed} plays these faults again)");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let pg = TestPostgres::dedicated();
+    let dir = tempfile::tempdir().unwrap();
+    // Longer than any outage here (up to 1.5 s and a restart): a worker
+    // keeps its runs across one, and writes what they did once it is back.
+    let config = config(dir.path(), "5s");
+    let url = pg.url();
+    let mut workers = [worker(&config, &url), worker(&config, &url)];
+    let bases = std::sync::Arc::new(std::sync::Mutex::new(
+        workers.iter().map(|w| w.base.clone()).collect::<Vec<_>>(),
+    ));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let load = tokio::spawn({
+        let (bases, stop) = (bases.clone(), stop.clone());
+        async move {
+            let (mut accepted, mut unknown) = (Vec::new(), Vec::new());
+            let mut n = 0u64;
+            while !stop.is_cancelled() {
+                let base = bases.lock().unwrap()[n as usize % 2].clone();
+                match start_three(&base, n).await {
+                    Some(run_id) => accepted.push((n, run_id)),
+                    None => unknown.push(n),
+                }
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
+            (accepted, unknown)
+        }
+    });
+    let (mut kills, mut restarts) = (0, 0);
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(rng.u64(300..1500))).await;
+        if rng.u8(..5) == 0 {
+            restarts += 1;
+            tokio::task::block_in_place(|| pg.stop());
+            tokio::time::sleep(Duration::from_millis(rng.u64(100..1500))).await;
+            tokio::task::block_in_place(|| pg.restart());
+        } else {
+            kills += 1;
+            let i = rng.usize(..2);
+            signal(&workers[i], libc::SIGKILL);
+            let _ = workers[i].child.wait();
+            let (config, url) = (config.clone(), url.clone());
+            workers[i] = tokio::task::spawn_blocking(move || worker(&config, &url))
+                .await
+                .unwrap();
+            bases.lock().unwrap()[i] = workers[i].base.clone();
+        }
+    }
+    stop.cancel();
+    let (mut accepted, unknown) = load.await.unwrap();
+    for n in unknown {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let run_id = loop {
+            if let Some(run_id) = start_three(&workers[0].base, n).await {
+                break run_id;
+            }
+            assert!(Instant::now() < deadline, "start {n} is never answered");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        accepted.push((n, run_id));
+    }
+    assert!(accepted.len() > 100, "too little load: {}", accepted.len());
+
+    let mut attempts = BTreeMap::new();
+    for (i, (n, run_id)) in accepted.iter().enumerate() {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let done = loop {
+            let reply = workers[i % 2]
+                .rpc(
+                    "workflow.wait",
+                    json!({"run_id": run_id, "timeout_ms": 10000}),
+                    None,
+                )
+                .await;
+            if let Some(run) = reply.get("result")
+                && run["status"] != "running"
+            {
+                break run.clone();
+            }
+            assert!(Instant::now() < deadline, "run {n} never ended: {reply}");
+        };
+        assert_eq!(done["status"], "succeeded", "run {n}: {done}");
+        let run = call(&workers[0], "workflow.get", json!({"run_id": run_id})).await;
+        for step in run["steps"].as_array().unwrap() {
+            assert_eq!(step["status"], "succeeded", "run {n}: {run}");
+            attempts.insert(
+                format!("{run_id}/{}", step["id"].as_str().unwrap()),
+                step["attempts"].as_u64().unwrap(),
+            );
+        }
+    }
+    let keys: BTreeSet<_> = accepted.iter().map(|(n, _)| *n).collect();
+    let runs: BTreeSet<_> = accepted.iter().map(|(_, r)| r.clone()).collect();
+    assert_eq!(keys.len(), runs.len(), "two keys share a run");
+    let counts = pg.psql(
+        "select count(*), count(distinct idempotency_key), (select count(*) from events where kind = 'run.finished') from runs",
+    );
+    assert_eq!(
+        counts.trim(),
+        format!("{0}|{0}|{0}", keys.len()),
+        "runs, keys and run.finished events in the database"
+    );
+
+    let mut made: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for c in read_witness(dir.path()) {
+        let key = c["meta"]["wf-host/idempotency-key"].as_str().unwrap();
+        let mut parts = key.rsplitn(3, '/');
+        let (_, _, step) = (parts.next(), parts.next(), parts.next().unwrap());
+        made.entry(step.to_owned())
+            .or_default()
+            .push(c["ppid"].as_i64().unwrap());
+    }
+    let mut repeated = 0;
+    for (step, tried) in &attempts {
+        let by = made.get(step).cloned().unwrap_or_default();
+        assert!(!by.is_empty(), "{step} never called its server");
+        assert!(
+            by.len() as u64 <= *tried,
+            "{step}: {} calls in {tried} attempts",
+            by.len()
+        );
+        let processes: BTreeSet<_> = by.iter().collect();
+        assert!(
+            processes.len() == by.len() || by.contains(&1),
+            "{step}: one process made its call twice: {by:?}"
+        );
+        repeated += by.len() - 1;
+    }
+    assert!(
+        made.keys().all(|k| attempts.contains_key(k)),
+        "calls of steps no run has"
+    );
+    eprintln!(
+        "{} runs, {kills} worker kills, {restarts} database restarts, {repeated} calls made again",
+        accepted.len()
+    );
 }

@@ -648,11 +648,48 @@ fn context(input: &Value, states: &HashMap<String, StepState>, only: Option<&[St
 /// way the engine moves a run or a step. Each move is a [`Transition`] that
 /// knows its event and the states it may start from; the store refuses a
 /// move whose guard does not hold.
+///
+/// A move the store could not take because it was unreachable (a database
+/// restarting, a lost connection) is written again once it is back, while
+/// this worker still holds the run: the step's outcome in it is kept, and
+/// the step is not run again for want of a write. A full disk is left to
+/// its own recovery (the run stops and is relaunched when there is room),
+/// and a lease another worker took ends the run here.
 async fn apply(ctx: &RunCtx, moves: &[Transition<'_>]) -> Result<String, StoreError> {
-    ctx.events
-        .apply_redacting(&ctx.run_id, moves, Some(&ctx.fence), &ctx.def.spec.redact)
-        .await
+    let mut pause = STORE_RETRY_FIRST;
+    let mut away: Option<StoreError> = None;
+    loop {
+        let result = ctx
+            .events
+            .apply_redacting(&ctx.run_id, moves, Some(&ctx.fence), &ctx.def.spec.redact)
+            .await;
+        match (result, away.take()) {
+            (Err(e), _)
+                if e.is_unavailable()
+                    && !matches!(e, StoreError::Full(_) | StoreError::LeaseLost(_))
+                    && !ctx.shutdown.is_cancelled() =>
+            {
+                tracing::warn!(run = %ctx.run_id,
+                    "the state is unreachable; writing the run's move again in {pause:?}: {e}");
+                tokio::select! {
+                    _ = ctx.shutdown.cancelled() => return Err(e),
+                    _ = tokio::time::sleep(pause) => {}
+                }
+                pause = (pause * 2).min(STORE_RETRY_MAX);
+                away = Some(e);
+            }
+            // The write lost with the connection may have committed after
+            // all: what the store holds decides, as after a crash.
+            (Err(StoreError::Refused(_)), Some(away)) => return Err(away),
+            (result, _) => return result,
+        }
+    }
 }
+
+/// The first and the longest pause between two tries of a move the store
+/// was unreachable for.
+const STORE_RETRY_FIRST: Duration = Duration::from_millis(100);
+const STORE_RETRY_MAX: Duration = Duration::from_secs(2);
 
 /// Moves a step to a finished `status`: stored first, then the scheduler's
 /// view, so nothing acts on a transition that is not durable. `log` is the
