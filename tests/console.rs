@@ -1174,3 +1174,58 @@ async fn a_question_from_upstream_is_answered_in_a_form() {
     );
     c.close().await.unwrap();
 }
+
+/// `deploy` (a step waiting for `approve`) on a host that drives one run at
+/// most.
+fn one_live_run(dir: &Path) -> PathBuf {
+    let path = approval(dir);
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, format!("[runtime]\nmax_live_runs = 1\n\n{text}")).unwrap();
+    path
+}
+
+/// While the host drives as many runs as it may, the console says it is
+/// busy in a banner (new starts are refused), and the banner goes once the
+/// run ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_host_shows_a_banner_until_a_run_ends() {
+    let serve = Serve::start(one_live_run, &["--token", TOKEN]);
+    let started = serve
+        .rpc(
+            "workflow.start",
+            json!({"workflow": "deploy", "input": {"release": "7.2"}}),
+            Some(TOKEN),
+        )
+        .await;
+    let run_id = started["result"]["run_id"].as_str().unwrap().to_owned();
+    let refused = serve
+        .rpc(
+            "workflow.start",
+            json!({"workflow": "deploy", "input": {"release": "7.3"}}),
+            Some(TOKEN),
+        )
+        .await;
+    assert_eq!(refused["error"]["code"], -32004, "{refused}");
+    let driver = ChromeDriver::start().await;
+    let c = driver.browser().await;
+    sign_in(&c, &serve.base).await;
+
+    wait_for(&c, r#"#banner[data-kind="busy"]:not([hidden])"#).await;
+    let said = text_of(&c, "#banner").await;
+    assert!(
+        said.contains("Busy") && said.contains("max_live_runs"),
+        "{said}"
+    );
+    look_fine(&c, "busy").await;
+
+    let approved = serve
+        .rpc(
+            "workflow.signal",
+            json!({"run_id": run_id, "signal": "approve", "payload": {"ok": true}}),
+            Some(TOKEN),
+        )
+        .await;
+    assert!(approved.get("result").is_some(), "{approved}");
+    wait_for(&c, "#banner[hidden]").await;
+    c.close().await.unwrap();
+}

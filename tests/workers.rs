@@ -591,6 +591,112 @@ async fn a_database_away_for_less_than_the_lease_keeps_the_steps_outcome() {
     assert_eq!(sleeps, 1, "the call was made again");
 }
 
+/// A database that refuses writes (read-only here; a full disk is the same
+/// to wf-host): starts are refused as busy with when to try again, naming
+/// the cause; `/healthz`, `host.status` and `/metrics` say the host is
+/// degraded; reads are answered; the run in flight keeps its step's outcome
+/// and finishes once the database takes writes again, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_that_refuses_writes_degrades_the_host_and_loses_no_run() {
+    let pg = TestPostgres::dedicated();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), "30s");
+    let a = worker(&config, &pg.url());
+    let run_id = start_nap(&a, 1500).await;
+    wait_until("the sleep upstream", Duration::from_secs(20), || {
+        read_witness(dir.path())
+            .iter()
+            .any(|c| c["tool"] == "sleep")
+    })
+    .await;
+    pg.psql("ALTER SYSTEM SET default_transaction_read_only = on");
+    pg.psql("SELECT pg_reload_conf()");
+
+    let refused = a
+        .rpc(
+            "workflow.start",
+            json!({"workflow": "nap", "input": {"ms": 1}}),
+            None,
+        )
+        .await;
+    let error = &refused["error"];
+    assert_eq!(error["code"], -32004, "{refused}");
+    assert!(
+        error["data"]["retry_after_ms"].as_u64().unwrap() > 0,
+        "{refused}"
+    );
+    assert!(
+        error["message"].as_str().unwrap().contains("read-only"),
+        "{refused}"
+    );
+    let (code, body) = a.get("/healthz", None).await;
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.starts_with("degraded: ") && body.contains("read-only"),
+        "{body}"
+    );
+    let status = call(&a, "host.status", json!({})).await;
+    assert!(
+        status["state"]["degraded"]
+            .as_str()
+            .is_some_and(|d| d.contains("read-only")),
+        "{status}"
+    );
+    assert!(
+        status["load"]["refused"]["state_unavailable"]
+            .as_u64()
+            .unwrap()
+            >= 1,
+        "{status}"
+    );
+    assert!(
+        status["load"]["store_errors"]["unavailable"]
+            .as_u64()
+            .unwrap()
+            >= 1,
+        "{status}"
+    );
+    let (_, metrics) = a.get("/metrics", None).await;
+    assert!(
+        metrics.lines().any(|l| l
+            .starts_with("wf_starts_refused_total{reason=\"state_unavailable\"}")
+            && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+    // Reads are answered.
+    let got = call(&a, "workflow.get", json!({"run_id": run_id})).await;
+    assert_eq!(got["status"], "running", "{got}");
+
+    // The step's call ends while writes are refused; then they are taken.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    pg.psql("ALTER SYSTEM RESET default_transaction_read_only");
+    pg.psql("SELECT pg_reload_conf()");
+    let done = call(
+        &a,
+        "workflow.wait",
+        json!({"run_id": run_id, "timeout_ms": 20000}),
+    )
+    .await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    let run = call(&a, "workflow.get", json!({"run_id": run_id})).await;
+    assert_eq!(run["steps"][0]["attempts"], 1, "{run}");
+    let sleeps = read_witness(dir.path())
+        .iter()
+        .filter(|c| c["tool"] == "sleep")
+        .count();
+    assert_eq!(sleeps, 1, "the call was made again");
+    let (code, body) = a.get("/healthz", None).await;
+    assert_eq!((code, body.as_str()), (200, "ok\n"));
+    let next = start_nap(&a, 1).await;
+    let done = call(
+        &a,
+        "workflow.wait",
+        json!({"run_id": next, "timeout_ms": 20000}),
+    )
+    .await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+}
+
 #[test]
 fn a_database_that_is_down_at_start_exits_2_naming_it_without_the_password() {
     let dir = tempfile::tempdir().unwrap();

@@ -1233,6 +1233,18 @@ impl Serve {
             .unwrap()
     }
 
+    /// `GET /metrics`.
+    async fn metrics(&self) -> String {
+        common::http_client()
+            .get(self.url.replace("/rpc", "/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     fn kill(mut self) {
         // SAFETY: signalling our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
@@ -4760,20 +4772,7 @@ async fn a_full_disk_refuses_starts_clearly_and_loses_nothing_when_space_comes_b
             .contains("is full"),
         "{status}"
     );
-    let metrics = |serve: &Serve| {
-        let url = serve.url.replace("/rpc", "/metrics");
-        async move {
-            common::http_client()
-                .get(url)
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap()
-        }
-    };
-    assert!(metrics(&serve).await.contains("wf_state_degraded 1"));
+    assert!(serve.metrics().await.contains("wf_state_degraded 1"));
 
     disk.resize("32m");
     for run_id in &accepted {
@@ -4803,7 +4802,7 @@ async fn a_full_disk_refuses_starts_clearly_and_loses_nothing_when_space_comes_b
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(metrics(&serve).await.contains("wf_state_degraded 0"));
+    assert!(serve.metrics().await.contains("wf_state_degraded 0"));
     let after = serve
         .call(
             "workflow.start",
@@ -4942,6 +4941,21 @@ input = '{capability: "fixture.sleep", arguments: {ms: .input.ms}}'
     );
     let listed = serve.call("workflow.list", json!({"limit": 10})).await;
     assert_eq!(listed["runs"].as_array().unwrap().len(), 2, "{listed}");
+    // Counted, and shown as the load.
+    let status = serve.call("host.status", json!({})).await;
+    let load = &status["load"];
+    assert_eq!(
+        (&load["live_runs"], &load["max_live_runs"], &load["busy"]),
+        (&json!(2), &json!(2), &json!(true)),
+        "{status}"
+    );
+    assert_eq!(load["refused"]["busy"], 1, "{status}");
+    assert!(
+        serve
+            .metrics()
+            .await
+            .contains("wf_starts_refused_total{reason=\"busy\"} 1"),
+    );
     for id in &ids {
         let done = serve
             .call("workflow.wait", json!({"run_id": id, "timeout_ms": 30000}))

@@ -5,8 +5,11 @@
 //! |---|---|---|
 //! | `wf_runs_total` | `workflow`, `status` | runs finished (`succeeded`, `failed`, `cancelled`) |
 //! | `wf_runs_running` | | runs executing now |
-//! | `wf_state_degraded` | | 1 while the state cannot be written (its disk is full; `/healthz` says degraded) |
+//! | `wf_state_degraded` | | 1 while the state cannot be written (its disk is full, the database refuses writes or cannot be reached; `/healthz` says degraded) |
 //! | `wf_runs_waiting` | | of those, runs waiting (a durable sleep, a signal) |
+//! | `wf_runs_asleep` | | runs asleep in the state until their wake time, driven by no process (every worker's, from the state at scrape time) |
+//! | `wf_starts_refused_total` | `reason` | starts refused: `busy` (`max_live_runs`), `disk_full`, `state_unavailable` |
+//! | `wf_store_errors_total` | `kind` | writes to the state that failed: `disk_full`, `unavailable` (the database away), `other` |
 //! | `wf_runs_live` | `workflow`, `definition` | unfinished runs (queued, running, paused) on each definition of their workflow (its hash), from the state at scrape time |
 //! | `wf_runs_queued` | `workflow` | runs `queued` by the workflow's `concurrency` or `rate` (every worker's, as the last admission pass found them) |
 //! | `wf_workflow_paused` | `workflow` | 1 while the workflow is paused as a whole (`workflow.pause {workflow}`), as this process last set or read it |
@@ -41,6 +44,9 @@ pub struct Metrics {
     runs_running: Gauge,
     state_degraded: Gauge,
     runs_waiting: Gauge,
+    runs_asleep: Gauge,
+    starts_refused: Family<Labels, Counter>,
+    store_errors: Family<Labels, Counter>,
     runs_queued: Family<Labels, Gauge>,
     workflow_paused: Family<Labels, Gauge>,
     runs_live: Family<Labels, Gauge>,
@@ -60,6 +66,12 @@ fn duration_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 17))
 }
 
+/// Why a start may be refused: the host drives `max_live_runs` already, the
+/// state's disk is full, the state (a database) cannot be reached.
+pub const REFUSALS: &[&str] = &["busy", "disk_full", "state_unavailable"];
+/// The kinds of failed writes to the state.
+pub const STORE_ERRORS: &[&str] = &["disk_full", "unavailable", "other"];
+
 /// The metrics of this process.
 pub fn metrics() -> &'static Metrics {
     static METRICS: OnceLock<Metrics> = OnceLock::new();
@@ -74,7 +86,7 @@ impl Metrics {
         let state_degraded = Gauge::default();
         registry.register(
             "wf_state_degraded",
-            "1 while the state cannot be written (its disk is full)",
+            "1 while the state cannot be written (its disk is full, or the database refuses writes or cannot be reached)",
             state_degraded.clone(),
         );
         let runs_running = Gauge::default();
@@ -89,6 +101,31 @@ impl Metrics {
             "Workflow runs of this process waiting (a durable sleep), holding no step slot",
             runs_waiting.clone(),
         );
+        let runs_asleep = Gauge::default();
+        registry.register(
+            "wf_runs_asleep",
+            "Workflow runs asleep in the state until their wake time, driven by no process",
+            runs_asleep.clone(),
+        );
+        let starts_refused = Family::<Labels, Counter>::default();
+        registry.register(
+            "wf_starts_refused",
+            "Run starts refused by the host, by reason",
+            starts_refused.clone(),
+        );
+        let store_errors = Family::<Labels, Counter>::default();
+        registry.register(
+            "wf_store_errors",
+            "Writes to the state that failed, by kind",
+            store_errors.clone(),
+        );
+        // Every reason and kind shows from the start, at 0.
+        for reason in REFUSALS {
+            let _ = starts_refused.get_or_create(&vec![("reason", (*reason).to_owned())]);
+        }
+        for kind in STORE_ERRORS {
+            let _ = store_errors.get_or_create(&vec![("kind", (*kind).to_owned())]);
+        }
         let runs_live = Family::<Labels, Gauge>::default();
         registry.register(
             "wf_runs_live",
@@ -171,6 +208,9 @@ impl Metrics {
             runs_running,
             state_degraded,
             runs_waiting,
+            runs_asleep,
+            starts_refused,
+            store_errors,
             runs_queued,
             workflow_paused,
             runs_live,
@@ -252,6 +292,51 @@ impl Metrics {
             .inc();
     }
 
+    /// A start the host refused (one of [`REFUSALS`]).
+    pub fn start_refused(&self, reason: &'static str) {
+        self.starts_refused
+            .get_or_create(&vec![("reason", reason.to_owned())])
+            .inc();
+    }
+
+    /// A write to the state that failed, by its kind (one of
+    /// [`STORE_ERRORS`]; `None`, no failure of the state, is not counted).
+    pub fn store_error(&self, kind: Option<&'static str>) {
+        if let Some(kind) = kind {
+            self.store_errors
+                .get_or_create(&vec![("kind", kind.to_owned())])
+                .inc();
+        }
+    }
+
+    /// Starts refused so far, by reason, for `host.status`.
+    pub fn refusals(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        REFUSALS
+            .iter()
+            .map(|r| {
+                let n = self
+                    .starts_refused
+                    .get_or_create(&vec![("reason", (*r).to_owned())])
+                    .get();
+                (*r, n)
+            })
+            .collect()
+    }
+
+    /// Failed writes to the state so far, by kind, for `host.status`.
+    pub fn store_errors(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        STORE_ERRORS
+            .iter()
+            .map(|k| {
+                let n = self
+                    .store_errors
+                    .get_or_create(&vec![("kind", (*k).to_owned())])
+                    .get();
+                (*k, n)
+            })
+            .collect()
+    }
+
     pub fn session_opened(&self, connection: &str) {
         self.sessions_opened
             .get_or_create(&vec![("connection", connection.to_owned())])
@@ -267,8 +352,13 @@ impl Metrics {
         waiting: usize,
         live: &[(String, String, u64)],
         degraded: bool,
+        asleep: Option<u64>,
     ) -> String {
         self.state_degraded.set(i64::from(degraded));
+        if let Some(asleep) = asleep {
+            self.runs_asleep
+                .set(i64::try_from(asleep).unwrap_or(i64::MAX));
+        }
         // Only the definitions with live runs now: one whose runs ended goes.
         self.runs_live.clear();
         for (workflow, definition, runs) in live {

@@ -17,18 +17,39 @@ impl Api {
         }
     }
 
-    /// The host's workers, connections, workflows, schedules, webhooks and
-    /// state (the `console` scope).
+    /// The host's workers, connections, workflows, schedules, webhooks,
+    /// load and state (the `console` scope). It answers while the state
+    /// cannot be read too: what comes from the state is then `null`, and
+    /// `state.degraded` says why.
     ///
     /// # Errors
-    /// [`ApiError::Denied`]; the store's error.
+    /// [`ApiError::Denied`].
     pub async fn status(&self, caller: &Caller) -> Result<Value, ApiError> {
         Self::may_host(caller, HostScope::Console)?;
         let workflows = &self.workflows;
-        let store = workflows.state_status().await?;
-        let (worker, workers) = workflows.worker_status().await?;
-        let schedules = workflows.schedules_status().await?;
-        let definitions = workflows.definitions_status().await?;
+        let unread = |what: &str, e: &crate::workflow::WorkflowError| {
+            tracing::warn!("host.status: cannot read {what} from the state: {e}");
+        };
+        let store = workflows.state_status().await.unwrap_or_else(|e| {
+            unread("its counts", &e);
+            let (backend, path) = workflows.state_location();
+            let why = workflows
+                .degraded()
+                .unwrap_or_else(|| format!("the state cannot be read: {e}"));
+            json!({"backend": backend, "path": path, "degraded": why})
+        });
+        let (worker, workers) = workflows.worker_status().await.unwrap_or_else(|e| {
+            unread("the workers", &e);
+            (Value::Null, Value::Null)
+        });
+        let schedules = workflows.schedules_status().await.unwrap_or_else(|e| {
+            unread("the schedules", &e);
+            Vec::new()
+        });
+        let definitions = workflows.definitions_status().await.unwrap_or_else(|e| {
+            unread("the runs per definition", &e);
+            Value::Null
+        });
         Ok(json!({
             "worker": worker,
             "workers": workers,
@@ -42,6 +63,7 @@ impl Api {
             "runs_waiting_here": workflows.waiting(),
             "exposed": workflows.exposed().iter().map(|w| w.name.clone()).collect::<Vec<_>>(),
             "state": store,
+            "load": workflows.load_status(),
             "config": self.config.as_ref().map(|c| c.status()),
         }))
     }

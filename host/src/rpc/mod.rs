@@ -339,12 +339,20 @@ async fn metrics(State(app): State<App>, Extension(caller): Extension<Arc<Caller
         tracing::warn!("cannot count the runs per definition for /metrics: {e}");
         Vec::new()
     });
+    let asleep = match workflows.counts().await {
+        Ok(counts) => Some(counts.runs_asleep),
+        Err(e) => {
+            tracing::warn!("cannot count the runs asleep for /metrics: {e}");
+            None
+        }
+    };
     let text = crate::metrics::metrics().render(
         &connections,
         workflows.running(),
         workflows.waiting(),
         &live,
         workflows.degraded().is_some(),
+        asleep,
     );
     (
         [(

@@ -201,10 +201,13 @@ pub fn document() -> Value {
                     } } },
                     "connections": { "type": "array" },
                     "workflows": { "type": "array" },
+                    "load": { "type": "object", "description": "This process: the runs it drives (`live_runs`) and its limit (`max_live_runs`; `busy` at it, when new starts are refused), the starts it refused by reason (`refused: {busy, disk_full, state_unavailable}`) and its failed writes to the state by kind (`store_errors: {disk_full, unavailable, other}`), since it started." },
                     "config": { "type": ["object", "null"], "description": "The config file in force: `{path, loaded_at, sha256, reloads, last_error?, last_error_at?}`; `last_error` says why the last reload failed, until one succeeds." },
                     "state": { "type": "object", "properties": {
                         "backend": { "type": "string" }, "path": { "type": "string" },
                         "runs_running": { "type": "integer" }, "runs_total": { "type": "integer" },
+                        "runs_asleep": { "type": "integer", "description": "Runs asleep in the state until their wake time, driven by no process." },
+                        "degraded": { "type": ["string", "null"], "description": "Why the state cannot be written now (its disk is full, the database refuses writes or cannot be reached); `null` when it can." },
                         "last_event_id": { "type": "integer", "description": "The newest kept event's id: stream `/events` with `Last-Event-ID` set to it to get only what happens next." }
                     } }
                 }

@@ -638,6 +638,11 @@ impl Store for MemoryStore {
                 .filter(|r| r.row.status == RunStatus::Paused)
                 .count() as u64,
             runs_total: state.runs.len() as u64,
+            runs_asleep: state
+                .runs
+                .values()
+                .filter(|r| r.row.status == RunStatus::Running && r.row.wake_ms.is_some())
+                .count() as u64,
             runs_waiting_for_signal: state
                 .runs
                 .values()

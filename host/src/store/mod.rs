@@ -199,6 +199,18 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// The kind of a failed write, as `/metrics` counts it (`disk_full`,
+    /// `unavailable`, `other`), or `None` for an error that is no failure of
+    /// the state (a lease another worker took, a guard that did not hold).
+    pub fn failure_kind(&self) -> Option<&'static str> {
+        match self {
+            StoreError::Full(_) => Some("disk_full"),
+            StoreError::LeaseLost(_) | StoreError::Refused(_) | StoreError::BadCursor(_) => None,
+            e if e.is_unavailable() => Some("unavailable"),
+            _ => Some("other"),
+        }
+    }
+
     /// Whether the store was unreachable (a lost connection, a pool that
     /// timed out) rather than refusing the write: the run should pause, not
     /// fail, and be picked up again when the store is back.
@@ -215,13 +227,21 @@ impl StoreError {
                 ) || e
                     .as_database_error()
                     .and_then(|d| d.code())
-                    // PostgreSQL: admin shutdown, crash shutdown, cannot connect now.
-                    .is_some_and(|c| matches!(&*c, "57P01" | "57P02" | "57P03"))
+                    .is_some_and(|c| refuses_for_now(&c))
             }
             StoreError::LeaseLost(_) | StoreError::Unavailable(_) | StoreError::Full(_) => true,
             _ => false,
         }
     }
+}
+
+/// Whether a PostgreSQL error code says the database cannot take the write
+/// now, for a reason that passes (an operator's fix or a restart): admin
+/// shutdown, crash shutdown, cannot connect now; read-only (a standby, or
+/// `default_transaction_read_only`); its disk full, out of memory, too many
+/// connections (class 53, insufficient resources).
+fn refuses_for_now(code: &str) -> bool {
+    matches!(code, "57P01" | "57P02" | "57P03" | "25006") || code.starts_with("53")
 }
 
 /// Where runs are kept. Every write is committed before it returns: the

@@ -131,6 +131,31 @@ pub struct PgDb {
     notes: broadcast::Sender<Note>,
     /// The task that turns notifications into [`Note`]s; stopped on drop.
     listener: ListenerTask,
+    /// Why the last write failed, while the database refuses writes or
+    /// cannot be reached; cleared by the next write that commits.
+    refusing: std::sync::Mutex<Option<String>>,
+}
+
+impl PgDb {
+    /// Notes how a write went, for [`Store::degraded`].
+    fn note<T>(&self, written: &Result<T, StoreError>) {
+        let now = match written {
+            Ok(_) => None,
+            Err(e) if e.is_unavailable() && !matches!(e, StoreError::LeaseLost(_)) => Some(
+                format!("the database refuses writes or cannot be reached: {e}"),
+            ),
+            Err(_) => return,
+        };
+        let mut refusing = self.refusing.lock().unwrap_or_else(|p| p.into_inner());
+        if refusing.is_some() && now.is_none() {
+            tracing::info!("the database takes writes again");
+        } else if refusing.is_none()
+            && let Some(why) = &now
+        {
+            tracing::warn!("{why}");
+        }
+        *refusing = now;
+    }
 }
 
 impl SqlStore<PgDb> {
@@ -198,6 +223,7 @@ impl PgDb {
         let listener = ListenerTask::spawn(listener, pool.clone(), notes.clone());
         Ok(PgDb {
             writer: pg_writer::Writer::start(pool.clone()),
+            refusing: std::sync::Mutex::default(),
             pool,
             notes,
             listener,
@@ -417,7 +443,16 @@ impl Db for PgDb {
 
     /// Grouped with other runs' batches into one call (see [`pg_writer`]).
     async fn apply(&self, batch: Batch) -> Result<Applied, StoreError> {
-        self.writer.write(batch).await
+        let written = self.writer.write(batch).await;
+        self.note(&written);
+        written
+    }
+
+    fn degraded(&self) -> Option<String> {
+        self.refusing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 
@@ -531,7 +566,7 @@ impl Shared for PgDb {
     }
 
     async fn heartbeat(&self, worker: &WorkerRow) -> Result<(), StoreError> {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
+        let written = sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO workers (id, started_at, heartbeat_ms, running_steps)
              VALUES ($1, $2, {DB_NOW_MS}, $3)
              ON CONFLICT (id) DO UPDATE SET started_at = excluded.started_at,
@@ -542,7 +577,12 @@ impl Shared for PgDb {
         .bind(&worker.started_at)
         .bind(i64::try_from(worker.running_steps).unwrap_or(i64::MAX))
         .execute(&self.pool)
-        .await?;
+        .await
+        .map_err(StoreError::from);
+        // Every worker writes its heartbeat every third of a lease: the
+        // degraded state follows the database even when no run writes.
+        self.note(&written);
+        written?;
         // Workers that went away long ago, so the table does not grow.
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "DELETE FROM workers WHERE heartbeat_ms < {DB_NOW_MS} - $1"

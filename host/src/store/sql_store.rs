@@ -432,6 +432,7 @@ impl<D: Db> Store for SqlStore<D> {
                         count(*) FILTER (WHERE status = 'running') AS running,
                         count(*) FILTER (WHERE status = 'queued') AS queued,
                         count(*) FILTER (WHERE status = 'paused') AS paused,
+                        count(*) FILTER (WHERE status = 'running' AND wake_ms IS NOT NULL) AS asleep,
                         (SELECT coalesce(max(id), 0) FROM events) AS last_event,
                         (SELECT count(DISTINCT run_id) FROM steps WHERE status = 'waiting') AS waiting
                  FROM runs",
@@ -445,6 +446,7 @@ impl<D: Db> Store for SqlStore<D> {
             runs_paused: row.int("paused")? as u64,
             runs_total: row.int("total")? as u64,
             runs_waiting_for_signal: row.int("waiting")? as u64,
+            runs_asleep: row.int("asleep")? as u64,
             last_event_id: row.int("last_event")?,
         })
     }

@@ -169,6 +169,13 @@ impl Events {
         &self,
         write: impl Future<Output = Result<(T, Vec<EventRow>), StoreError>>,
     ) -> Result<T, StoreError> {
+        let write = async {
+            let written = write.await;
+            if let Err(e) = &written {
+                crate::metrics::metrics().store_error(e.failure_kind());
+            }
+            written
+        };
         if self.from_log {
             let (value, rows) = write.await?;
             if let Some(newest) = rows.iter().map(|r| r.id).max() {

@@ -615,6 +615,30 @@ impl Workflows {
         (self.store.backend(), self.store.location())
     }
 
+    /// How loaded this process is, for `host.status`: the runs it drives
+    /// and its limit (`busy` at the limit: new starts are refused), the
+    /// starts it refused by reason and its failed writes to the state by
+    /// kind, since it started.
+    pub fn load_status(&self) -> Value {
+        let live = self.running();
+        let metrics = crate::metrics::metrics();
+        json!({
+            "live_runs": live,
+            "max_live_runs": self.options.max_live_runs,
+            "busy": live >= self.options.max_live_runs,
+            "refused": metrics.refusals(),
+            "store_errors": metrics.store_errors(),
+        })
+    }
+
+    /// The state's counts of runs (every worker's).
+    ///
+    /// # Errors
+    /// [`WorkflowError::Store`].
+    pub async fn counts(&self) -> Result<Counts, WorkflowError> {
+        Ok(self.store.counts().await?)
+    }
+
     /// # Errors
     /// [`WorkflowError::Store`].
     pub async fn state_status(&self) -> Result<Value, WorkflowError> {
@@ -624,6 +648,7 @@ impl Workflows {
             runs_paused,
             runs_total,
             runs_waiting_for_signal,
+            runs_asleep,
             last_event_id,
         } = self.store.counts().await?;
         Ok(json!({
@@ -635,6 +660,7 @@ impl Workflows {
             "runs_paused": runs_paused,
             "runs_total": runs_total,
             "runs_waiting_for_signal": runs_waiting_for_signal,
+            "runs_asleep": runs_asleep,
             "last_event_id": last_event_id,
         }))
     }

@@ -197,9 +197,18 @@ impl Workflows {
         let started = self
             .start_stored(workflow, input, idempotency_key, trigger, parent)
             .await;
-        if let Err(WorkflowError::Store(StoreError::Full(_))) = &started {
-            // Told when there is room again, whether or not a run waits.
-            self.wait_for_room(None);
+        let refused = match &started {
+            Err(WorkflowError::Busy { .. }) => Some("busy"),
+            Err(WorkflowError::Store(StoreError::Full(_))) => {
+                // Told when there is room again, whether or not a run waits.
+                self.wait_for_room(None);
+                Some("disk_full")
+            }
+            Err(WorkflowError::Store(e)) if e.is_unavailable() => Some("state_unavailable"),
+            _ => None,
+        };
+        if let Some(reason) = refused {
+            crate::metrics::metrics().start_refused(reason);
         }
         started
     }
@@ -379,7 +388,10 @@ impl Workflows {
                 Err(StoreError::Refused(_)) if run.debounce.is_some() => {
                     return self.start_again(run, parent).await;
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    crate::metrics::metrics().store_error(e.failure_kind());
+                    return Err(e.into());
+                }
                 Ok(Created::Existing(found)) => {
                     return self.join_debounced(found, run, parent).await;
                 }

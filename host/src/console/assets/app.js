@@ -382,7 +382,10 @@
       rpc("host.status"),
     ]);
     if (waiting.status === "fulfilled") renderWaiting(waiting.value.steps || []);
-    if (status.status === "fulfilled") renderSchedules(status.value.schedules || []);
+    if (status.status === "fulfilled") {
+      renderSchedules(status.value.schedules || []);
+      renderBanner(status.value);
+    }
   }
 
   const scheduleWaitingRefresh = coalesce(loadWaiting, 1000);
@@ -1115,12 +1118,44 @@
     return el("details", null, el("summary", { text: summary }), el("ol", null, ...said.map((t) => el("li", { text: t }))));
   }
 
+  // ---- the host's health
+
+  // A banner while the host is degraded (its state cannot be written) or
+  // busy (new starts are refused), from `host.status`.
+  function renderBanner(status) {
+    const degraded = status.state && status.state.degraded;
+    const load = status.load || {};
+    let text = "";
+    let kind = "";
+    if (degraded) {
+      kind = "degraded";
+      text = "Degraded: " + degraded + ". Runs wait; new starts are refused until it passes.";
+    } else if (load.busy) {
+      kind = "busy";
+      const runs = load.live_runs === 1 ? "1 run" : `${load.live_runs} runs`;
+      text = `Busy: this host drives ${runs}, its limit (max_live_runs); new starts are refused until some end.`;
+    }
+    const banner = $("banner");
+    banner.textContent = text;
+    banner.dataset.kind = kind;
+    banner.hidden = !text;
+  }
+
+  async function loadBanner() {
+    try {
+      renderBanner(await rpc("host.status"));
+    } catch (e) {
+      // The boot error or the live badge says the server is away.
+    }
+  }
+
   // ---- connections
 
   async function loadConnections() {
     try {
       const status = await rpc("host.status");
       renderConnections(status);
+      renderBanner(status);
       $("connections-error").textContent = "";
     } catch (e) {
       fail(e, $("connections-error"));
@@ -1175,6 +1210,7 @@
       return;
     }
     inputSchemas = status.input_schemas || {};
+    renderBanner(status);
     fillWorkflows(status.workflows || []);
     $("nav").hidden = false;
     $("forget-token").hidden = !token;
@@ -1225,6 +1261,9 @@
     $("migrate-run").addEventListener("click", () => runAction("workflow.migrate", $("migrate-run")));
     window.addEventListener("hashchange", route);
     setInterval(tick, 1000);
+    setInterval(() => {
+      if (!$("nav").hidden) loadBanner();
+    }, 5000);
     boot();
   });
 })();

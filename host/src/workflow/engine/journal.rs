@@ -290,6 +290,7 @@ impl CallJournal for StepJournal {
             tape: (!tape.is_empty()).then(|| json!(tape)),
         };
         if let Err(e) = self.store.record_call(&row, &self.fence).await {
+            crate::metrics::metrics().store_error(e.failure_kind());
             tracing::warn!(run = %self.run_id, step = %self.step_id, "cannot journal a call: {e}");
         }
     }
