@@ -592,7 +592,12 @@ async fn endless_pagination_stops_at_the_page_cap() {
 
 #[test]
 fn zero_durations_are_refused_at_load_naming_connection_and_key() {
-    for key in ["call_timeout", "idle_timeout", "ping_interval"] {
+    for key in [
+        "call_timeout",
+        "max_call_time",
+        "idle_timeout",
+        "ping_interval",
+    ] {
         let text = format!("[connections.fixture]\ncommand = \"wf-host\"\n{key} = \"0s\"\n");
         let err = wf_host::config::Config::parse(
             &text,
@@ -607,6 +612,18 @@ fn zero_durations_are_refused_at_load_naming_connection_and_key() {
             )
         );
     }
+}
+
+#[test]
+fn a_max_call_time_shorter_than_the_call_timeout_is_refused() {
+    let text = "[connections.fixture]\ncommand = \"wf-host\"\ncall_timeout = \"1m\"\nmax_call_time = \"30s\"\n";
+    let err =
+        wf_host::config::Config::parse(text, std::path::Path::new("wf.toml"), Default::default())
+            .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "config file `wf.toml`: connection `fixture`: `max_call_time` (30s) is shorter than `call_timeout` (1m)"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -482,6 +482,10 @@ pub struct ConnectionConfig {
     /// Per-operation timeout (default 30s).
     #[serde(default, with = "humantime_serde")]
     pub call_timeout: Option<Duration>,
+    /// The longest a call may take however often its server reports
+    /// progress, each report restarting `call_timeout` (default 1h).
+    #[serde(default, with = "humantime_serde")]
+    pub max_call_time: Option<Duration>,
     /// Close the session after this long without operations (default: never).
     #[serde(default, with = "humantime_serde")]
     pub idle_timeout: Option<Duration>,
@@ -725,6 +729,7 @@ impl Config {
             }
             for (key, duration) in [
                 ("call_timeout", conn.call_timeout),
+                ("max_call_time", conn.max_call_time),
                 ("idle_timeout", conn.idle_timeout),
                 ("ping_interval", conn.ping_interval),
                 ("catalog_refresh", conn.catalog_refresh),
@@ -735,6 +740,17 @@ impl Config {
                         "connection `{id}`: `{key}` must be greater than zero"
                     )));
                 }
+            }
+            if let (Some(ceiling), timeout) = (conn.max_call_time, conn.call_timeout)
+                && ceiling < timeout.unwrap_or(crate::pool::DEFAULT_CALL_TIMEOUT)
+            {
+                return Err(invalid(format!(
+                    "connection `{id}`: `max_call_time` ({}) is shorter than `call_timeout` ({})",
+                    humantime::format_duration(ceiling),
+                    humantime::format_duration(
+                        timeout.unwrap_or(crate::pool::DEFAULT_CALL_TIMEOUT)
+                    )
+                )));
             }
         }
         if config.runtime.max_concurrent_runs == Some(0) {

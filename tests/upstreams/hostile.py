@@ -34,9 +34,14 @@ Tools (arguments are optional):
 
 Cancellation (`notifications/cancelled`) is ignored: a hostile server does
 not stop.
+
+With HOSTILE_LOG=FILE set, every message received (method and id; a
+cancellation's requestId) and the end of every stream it sends is appended
+to FILE, one line each, with a timestamp.
 """
 
 import json
+import os
 import sys
 import threading
 import time
@@ -61,6 +66,17 @@ TOOLS = [
         ("huge", "Answers with `mb` MB of text."),
     ]
 ]
+
+
+def log(what):
+    if os.environ.get("HOSTILE_LOG"):
+        with open(os.environ["HOSTILE_LOG"], "a") as f:
+            f.write(f"{time.time():.3f} {what}\n")
+
+
+def received(msg):
+    params = msg.get("params") or {}
+    log(f"<- {msg.get('method')} id={msg.get('id')} {params.get('name') or params.get('requestId') or ''}")
 
 
 def result(id, value):
@@ -135,7 +151,7 @@ def serve_stdio():
                 out.write(b"".join(line + b"\n" for line in lines))
                 out.flush()
         except (BrokenPipeError, ValueError, OSError):
-            import os
+            log("stdout closed; exiting")
             os._exit(0)
 
     def call(msg):
@@ -168,12 +184,14 @@ def serve_stdio():
             msg = json.loads(line)
         except ValueError:
             continue
+        received(msg)
         if tool(msg):
             threading.Thread(target=call, args=(msg,), daemon=True).start()
         else:
             reply = answer(msg)
             if reply is not None:
                 send([json.dumps(reply).encode()])
+    log("stdin closed; exiting")
 
 
 # --- streamable HTTP -------------------------------------------------------
@@ -202,6 +220,8 @@ class Handler(BaseHTTPRequestHandler):
             msg = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
         except ValueError:
             return self.plain(400, b"bad json")
+        if isinstance(msg, dict):
+            received(msg)
         if isinstance(msg, list) or msg.get("id") is None or msg.get("method") is None:
             return self.plain(202, b"")
         params, name = msg.get("params") or {}, tool(msg)
@@ -213,16 +233,16 @@ class Handler(BaseHTTPRequestHandler):
         if name == "endless":
             self.start_stream()
             interval = args.get("interval_ms", 1) / 1000
-            for line in notifications(params, 0):
+            for n, line in enumerate(notifications(params, 0)):
                 if not self.event(line):
-                    return
+                    return log(f"endless id={msg['id']}: client hung up after {n} events")
                 time.sleep(interval)
         if name == "flood":
             self.start_stream()
             count, stream = args.get("count", 200_000), notifications(params, 0)
-            for _ in range(count):
+            for n in range(count):
                 if not self.event(next(stream), flush=False):
-                    return
+                    return log(f"flood id={msg['id']}: client hung up after {n} events")
             self.event(json.dumps(result(msg["id"], text(f"flooded {count}"))).encode())
             return
         reply = answer(msg)

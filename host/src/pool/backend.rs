@@ -50,6 +50,7 @@ pub fn to_capability_error(e: PoolError) -> CapabilityError {
         e @ PoolError::InvalidOutput { .. } => CapabilityError::ToolError(e.to_string()),
         e @ PoolError::Limited { .. } => CapabilityError::Timeout(e.to_string()),
         e @ PoolError::QueueFull { .. } => CapabilityError::Unavailable(e.to_string()),
+        e @ PoolError::TooLong { .. } => CapabilityError::Timeout(e.to_string()),
         PoolError::Timeout {
             connection, after, ..
         } => CapabilityError::Timeout(format!(

@@ -275,7 +275,104 @@ impl HostClient {
     }
 }
 
+/// rmcp's limit on one answer (a JSON body, an event), where a call names none.
+const DEFAULT_ANSWER_LIMIT: usize = 16 << 20;
+
+/// What a caller is told of an answer over the transport's limit, which
+/// fails its own call only: the session goes on.
+fn too_large(max_size: usize) -> rmcp::model::ErrorData {
+    rmcp::model::ErrorData::new(
+        rmcp::model::ErrorCode::INTERNAL_ERROR,
+        format!(
+            "the server's answer is over {} MiB ({max_size} bytes), the most wf-host takes in one answer; the call failed, the session goes on",
+            max_size >> 20
+        ),
+        None,
+    )
+}
+
+/// An answer's event stream in which an event over the size limit becomes
+/// the error answer to `id` (then the stream ends), instead of a broken
+/// stream that would read as a lost session.
+fn bounded_answer(
+    stream: BoxStream<'static, Result<Sse, SseError>>,
+    id: rmcp::model::RequestId,
+    max_size: usize,
+) -> BoxStream<'static, Result<Sse, SseError>> {
+    use futures::StreamExt;
+    let mut ended = false;
+    Box::pin(stream.filter_map(move |item| {
+        let out = match item {
+            _ if ended => None,
+            // rmcp's limiter error type is private; its message is not.
+            Err(e) if e.to_string().contains("exceeded the maximum size") => {
+                ended = true;
+                tracing::warn!(
+                    "an answer of the server was over {max_size} bytes; its call fails: {e}"
+                );
+                let answer =
+                    rmcp::model::ServerJsonRpcMessage::error(too_large(max_size), Some(id.clone()));
+                Some(Ok(Sse {
+                    event: None,
+                    data: serde_json::to_string(&answer).ok(),
+                    id: None,
+                    retry: None,
+                }))
+            }
+            other => Some(other),
+        };
+        std::future::ready(out)
+    }))
+}
+
 impl HostClient {
+    /// An answer over the size limit fails its own request with an error
+    /// that says so (a JSON body whole, an event stream at the event), not
+    /// the session.
+    fn bounded(
+        &self,
+        message: &ClientJsonRpcMessage,
+        result: Result<StreamableHttpPostResponse, HttpError>,
+        max_size: usize,
+    ) -> Result<StreamableHttpPostResponse, HttpError> {
+        let ClientJsonRpcMessage::Request(request) = message else {
+            return result;
+        };
+        match result {
+            Err(StreamableHttpError::ResponseBodyTooLarge { max_size }) => {
+                tracing::warn!("an answer of the server was over {max_size} bytes; its call fails");
+                Ok(StreamableHttpPostResponse::Json(
+                    rmcp::model::ServerJsonRpcMessage::error(
+                        too_large(max_size),
+                        Some(request.id.clone()),
+                    ),
+                    None,
+                ))
+            }
+            Ok(StreamableHttpPostResponse::Sse(stream, session)) => {
+                Ok(StreamableHttpPostResponse::Sse(
+                    bounded_answer(stream, request.id.clone(), max_size),
+                    session,
+                ))
+            }
+            other => other,
+        }
+    }
+
+    /// What every POST's answer goes through: what it says of the session,
+    /// an answer over the size limit failing its call alone, a scope
+    /// refusal failing its request alone.
+    fn answered(
+        &self,
+        message: &ClientJsonRpcMessage,
+        result: Result<StreamableHttpPostResponse, HttpError>,
+        max_size: usize,
+    ) -> Result<StreamableHttpPostResponse, HttpError> {
+        self.note_initialized(message, &result);
+        let result = self.bounded(message, result, max_size);
+        self.scope_refused(message, result)
+    }
+
     /// A request the server refused for want of scope fails alone: its
     /// caller gets an error answer (naming the scope and what to do), and
     /// the session goes on with the calls it can still make.
@@ -357,8 +454,7 @@ impl StreamableHttpClient for HostClient {
                 )
             })
             .await;
-        self.note_initialized(&message, &result);
-        self.scope_refused(&message, result)
+        self.answered(&message, result, DEFAULT_ANSWER_LIMIT)
     }
 
     async fn post_message_with_max_sse_event_size(
@@ -382,8 +478,7 @@ impl StreamableHttpClient for HostClient {
                 )
             })
             .await;
-        self.note_initialized(&message, &result);
-        self.scope_refused(&message, result)
+        self.answered(&message, result, max_sse_event_size)
     }
 
     async fn post_message_with_response_limits(
@@ -407,8 +502,7 @@ impl StreamableHttpClient for HostClient {
                 )
             })
             .await;
-        self.note_initialized(&message, &result);
-        self.scope_refused(&message, result)
+        self.answered(&message, result, limits.max_sse_event_size)
     }
 
     async fn delete_session(

@@ -51,6 +51,8 @@ use pin::{PinCheck, Pins};
 
 /// Default per-operation timeout.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest a call may take however often its server reports progress.
+pub const DEFAULT_MAX_CALL_TIME: Duration = Duration::from_secs(3600);
 /// How often one operation follows its connection to a new slot while
 /// reloads replace it.
 const MAX_REROUTES: u32 = 8;
@@ -89,6 +91,14 @@ pub enum PoolError {
     Expired { connection: String },
     #[error("connection `{connection}`: `{operation}` timed out after {}ms", after.as_millis())]
     Timeout {
+        connection: String,
+        operation: &'static str,
+        after: Duration,
+    },
+    /// The call kept reporting progress past the connection's
+    /// `max_call_time`.
+    #[error("connection `{connection}`: `{operation}` was still running after {}ms, its `max_call_time`, though its server kept reporting progress; the request was cancelled", after.as_millis())]
+    TooLong {
         connection: String,
         operation: &'static str,
         after: Duration,
@@ -159,6 +169,8 @@ pub(crate) struct Settings {
     pub id: Arc<str>,
     pub transport: Transport,
     pub call_timeout: Duration,
+    /// The ceiling of a call that keeps reporting progress.
+    pub max_call_time: Duration,
     pub idle_timeout: Option<Duration>,
     pub ping_interval: Option<Duration>,
     pub catalog_cap: usize,
@@ -226,6 +238,7 @@ impl Settings {
             // The config loader refuses zero durations; one that slips through
             // (a hand-built config) means the default, never a panic.
             call_timeout: nonzero(c.call_timeout).unwrap_or(DEFAULT_CALL_TIMEOUT),
+            max_call_time: nonzero(c.max_call_time).unwrap_or(DEFAULT_MAX_CALL_TIME),
             idle_timeout: nonzero(c.idle_timeout),
             // stdio death is seen at once through the pipe; HTTP needs a ping.
             ping_interval: nonzero(c.ping_interval).or(is_http.then_some(Duration::from_secs(15))),
@@ -271,6 +284,8 @@ pub(crate) struct ConnCounters {
     pub failures: AtomicU64,
     pub replays: AtomicU64,
     pub session_panics: AtomicU64,
+    /// Requests sent to the server and not answered yet.
+    pub in_flight: AtomicU64,
     last_error: Mutex<Option<String>>,
     tools: AtomicUsize,
     resources: AtomicUsize,
@@ -322,6 +337,9 @@ pub struct ConnectionStats {
     pub notifications: Option<&'static str>,
     /// Requests waiting for a turn under `max_in_flight` or `rate`.
     pub queued: u64,
+    /// Requests sent to the server and not answered yet: a server that
+    /// accepts calls and never answers shows here until `call_timeout`.
+    pub in_flight: u64,
     /// With a `wf.lock`: the live tools whose definition is not the pinned
     /// one, and why (`changed` or `unpinned`). Calls to them are refused.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -696,6 +714,13 @@ fn tool_error(text: String) -> Value {
     serde_json::json!({"content": [{"type": "text", "text": text}], "isError": true})
 }
 
+/// What the pool adds to a call's tick to keep it alive itself (following
+/// its task, waiting for a person's answer), as opposed to the server's
+/// progress reports, which add 1: a call kept alive so is bounded by its
+/// task's lifetime or its question's `elicitation_timeout`, not by
+/// `max_call_time`.
+pub(crate) const KEEP_ALIVE_TICK: u64 = 1 << 32;
+
 /// Shortest and longest wait between two `tasks/get` of a task.
 const TASK_POLL_MIN: Duration = Duration::from_millis(50);
 const TASK_POLL_MAX: Duration = Duration::from_secs(5);
@@ -740,7 +765,7 @@ async fn follow_task(
             .await;
         }
         let got = raw_request(&peer, "tasks/get", id.clone()).await?;
-        tick.send_modify(|n| *n += 1);
+        tick.send_modify(|n| *n += KEEP_ALIVE_TICK);
         every = ["pollIntervalMs", "pollInterval"]
             .iter()
             .find_map(|k| got[*k].as_u64())
@@ -846,7 +871,7 @@ async fn keeping_alive<T>(
     let ticking = async {
         loop {
             tokio::time::sleep(every).await;
-            tick.send_modify(|n| *n += 1);
+            tick.send_modify(|n| *n += KEEP_ALIVE_TICK);
         }
     };
     tokio::select! {
@@ -1083,6 +1108,7 @@ impl Slot {
             failures: c.failures.load(Ordering::Relaxed),
             replays: c.replays.load(Ordering::Relaxed),
             session_panics: c.session_panics.load(Ordering::Relaxed),
+            in_flight: c.in_flight.load(Ordering::Relaxed),
             queued: self.limits.queued(),
             last_error: c
                 .last_error
@@ -1409,7 +1435,7 @@ impl Pool {
         let outcome = match &result {
             Ok(v) if v.get("isError").and_then(Value::as_bool) == Some(true) => "tool_error",
             Ok(_) => "ok",
-            Err(PoolError::Timeout { .. }) => "timeout",
+            Err(PoolError::Timeout { .. } | PoolError::TooLong { .. }) => "timeout",
             Err(PoolError::Server { .. } | PoolError::InvalidOutput { .. }) => "server_error",
             Err(
                 PoolError::NoSuchTool { .. }

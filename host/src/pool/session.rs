@@ -638,16 +638,28 @@ impl Owner {
         let counters = self.counters.clone();
         let connection = self.settings.id.to_string();
         let mut death = self.death.subscribe();
+        let ceiling = self.settings.max_call_time;
         let op = async move {
             counters.calls.fetch_add(1, Ordering::Relaxed);
-            let call = with_progress(timeout, run(peer), progress);
+            // Counted down however the request ends (answered, timed out,
+            // its caller gone, the session dead).
+            struct InFlight<'a>(&'a AtomicU64);
+            impl Drop for InFlight<'_> {
+                fn drop(&mut self) {
+                    self.0.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+            counters.in_flight.fetch_add(1, Ordering::Relaxed);
+            let _in_flight = InFlight(&counters.in_flight);
+            let call = with_progress(timeout, ceiling, run(peer), progress);
             // Dropping `call` (caller gone, session died) drops the rmcp
             // request future, which sends `notifications/cancelled`.
             let (result, ended) = tokio::select! {
                 r = call => match r {
-                    Some(Ok(value)) => (Ok(value), Ended::Done),
-                    Some(Err(e)) => classify(&connection, e),
-                    None => (Err(PoolError::Timeout { connection, operation: meta.operation, after: timeout }), Ended::Done),
+                    Waited::Answered(Ok(value)) => (Ok(value), Ended::Done),
+                    Waited::Answered(Err(e)) => classify(&connection, e),
+                    Waited::Silent => (Err(PoolError::Timeout { connection, operation: meta.operation, after: timeout }), Ended::Done),
+                    Waited::TooLong => (Err(PoolError::TooLong { connection, operation: meta.operation, after: ceiling }), Ended::Done),
                 },
                 _ = reply.closed() => {
                     tracing::debug!("caller went away; request cancelled");
@@ -745,28 +757,50 @@ fn warn_drift(catalog: &Catalog, pinned: &BTreeMap<String, String>) {
     }
 }
 
-/// Runs `call` until it answers (`Some`) or `timeout` passes without an answer
-/// or a progress report (`None`). Each report restarts the timeout.
+/// How a call run by [`with_progress`] ended.
+enum Waited<T> {
+    Answered(T),
+    /// `timeout` passed without an answer or a progress report.
+    Silent,
+    /// Its progress reports kept it going until `ceiling`.
+    TooLong,
+}
+
+/// Runs `call` until it answers, or `timeout` passes without an answer or a
+/// progress report, or `ceiling` passes however often it reports. Each
+/// report restarts the timeout. A call the pool keeps alive itself (a task
+/// it follows, a question waiting for a person: [`super::KEEP_ALIVE_TICK`])
+/// has no ceiling here.
 async fn with_progress<T>(
     timeout: Duration,
+    ceiling: Duration,
     call: impl Future<Output = T>,
     progress: Option<watch::Receiver<u64>>,
-) -> Option<T> {
+) -> Waited<T> {
     let Some(mut reports) = progress else {
-        return tokio::time::timeout(timeout, call).await.ok();
+        return match tokio::time::timeout(timeout, call).await {
+            Ok(answer) => Waited::Answered(answer),
+            Err(_) => Waited::Silent,
+        };
     };
     tokio::pin!(call);
     let deadline = tokio::time::sleep(timeout);
     tokio::pin!(deadline);
-    let mut listening = true;
+    let last = tokio::time::sleep(ceiling.max(timeout));
+    tokio::pin!(last);
+    let (mut listening, mut capped) = (true, true);
     loop {
         tokio::select! {
-            answer = &mut call => return Some(answer),
-            () = &mut deadline => return None,
+            answer = &mut call => return Waited::Answered(answer),
+            () = &mut deadline => return Waited::Silent,
+            () = &mut last, if capped => return Waited::TooLong,
             changed = reports.changed(), if listening => {
                 if changed.is_err() {
                     listening = false;
                     continue;
+                }
+                if *reports.borrow_and_update() >= super::KEEP_ALIVE_TICK {
+                    capped = false;
                 }
                 deadline.as_mut().reset(tokio::time::Instant::now() + timeout);
             }

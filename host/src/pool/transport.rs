@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument;
 
 use rmcp::model::ProtocolVersion;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -185,6 +186,7 @@ async fn open(
             }
             let running = handler
                 .serve_with_lifecycle(transport, lifecycle)
+                .instrument(upstream_span(&settings.id))
                 .await
                 .map_err(|e| Failed::Handshake(e.to_string()))?;
             (running, pid, None)
@@ -236,6 +238,7 @@ async fn open(
             let transport = StreamableHttpClientTransport::with_client(client.clone(), config);
             let running = handler
                 .serve_with_lifecycle(transport, lifecycle)
+                .instrument(upstream_span(&settings.id))
                 .await
                 .map_err(|e| match client.last_failure() {
                     // TLS or authorization: asking again the old way cannot help.
@@ -260,6 +263,14 @@ async fn open(
         },
     )
     .await?)
+}
+
+/// The span of a session's receive loop (rmcp runs it under the span in
+/// force when it starts): what rmcp logs of a server (a message over its
+/// size limit, a broken event stream) names the connection. At error level
+/// so it shows whatever the log level.
+fn upstream_span(connection: &str) -> tracing::Span {
+    tracing::error_span!("upstream", connection = %connection)
 }
 
 /// How long a new HTTP session waits for its standalone event stream before
