@@ -4866,6 +4866,8 @@ async fn a_long_sleep_lets_go_of_its_driver_and_wakes_on_time_across_a_kill() {
         status["runs_waiting_here"], 0,
         "no driver sleeps here: {status}"
     );
+    assert_eq!(status["state"]["runs_asleep"], 1, "{status}");
+    assert!(serve.metrics().await.contains("wf_runs_asleep 1"));
     let got = serve.call("workflow.get", json!({"run_id": run_id})).await;
     assert_eq!(got["status"], "running", "{got}");
     assert_eq!(got["steps"][1]["status"], "running", "{got}");
@@ -4879,6 +4881,8 @@ async fn a_long_sleep_lets_go_of_its_driver_and_wakes_on_time_across_a_kill() {
         )
         .await;
     assert_eq!(done["status"], "succeeded", "{done}");
+    let status = serve.call("host.status", json!({})).await;
+    assert_eq!(status["state"]["runs_asleep"], 0, "{status}");
     let got = serve.call("workflow.get", json!({"run_id": run_id})).await;
     let b_started = ms_between(
         "1970-01-01T00:00:00Z",

@@ -290,7 +290,8 @@ pub struct Counts {
     pub runs_total: u64,
     /// Runs with a wait step waiting for its signal.
     pub runs_waiting_for_signal: u64,
-    /// Runs asleep: driven by no process until their wake time (`run.asleep`).
+    /// Runs asleep: driven by no process until their wake time (`run.asleep`),
+    /// which is still ahead (a run keeps its last wake time once it woke).
     pub runs_asleep: u64,
     /// The newest kept event's id (0 when there is none): a client that
     /// wants only what happens next streams `/events` from it.

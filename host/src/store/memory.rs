@@ -641,7 +641,10 @@ impl Store for MemoryStore {
             runs_asleep: state
                 .runs
                 .values()
-                .filter(|r| r.row.status == RunStatus::Running && r.row.wake_ms.is_some())
+                .filter(|r| {
+                    r.row.status == RunStatus::Running
+                        && r.row.wake_ms.is_some_and(|w| w > crate::domain::now_ms())
+                })
                 .count() as u64,
             runs_waiting_for_signal: state
                 .runs

@@ -432,11 +432,11 @@ impl<D: Db> Store for SqlStore<D> {
                         count(*) FILTER (WHERE status = 'running') AS running,
                         count(*) FILTER (WHERE status = 'queued') AS queued,
                         count(*) FILTER (WHERE status = 'paused') AS paused,
-                        count(*) FILTER (WHERE status = 'running' AND wake_ms IS NOT NULL) AS asleep,
+                        count(*) FILTER (WHERE status = 'running' AND wake_ms > $1) AS asleep,
                         (SELECT coalesce(max(id), 0) FROM events) AS last_event,
                         (SELECT count(DISTINCT run_id) FROM steps WHERE status = 'waiting') AS waiting
                  FROM runs",
-                Vec::new(),
+                vec![crate::domain::now_ms().into()],
             )
             .await?;
         let row = one(rows)?;
