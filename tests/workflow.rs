@@ -4895,6 +4895,145 @@ async fn a_long_sleep_lets_go_of_its_driver_and_wakes_on_time_across_a_kill() {
     );
 }
 
+/// `gate`: an echo, a wait for `go` (no timeout), an echo; `gate_timed`:
+/// the same wait with an 8 s timeout.
+const GATE: &str = r#"[runtime]
+state = "state.db"
+
+[[workflows.gate.steps]]
+id = "a"
+component = "{echo}"
+[[workflows.gate.steps]]
+id = "go"
+needs = ["a"]
+wait = "go"
+[[workflows.gate.steps]]
+id = "b"
+component = "{echo}"
+needs = ["go"]
+input = '.steps.go.output'
+
+[[workflows.gate_timed.steps]]
+id = "go"
+wait = "go"
+timeout = "8s"
+"#;
+
+/// The `run.asleep` wake time of `run_id`, once it fell asleep.
+async fn asleep_until(db: &Path, run_id: &str) -> i64 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let data = sqlite(
+            db,
+            &format!(
+                "r = c.execute(\"SELECT data FROM events WHERE run_id = '{run_id}' AND kind = 'run.asleep'\").fetchone(); print(r[0] if r else '')"
+            ),
+        );
+        if !data.trim().is_empty() {
+            let data: Value = serde_json::from_str(data.trim()).unwrap();
+            return data["wake_ms"].as_i64().unwrap();
+        }
+        assert!(Instant::now() < deadline, "never let go of its driver");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A run waiting for a signal lets go of its driver (nothing of it stays in
+/// the process), across a SIGKILL too, and a signal drives it again at
+/// once; a wait with a timeout wakes at its timeout and fails `timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_waiting_for_a_signal_lets_go_of_its_driver_until_the_signal() {
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path(), GATE);
+    let db = dir.path().join("state.db");
+    let serve = Serve::start(dir.path());
+    let started = serve
+        .call(
+            "workflow.start",
+            json!({"workflow": "gate", "input": {"n": 1}}),
+        )
+        .await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    asleep_until(&db, &run_id).await;
+    let status = serve.call("host.status", json!({})).await;
+    assert_eq!(status["runs_waiting_here"], 0, "{status}");
+    assert_eq!(status["load"]["live_runs"], 0, "{status}");
+    assert_eq!(status["state"]["runs_asleep"], 1, "{status}");
+    let got = serve.call("workflow.get", json!({"run_id": run_id})).await;
+    assert_eq!(got["steps"][1]["status"], "waiting", "{got}");
+    serve.kill();
+
+    // Restarted, it stays asleep; the signal wakes it.
+    let serve = Serve::start(dir.path());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let status = serve.call("host.status", json!({})).await;
+    assert_eq!(status["load"]["live_runs"], 0, "{status}");
+    let sent = Instant::now();
+    serve
+        .call(
+            "workflow.signal",
+            json!({"run_id": run_id, "signal": "go", "payload": {"ok": 1}}),
+        )
+        .await;
+    let done = serve
+        .call(
+            "workflow.wait",
+            json!({"run_id": run_id, "timeout_ms": 20000}),
+        )
+        .await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert_eq!(done["output"], json!({"ok": 1}));
+    assert!(
+        sent.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        sent.elapsed()
+    );
+
+    // A timed wait wakes at its timeout.
+    let started = serve
+        .call(
+            "workflow.start",
+            json!({"workflow": "gate_timed", "input": {}}),
+        )
+        .await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    let wake_ms = asleep_until(&db, &run_id).await;
+    let done = serve
+        .call(
+            "workflow.wait",
+            json!({"run_id": run_id, "timeout_ms": 20000}),
+        )
+        .await;
+    assert_eq!(done["status"], "failed", "{done}");
+    assert_eq!(done["error"]["code"], "timeout", "{done}");
+    let got = serve.call("workflow.get", json!({"run_id": run_id})).await;
+    let ended = ms_between(
+        "1970-01-01T00:00:00Z",
+        got["steps"][0]["finished_at"].as_str().unwrap(),
+    );
+    assert!(
+        ended >= wake_ms && ended - wake_ms < 3000,
+        "{} ms after its timeout",
+        ended - wake_ms
+    );
+
+    // A run asleep on its wait is cancelled as any.
+    let started = serve
+        .call(
+            "workflow.start",
+            json!({"workflow": "gate", "input": {"n": 2}}),
+        )
+        .await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    asleep_until(&db, &run_id).await;
+    let cancelled = serve
+        .call("workflow.cancel", json!({"run_id": run_id}))
+        .await;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    let status = serve.call("host.status", json!({})).await;
+    assert_eq!(status["state"]["runs_asleep"], 0, "{status}");
+}
+
 /// Past `[runtime] max_live_runs`, a start is refused as busy (-32004 with
 /// `retry_after_ms`) and stores nothing; once a run ends, starts go through
 /// again.

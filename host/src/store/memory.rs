@@ -530,7 +530,13 @@ impl Store for MemoryStore {
             .iter()
             .filter_map(|(_, id)| state.runs.get(id))
             .filter(|r| r.row.status == RunStatus::Running)
-            .filter(|r| r.row.wake_ms.is_none_or(|w| w <= awake_by_ms))
+            .filter(|r| {
+                r.row.wake_ms.is_none_or(|w| w <= awake_by_ms)
+                    || state
+                        .signals
+                        .get(&r.row.run_id)
+                        .is_some_and(|s| s.iter().any(|s| s.step_id.is_none()))
+            })
             .map(|r| r.row.clone())
             .collect())
     }

@@ -325,7 +325,8 @@ pub trait Store: Send + Sync {
     ) -> Result<(Vec<RunRow>, Option<String>), StoreError>;
     /// Runs still `running`: what a start-up resumes.
     /// The runs `running` but for those asleep past `awake_by_ms` (their
-    /// waker drives them).
+    /// waker drives them), unless a signal is kept for them (it was sent
+    /// as they fell asleep, or just before the host stopped).
     async fn unfinished_runs(&self, awake_by_ms: i64) -> Result<Vec<RunRow>, StoreError>;
     /// Runs asleep ([`Transition::RunAsleep`]) that wake by `until_ms`,
     /// after `after` (`(wake_ms, run_id)`), in that order: `(run_id,

@@ -303,7 +303,10 @@ impl<D: Db> Store for SqlStore<D> {
 
     async fn unfinished_runs(&self, awake_by_ms: i64) -> Result<Vec<RunRow>, StoreError> {
         self.runs(
-            "SELECT * FROM runs WHERE status = 'running' AND (wake_ms IS NULL OR wake_ms <= $1)
+            "SELECT * FROM runs WHERE status = 'running'
+               AND (wake_ms IS NULL OR wake_ms <= $1
+                    OR EXISTS (SELECT 1 FROM signals
+                               WHERE signals.run_id = runs.run_id AND signals.step_id IS NULL))
              ORDER BY created_ms, run_id",
             vec![awake_by_ms.into()],
         )

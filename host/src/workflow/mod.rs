@@ -368,6 +368,9 @@ pub struct Workflows {
     /// Runs whose driver stopped because the state's disk was full, and
     /// whether a task is waiting for room to drive them again.
     stalled: Mutex<(std::collections::BTreeSet<String>, bool)>,
+    /// Runs being driven again now ([`Workflows::drive_again`]): the waker
+    /// and a signal may wake the same run at once; one drives it.
+    waking: Mutex<std::collections::BTreeSet<String>>,
     /// Bumped after every admission pass that admitted a run: a waiter on
     /// a queued run looks again.
     admissions: watch::Sender<u64>,
@@ -406,6 +409,7 @@ impl Workflows {
             admitting: tokio::sync::Mutex::default(),
             paused_workflows: Mutex::default(),
             stalled: Mutex::default(),
+            waking: Mutex::default(),
             admissions: watch::channel(0).0,
             options,
             closing: closing.clone(),

@@ -785,7 +785,11 @@ impl Workflows {
                     this.after_finish().await;
                 }
                 Ok(Ending::Interrupted) => this.mode.interrupted(&this, &run_id, &span).await,
-                Ok(Ending::Asleep) => trace::record_status(&span, "asleep", true, None),
+                Ok(Ending::Asleep) => {
+                    trace::record_status(&span, "asleep", true, None);
+                    // A signal sent as it fell asleep: taken now.
+                    this.wake_for_signal(&run_id).await;
+                }
                 Ok(Ending::Paused) => {
                     trace::record_status(&span, "paused", false, None);
                     this.mode.let_go(&this, &run_id).await;

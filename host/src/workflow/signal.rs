@@ -137,6 +137,8 @@ impl Workflows {
             )));
         }
         self.signal_local(run_id);
+        // Asleep on its waits: driven again to take it.
+        self.wake_for_signal(run_id).await;
         tracing::info!(run = %run_id, signal, step = step_id, "signal sent");
         Ok(Signalled {
             run_id: run_id.to_owned(),

@@ -388,14 +388,19 @@ pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending
         if running.is_empty() {
             break;
         }
-        // Only sleeps in flight: the run may let go of its driver.
+        // Only sleeps and waits for signals in flight: the run may let go
+        // of its driver.
         let only_sleeps = ctx.parks
             && stop.is_none()
             && !paused
             && states
                 .iter()
-                .filter(|(_, s)| s.status == StepStatus::Running)
-                .all(|(id, _)| ctx.def.step(id).is_some_and(|s| s.spec.sleeps()));
+                .filter(|(_, s)| matches!(s.status, StepStatus::Running | StepStatus::Waiting))
+                .all(|(id, _)| {
+                    ctx.def
+                        .step(id)
+                        .is_some_and(|s| s.spec.sleeps() || s.spec.waits())
+                });
         tokio::select! {
             // Resumed while steps ran: what is ready starts now.
             _ = pause.changed(), if paused => {}
@@ -444,23 +449,45 @@ pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending
     finish(&ctx, &mut states, stop).await
 }
 
-/// Lets go of the run's driver while its `in_flight` steps, all sleeps,
-/// sleep (each past writing its wake time) for at least [`PARK_MIN`]:
-/// stores the earliest wake time ([`Transition::RunAsleep`]). Whether it
+/// Lets go of the run's driver while its `in_flight` steps, all sleeps and
+/// waits for signals, wait (each past writing what it waits for) for at
+/// least [`PARK_MIN`]: stores the earliest wake time, a sleep's end or a
+/// wait's timeout ([`Transition::RunAsleep`]; [`UNTIL_SIGNALLED_MS`] when
+/// only signals can end them: a signal drives the run again). Whether it
 /// did.
 async fn park(ctx: &RunCtx, in_flight: usize) -> Result<bool, StoreError> {
     if ctx.asleep.sleeping() != in_flight {
         return Ok(false);
     }
     let rows = ctx.store.steps(&ctx.run_id).await?;
-    let wake_ms = rows
+    let waiting: Vec<_> = rows
         .iter()
-        .filter(|r| r.status == StepStatus::Running)
-        .filter_map(|r| r.input.as_ref()?.get("until")?.as_str().map(str::to_owned))
-        .filter_map(|until| humantime::parse_rfc3339_weak(&until).ok())
-        .filter_map(|at| at.duration_since(std::time::UNIX_EPOCH).ok())
-        .map(|at| at.as_millis() as i64)
-        .min();
+        .filter(|r| matches!(r.status, StepStatus::Running | StepStatus::Waiting))
+        .collect();
+    if waiting.len() != in_flight {
+        return Ok(false);
+    }
+    let wake_ms = waiting
+        .iter()
+        .map(|r| {
+            let input = r.input.as_ref();
+            let at = input
+                .and_then(|i| i.get("until").or_else(|| i.get("timeout_at")))
+                .and_then(Value::as_str);
+            match at {
+                Some(at) => humantime::parse_rfc3339_weak(at)
+                    .ok()
+                    .and_then(|at| at.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map(|at| at.as_millis() as i64),
+                // A wait with no timeout: only its signal ends it.
+                None if input.is_some_and(|i| i.get("signal").is_some()) => {
+                    Some(UNTIL_SIGNALLED_MS)
+                }
+                None => None,
+            }
+        })
+        .collect::<Option<Vec<i64>>>()
+        .and_then(|times| times.into_iter().min());
     let Some(wake_ms) = wake_ms else {
         return Ok(false);
     };
@@ -471,6 +498,10 @@ async fn park(ctx: &RunCtx, in_flight: usize) -> Result<bool, StoreError> {
     tracing::debug!(run = %ctx.run_id, wake_ms, "run asleep: its driver lets go until then");
     Ok(true)
 }
+
+/// The wake time of a run asleep on waits that only a signal ends (the end
+/// of year 9999): the waker never reaches it; a signal drives the run.
+pub(crate) const UNTIL_SIGNALLED_MS: i64 = 253_402_300_799_000;
 
 /// A step that ended: its id, how, and its last attempt's `step.log` event.
 type StepDone = (String, Outcome, Option<Value>);

@@ -80,6 +80,26 @@ impl Workflows {
         self: &Arc<Self>,
         run_id: &str,
     ) -> Result<(), crate::store::StoreError> {
+        /// Holds `run_id` in `waking` while it is driven again.
+        struct Waking<'a>(&'a Workflows, &'a str);
+        impl Drop for Waking<'_> {
+            fn drop(&mut self) {
+                self.0
+                    .waking
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(self.1);
+            }
+        }
+        if !self
+            .waking
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(run_id.to_owned())
+        {
+            return Ok(());
+        }
+        let _waking = Waking(self, run_id);
         let Some(run) = self
             .store
             .run(run_id)
@@ -97,5 +117,44 @@ impl Workflows {
             tracing::warn!(run = %run_id, "cannot drive the run again: {e}");
         }
         Ok(())
+    }
+
+    /// Alone: drives `run_id` again now if it is asleep (nothing drives it
+    /// here) while one of its waiting steps has a signal kept for it: the
+    /// signal was sent to the run asleep, or as it fell asleep.
+    pub(in crate::workflow) async fn wake_for_signal(self: &Arc<Self>, run_id: &str) {
+        if self.mode != Mode::Alone || self.with_live(run_id, |_| ()).is_some() {
+            return;
+        }
+        let looked = async {
+            let kept: std::collections::BTreeSet<String> = self
+                .store
+                .signals(run_id)
+                .await?
+                .into_iter()
+                .filter(|s| s.step_id.is_none())
+                .map(|s| s.signal)
+                .collect();
+            if kept.is_empty() {
+                return Ok(false);
+            }
+            let steps = self.store.steps(run_id).await?;
+            Ok::<_, crate::store::StoreError>(steps.iter().any(|s| {
+                s.status == crate::domain::StepStatus::Waiting
+                    && s.input
+                        .as_ref()
+                        .and_then(|i| i["signal"].as_str())
+                        .is_some_and(|name| kept.contains(name))
+            }))
+        };
+        match looked.await {
+            Ok(true) => {
+                if let Err(e) = self.drive_again(run_id).await {
+                    tracing::warn!(run = %run_id, "cannot drive the signalled run again: {e}");
+                }
+            }
+            Ok(false) => {}
+            Err(e) => tracing::warn!(run = %run_id, "cannot look at the signalled run: {e}"),
+        }
     }
 }
