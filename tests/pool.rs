@@ -12,23 +12,6 @@ use wf_host::pool::{Pool, PoolError};
 
 use common::fixture::*;
 
-/// Runs one scenario over stdio and over HTTP.
-macro_rules! over_both_transports {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            use super::*;
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn stdio() {
-                super::$name(Kind::Stdio).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn http() {
-                super::$name(Kind::Http).await
-            }
-        }
-    )*};
-}
-
 over_both_transports!(
     one_session_serves_200_sequential_and_64_concurrent_calls,
     list_changed_during_a_call_refreshes_the_catalog_on_the_same_session,

@@ -19,22 +19,6 @@ use wf_host::pool::{Pool, PoolConfig, PoolError};
 use common::fixture::*;
 use common::*;
 
-macro_rules! over_both_transports {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            use super::*;
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn stdio() {
-                super::$name(Kind::Stdio).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn http() {
-                super::$name(Kind::Http).await
-            }
-        }
-    )*};
-}
-
 over_both_transports!(
     a_server_that_never_answers_is_bounded_and_shown_in_flight,
     endless_progress_stops_at_max_call_time,

@@ -109,6 +109,23 @@ async fn start_nap(serve: &Serve, ms: u64) -> String {
     started["run_id"].as_str().unwrap().to_owned()
 }
 
+/// A dedicated PostgreSQL, one worker with `lease`, and a run of `nap`
+/// (one upstream sleep of `ms`) inside its call.
+async fn nap_in_its_call(lease: &str, ms: u64) -> (TestPostgres, tempfile::TempDir, Serve, String) {
+    let pg = TestPostgres::dedicated();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), lease);
+    let a = worker(&config, &pg.url());
+    let run_id = start_nap(&a, ms).await;
+    wait_until("the sleep upstream", Duration::from_secs(20), || {
+        read_witness(dir.path())
+            .iter()
+            .any(|c| c["tool"] == "sleep")
+    })
+    .await;
+    (pg, dir, a, run_id)
+}
+
 /// A worker on `url`, serving `config` from the shared temp dir.
 fn worker(config: &Path, url: &str) -> Serve {
     let config = config.to_owned();
@@ -514,17 +531,7 @@ async fn host_status_lists_every_live_worker() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_that_goes_away_pauses_runs_and_fails_none() {
-    let pg = TestPostgres::dedicated();
-    let dir = tempfile::tempdir().unwrap();
-    let config = config(dir.path(), "1s");
-    let a = worker(&config, &pg.url());
-    let run_id = start_nap(&a, 1500).await;
-    wait_until("the sleep upstream", Duration::from_secs(20), || {
-        read_witness(dir.path())
-            .iter()
-            .any(|c| c["tool"] == "sleep")
-    })
-    .await;
+    let (pg, _dir, a, run_id) = nap_in_its_call("1s", 1500).await;
     // The database is away while the step's call ends and well past the lease.
     pg.stop();
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -559,17 +566,7 @@ async fn a_database_that_goes_away_pauses_runs_and_fails_none() {
 /// again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_away_for_less_than_the_lease_keeps_the_steps_outcome() {
-    let pg = TestPostgres::dedicated();
-    let dir = tempfile::tempdir().unwrap();
-    let config = config(dir.path(), "20s");
-    let a = worker(&config, &pg.url());
-    let run_id = start_nap(&a, 1000).await;
-    wait_until("the sleep upstream", Duration::from_secs(20), || {
-        read_witness(dir.path())
-            .iter()
-            .any(|c| c["tool"] == "sleep")
-    })
-    .await;
+    let (pg, dir, a, run_id) = nap_in_its_call("20s", 1000).await;
     // Away from before the call ends until well after, and longer than a
     // write waits for a connection (5 s) twice: the journal's, the step's.
     pg.stop();
@@ -598,17 +595,7 @@ async fn a_database_away_for_less_than_the_lease_keeps_the_steps_outcome() {
 /// and finishes once the database takes writes again, without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_that_refuses_writes_degrades_the_host_and_loses_no_run() {
-    let pg = TestPostgres::dedicated();
-    let dir = tempfile::tempdir().unwrap();
-    let config = config(dir.path(), "30s");
-    let a = worker(&config, &pg.url());
-    let run_id = start_nap(&a, 1500).await;
-    wait_until("the sleep upstream", Duration::from_secs(20), || {
-        read_witness(dir.path())
-            .iter()
-            .any(|c| c["tool"] == "sleep")
-    })
-    .await;
+    let (pg, dir, a, run_id) = nap_in_its_call("30s", 1500).await;
     pg.psql("ALTER SYSTEM SET default_transaction_read_only = on");
     pg.psql("SELECT pg_reload_conf()");
 
@@ -1180,34 +1167,10 @@ async fn random_worker_kills_and_database_restarts_lose_no_run() {
         "runs, keys and run.finished events in the database"
     );
 
-    let mut made: BTreeMap<String, Vec<i64>> = BTreeMap::new();
-    for c in read_witness(dir.path()) {
-        let key = c["meta"]["wf-host/idempotency-key"].as_str().unwrap();
-        let mut parts = key.rsplitn(3, '/');
-        let (_, _, step) = (parts.next(), parts.next(), parts.next().unwrap());
-        made.entry(step.to_owned())
-            .or_default()
-            .push(c["ppid"].as_i64().unwrap());
-    }
-    let mut repeated = 0;
-    for (step, tried) in &attempts {
-        let by = made.get(step).cloned().unwrap_or_default();
-        assert!(!by.is_empty(), "{step} never called its server");
-        assert!(
-            by.len() as u64 <= *tried,
-            "{step}: {} calls in {tried} attempts",
-            by.len()
-        );
-        let processes: BTreeSet<_> = by.iter().collect();
-        assert!(
-            processes.len() == by.len() || by.contains(&1),
-            "{step}: one process made its call twice: {by:?}"
-        );
-        repeated += by.len() - 1;
-    }
-    assert!(
-        made.keys().all(|k| attempts.contains_key(k)),
-        "calls of steps no run has"
+    let repeated = common::witness::assert_calls_repeat_only_across_processes(
+        &read_witness(dir.path()),
+        &attempts,
+        |_| false,
     );
     eprintln!(
         "{} runs, {kills} worker kills, {restarts} database restarts, {repeated} calls made again",

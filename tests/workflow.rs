@@ -1521,7 +1521,7 @@ async fn twenty_random_sigkills_lose_no_run_and_repeat_no_completed_call() {
     }
     assert!(accepted.len() > 100, "too little load: {}", accepted.len());
 
-    let mut attempts = std::collections::HashMap::new();
+    let mut attempts = std::collections::BTreeMap::new();
     let mut interrupted = 0;
     for (n, run_id) in &accepted {
         let done = serve
@@ -1556,45 +1556,14 @@ async fn twenty_random_sigkills_lose_no_run_and_repeat_no_completed_call() {
 
     // The witness: every step's call was made, and made again only by
     // another process, once per interrupted attempt at most.
-    let mut made: std::collections::HashMap<String, Vec<i64>> = Default::default();
-    for call in read_witness(&dir.path().join("witness.jsonl")) {
-        let key = call["meta"]["wf-host/idempotency-key"].as_str().unwrap();
-        // `<run_id>/<step>/<item>/<seq>`
-        let mut parts = key.rsplitn(3, '/');
-        let (_, _, step) = (parts.next(), parts.next(), parts.next().unwrap());
-        made.entry(step.to_owned())
-            .or_default()
-            .push(call["ppid"].as_i64().unwrap());
-    }
-    let mut repeated = 0;
-    for (step, tried) in &attempts {
-        if step.ends_with("/nap") {
-            continue;
-        }
-        let by = made.get(step).map(Vec::as_slice).unwrap_or_default();
-        assert!(!by.is_empty(), "{step} never called its server");
-        assert!(
-            by.len() as u64 <= *tried,
-            "{step}: {} calls in {tried} attempts",
-            by.len()
-        );
-        let mut processes = by.to_vec();
-        processes.sort();
-        processes.dedup();
-        assert!(
-            processes.len() == by.len() || by.contains(&1),
-            "{step}: one process made its call twice: {by:?}"
-        );
-        repeated += by.len() - 1;
-    }
+    let repeated = common::witness::assert_calls_repeat_only_across_processes(
+        &read_witness(&dir.path().join("witness.jsonl")),
+        &attempts,
+        |step| step.ends_with("/nap"),
+    );
     eprintln!(
         "{} runs, {interrupted} interrupted attempts, {repeated} calls made again after a kill",
         accepted.len()
-    );
-    assert_eq!(
-        made.keys().filter(|k| !attempts.contains_key(*k)).count(),
-        0,
-        "calls of steps no run has"
     );
 }
 

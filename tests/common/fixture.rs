@@ -11,6 +11,25 @@ use wf_host::pool::{Pool, PoolConfig};
 
 use super::wf_host_bin;
 
+/// Runs each named scenario (an `async fn(Kind)`) as two tests: over stdio
+/// and over HTTP.
+#[macro_export]
+macro_rules! over_both_transports {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            use super::*;
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn stdio() {
+                super::$name(Kind::Stdio).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn http() {
+                super::$name(Kind::Http).await
+            }
+        }
+    )*};
+}
+
 /// Which transport a test runs over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
