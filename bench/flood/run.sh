@@ -9,6 +9,8 @@
 #
 # Settings (environment):
 #   RUNS=40000 CONNECTIONS=64 SLEEP=60s PORT=7879 MAX_LIVE_RUNS=4000 RETRY=1
+#   WAIT=1 (WAIT=0: measure once every run is asleep, then stop without
+#   waiting for them to wake; for runs that sleep for hours)
 #   WF_HOST=target/release/wf-host
 #
 # Needs: python3, curl. Every request is checked: a run id, or a busy refusal
@@ -136,6 +138,16 @@ p99 = latencies[int(len(latencies) * 0.99)] * 1000 if latencies else 0
 print(f"sent {runs} starts in {sent:.1f} s: {counts}; p99 start {p99:.1f} ms")
 rss_all_asleep = rss_kib()
 print(f"RSS at start {base_rss / 1024:.0f} MiB")
+
+if os.environ.get("WAIT", "1") == "0":
+    # Measured with every run asleep, not waited for: let the last ones fall
+    # asleep, then count them from the state and stop.
+    time.sleep(10)
+    c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    asleep = c.execute("SELECT count(*) FROM runs WHERE status = 'running' AND wake_ms IS NOT NULL").fetchone()[0]
+    stop.set()
+    print(f"{asleep} runs asleep in the state; RSS now {rss_kib() / 1024:.0f} MiB, peak {peak[0] / 1024:.0f} MiB")
+    sys.exit(0 if counts["error"] == 0 and asleep == counts["accepted"] else 1)
 
 # Every run ends: succeeded, or otherwise (counted).
 def by_status():
