@@ -579,8 +579,12 @@ async fn a_database_away_for_less_than_the_lease_keeps_the_steps_outcome() {
     )
     .await;
     assert_eq!(done["status"], "succeeded", "{done}");
-    let run = call(&a, "workflow.get", json!({"run_id": run_id})).await;
+    let run = call(&a, "workflow.get", json!({"run_id": run_id, "calls": true})).await;
     assert_eq!(run["steps"][0]["attempts"], 1, "{run}");
+    // The call ended while the database was away: journaled all the same.
+    let calls = run["steps"][0]["calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{run}");
+    assert_eq!(calls[0]["name"], "fixture.sleep", "{run}");
     let sleeps = read_witness(dir.path())
         .iter()
         .filter(|c| c["tool"] == "sleep")

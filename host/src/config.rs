@@ -741,15 +741,14 @@ impl Config {
                     )));
                 }
             }
-            if let (Some(ceiling), timeout) = (conn.max_call_time, conn.call_timeout)
-                && ceiling < timeout.unwrap_or(crate::pool::DEFAULT_CALL_TIMEOUT)
+            // (Against the default `call_timeout` the pool takes the longer.)
+            if let (Some(ceiling), Some(timeout)) = (conn.max_call_time, conn.call_timeout)
+                && ceiling < timeout
             {
                 return Err(invalid(format!(
                     "connection `{id}`: `max_call_time` ({}) is shorter than `call_timeout` ({})",
                     humantime::format_duration(ceiling),
-                    humantime::format_duration(
-                        timeout.unwrap_or(crate::pool::DEFAULT_CALL_TIMEOUT)
-                    )
+                    humantime::format_duration(timeout)
                 )));
             }
         }

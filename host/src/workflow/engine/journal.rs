@@ -21,6 +21,9 @@ pub(super) struct StepJournal {
     signals: tokio::sync::watch::Receiver<u64>,
     /// The workflow's `redact` fields.
     redact: Arc<Spec>,
+    /// The process is stopping: a journal write waiting for the store
+    /// gives up.
+    shutdown: CancellationToken,
     /// This node run's calls, for a step that parks ([`super::parking`]).
     pub(super) parking: Arc<Parking>,
 }
@@ -289,7 +292,11 @@ impl CallJournal for StepJournal {
                 .then_some(result),
             tape: (!tape.is_empty()).then(|| json!(tape)),
         };
-        if let Err(e) = self.store.record_call(&row, &self.fence).await {
+        let written = until_written(&self.shutdown, &self.run_id, "a journaled call", || {
+            self.store.record_call(&row, &self.fence)
+        })
+        .await;
+        if let Err(e) = written {
             crate::metrics::metrics().store_error(e.failure_kind());
             tracing::warn!(run = %self.run_id, step = %self.step_id, "cannot journal a call: {e}");
         }
@@ -319,5 +326,6 @@ pub(super) fn step_journal(
         fence: ctx.fence.clone(),
         signals: ctx.signals.clone(),
         redact: ctx.def.spec.clone(),
+        shutdown: ctx.shutdown.clone(),
     }
 }

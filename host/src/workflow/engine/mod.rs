@@ -687,31 +687,47 @@ fn context(input: &Value, states: &HashMap<String, StepState>, only: Option<&[St
 /// its own recovery (the run stops and is relaunched when there is room),
 /// and a lease another worker took ends the run here.
 async fn apply(ctx: &RunCtx, moves: &[Transition<'_>]) -> Result<String, StoreError> {
+    until_written(&ctx.shutdown, &ctx.run_id, "the run's move", || {
+        ctx.events
+            .apply_redacting(&ctx.run_id, moves, Some(&ctx.fence), &ctx.def.spec.redact)
+    })
+    .await
+}
+
+/// Makes `write` of run `run_id`, and makes it again (every 100 ms to 2 s)
+/// while the store is unreachable, until it is back or the process stops
+/// (`shutdown`). A full disk and a lost lease are returned at once. A write
+/// tried again that then fails otherwise (refused: the one lost with the
+/// connection may have committed after all) returns the first error: what
+/// the store holds decides, as after a crash.
+pub(super) async fn until_written<T, F>(
+    shutdown: &CancellationToken,
+    run_id: &str,
+    what: &str,
+    mut write: impl FnMut() -> F,
+) -> Result<T, StoreError>
+where
+    F: Future<Output = Result<T, StoreError>>,
+{
     let mut pause = STORE_RETRY_FIRST;
     let mut away: Option<StoreError> = None;
     loop {
-        let result = ctx
-            .events
-            .apply_redacting(&ctx.run_id, moves, Some(&ctx.fence), &ctx.def.spec.redact)
-            .await;
-        match (result, away.take()) {
+        match (write().await, away.take()) {
             (Err(e), _)
                 if e.is_unavailable()
                     && !matches!(e, StoreError::Full(_) | StoreError::LeaseLost(_))
-                    && !ctx.shutdown.is_cancelled() =>
+                    && !shutdown.is_cancelled() =>
             {
-                tracing::warn!(run = %ctx.run_id,
-                    "the state is unreachable; writing the run's move again in {pause:?}: {e}");
+                tracing::warn!(run = %run_id,
+                    "the state is unreachable; writing {what} again in {pause:?}: {e}");
                 tokio::select! {
-                    _ = ctx.shutdown.cancelled() => return Err(e),
+                    _ = shutdown.cancelled() => return Err(e),
                     _ = tokio::time::sleep(pause) => {}
                 }
                 pause = (pause * 2).min(STORE_RETRY_MAX);
                 away = Some(e);
             }
-            // The write lost with the connection may have committed after
-            // all: what the store holds decides, as after a crash.
-            (Err(StoreError::Refused(_)), Some(away)) => return Err(away),
+            (Err(_), Some(away)) => return Err(away),
             (result, _) => return result,
         }
     }
