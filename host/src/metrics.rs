@@ -72,6 +72,22 @@ pub const REFUSALS: &[&str] = &["busy", "disk_full", "state_unavailable"];
 /// The kinds of failed writes to the state.
 pub const STORE_ERRORS: &[&str] = &["disk_full", "unavailable", "other"];
 
+/// The counter of each of `values` of `label` in `family` (created at 0
+/// where missing, so it shows in `/metrics`).
+fn by_label(
+    family: &Family<Labels, Counter>,
+    label: &'static str,
+    values: &[&'static str],
+) -> std::collections::BTreeMap<&'static str, u64> {
+    values
+        .iter()
+        .map(|v| {
+            let n = family.get_or_create(&vec![(label, (*v).to_owned())]).get();
+            (*v, n)
+        })
+        .collect()
+}
+
 /// The metrics of this process.
 pub fn metrics() -> &'static Metrics {
     static METRICS: OnceLock<Metrics> = OnceLock::new();
@@ -120,12 +136,8 @@ impl Metrics {
             store_errors.clone(),
         );
         // Every reason and kind shows from the start, at 0.
-        for reason in REFUSALS {
-            let _ = starts_refused.get_or_create(&vec![("reason", (*reason).to_owned())]);
-        }
-        for kind in STORE_ERRORS {
-            let _ = store_errors.get_or_create(&vec![("kind", (*kind).to_owned())]);
-        }
+        by_label(&starts_refused, "reason", REFUSALS);
+        by_label(&store_errors, "kind", STORE_ERRORS);
         let runs_live = Family::<Labels, Gauge>::default();
         registry.register(
             "wf_runs_live",
@@ -311,30 +323,12 @@ impl Metrics {
 
     /// Starts refused so far, by reason, for `host.status`.
     pub fn refusals(&self) -> std::collections::BTreeMap<&'static str, u64> {
-        REFUSALS
-            .iter()
-            .map(|r| {
-                let n = self
-                    .starts_refused
-                    .get_or_create(&vec![("reason", (*r).to_owned())])
-                    .get();
-                (*r, n)
-            })
-            .collect()
+        by_label(&self.starts_refused, "reason", REFUSALS)
     }
 
     /// Failed writes to the state so far, by kind, for `host.status`.
     pub fn store_errors(&self) -> std::collections::BTreeMap<&'static str, u64> {
-        STORE_ERRORS
-            .iter()
-            .map(|k| {
-                let n = self
-                    .store_errors
-                    .get_or_create(&vec![("kind", (*k).to_owned())])
-                    .get();
-                (*k, n)
-            })
-            .collect()
+        by_label(&self.store_errors, "kind", STORE_ERRORS)
     }
 
     pub fn session_opened(&self, connection: &str) {

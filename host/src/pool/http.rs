@@ -178,16 +178,20 @@ impl HostClient {
         self.open_streams.clone()
     }
 
-    /// `stream`, counted open until it ends or is dropped.
-    fn counted(
+    /// What every `GET` for an event stream goes through: the server has
+    /// answered one (see [`Self::standalone_stream_tried`]), and the stream
+    /// it opened is counted open until it ends or is dropped.
+    fn opened(
         &self,
-        stream: BoxStream<'static, Result<Sse, SseError>>,
-    ) -> BoxStream<'static, Result<Sse, SseError>> {
+        result: Result<BoxStream<'static, Result<Sse, SseError>>, HttpError>,
+    ) -> Result<BoxStream<'static, Result<Sse, SseError>>, HttpError> {
+        self.stream_answered.send_replace(true);
+        let stream = result?;
         self.open_streams.fetch_add(1, Ordering::Relaxed);
-        Box::pin(Counted {
+        Ok(Box::pin(Counted {
             stream,
             open: self.open_streams.clone(),
-        })
+        }))
     }
 
     pub(crate) fn last_failure(&self) -> Option<String> {
@@ -325,40 +329,39 @@ fn bounded_answer(
     }))
 }
 
-impl HostClient {
-    /// An answer over the size limit fails its own request with an error
-    /// that says so (a JSON body whole, an event stream at the event), not
-    /// the session.
-    fn bounded(
-        &self,
-        message: &ClientJsonRpcMessage,
-        result: Result<StreamableHttpPostResponse, HttpError>,
-        max_size: usize,
-    ) -> Result<StreamableHttpPostResponse, HttpError> {
-        let ClientJsonRpcMessage::Request(request) = message else {
-            return result;
-        };
-        match result {
-            Err(StreamableHttpError::ResponseBodyTooLarge { max_size }) => {
-                tracing::warn!("an answer of the server was over {max_size} bytes; its call fails");
-                Ok(StreamableHttpPostResponse::Json(
-                    rmcp::model::ServerJsonRpcMessage::error(
-                        too_large(max_size),
-                        Some(request.id.clone()),
-                    ),
-                    None,
-                ))
-            }
-            Ok(StreamableHttpPostResponse::Sse(stream, session)) => {
-                Ok(StreamableHttpPostResponse::Sse(
-                    bounded_answer(stream, request.id.clone(), max_size),
-                    session,
-                ))
-            }
-            other => other,
+/// An answer over the size limit fails its own request with an error that
+/// says so (a JSON body whole, an event stream at the event), not the
+/// session.
+fn bounded(
+    message: &ClientJsonRpcMessage,
+    result: Result<StreamableHttpPostResponse, HttpError>,
+    max_size: usize,
+) -> Result<StreamableHttpPostResponse, HttpError> {
+    let ClientJsonRpcMessage::Request(request) = message else {
+        return result;
+    };
+    match result {
+        Err(StreamableHttpError::ResponseBodyTooLarge { max_size }) => {
+            tracing::warn!("an answer of the server was over {max_size} bytes; its call fails");
+            Ok(StreamableHttpPostResponse::Json(
+                rmcp::model::ServerJsonRpcMessage::error(
+                    too_large(max_size),
+                    Some(request.id.clone()),
+                ),
+                None,
+            ))
         }
+        Ok(StreamableHttpPostResponse::Sse(stream, session)) => {
+            Ok(StreamableHttpPostResponse::Sse(
+                bounded_answer(stream, request.id.clone(), max_size),
+                session,
+            ))
+        }
+        other => other,
     }
+}
 
+impl HostClient {
     /// What every POST's answer goes through: what it says of the session,
     /// an answer over the size limit failing its call alone, a scope
     /// refusal failing its request alone.
@@ -369,7 +372,7 @@ impl HostClient {
         max_size: usize,
     ) -> Result<StreamableHttpPostResponse, HttpError> {
         self.note_initialized(message, &result);
-        let result = self.bounded(message, result, max_size);
+        let result = bounded(message, result, max_size);
         self.scope_refused(message, result)
     }
 
@@ -542,8 +545,7 @@ impl StreamableHttpClient for HostClient {
                 )
             })
             .await;
-        self.stream_answered.send_replace(true);
-        Ok(self.counted(stream?))
+        self.opened(stream)
     }
 
     async fn get_stream_with_max_sse_event_size(
@@ -567,7 +569,6 @@ impl StreamableHttpClient for HostClient {
                 )
             })
             .await;
-        self.stream_answered.send_replace(true);
-        Ok(self.counted(stream?))
+        self.opened(stream)
     }
 }

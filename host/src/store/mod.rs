@@ -206,9 +206,17 @@ impl StoreError {
         match self {
             StoreError::Full(_) => Some("disk_full"),
             StoreError::LeaseLost(_) | StoreError::Refused(_) | StoreError::BadCursor(_) => None,
-            e if e.is_unavailable() => Some("unavailable"),
+            e if e.is_away() => Some("unavailable"),
             _ => Some("other"),
         }
+    }
+
+    /// Whether the store was out of reach or refused writes for now (a
+    /// database restarting or read-only, a lost connection): the same write
+    /// may go through once it is back. Not a full SQLite disk, which has a
+    /// recovery of its own, nor a lease another worker took.
+    pub fn is_away(&self) -> bool {
+        self.is_unavailable() && !matches!(self, StoreError::Full(_) | StoreError::LeaseLost(_))
     }
 
     /// Whether the store was unreachable (a lost connection, a pool that

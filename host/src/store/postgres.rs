@@ -141,9 +141,9 @@ impl PgDb {
     fn note<T>(&self, written: &Result<T, StoreError>) {
         let now = match written {
             Ok(_) => None,
-            Err(e) if e.is_unavailable() && !matches!(e, StoreError::LeaseLost(_)) => Some(
-                format!("the database refuses writes or cannot be reached: {e}"),
-            ),
+            Err(e) if e.is_away() => Some(format!(
+                "the database refuses writes or cannot be reached: {e}"
+            )),
             Err(_) => return,
         };
         let mut refusing = self.refusing.lock().unwrap_or_else(|p| p.into_inner());

@@ -390,7 +390,7 @@ pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending
         }
         // Only sleeps and waits for signals in flight: the run may let go
         // of its driver.
-        let only_sleeps = ctx.parks
+        let parkable = ctx.parks
             && stop.is_none()
             && !paused
             && states
@@ -404,7 +404,7 @@ pub(crate) async fn drive(ctx: Arc<RunCtx>, rows: Vec<StepRow>) -> Result<Ending
         tokio::select! {
             // Resumed while steps ran: what is ready starts now.
             _ = pause.changed(), if paused => {}
-            () = tokio::time::sleep(PARK_CHECK), if only_sleeps => {
+            () = tokio::time::sleep(PARK_CHECK), if parkable => {
                 if park(&ctx, running.len()).await? {
                     // Dropping the sleeps: their wake times are stored.
                     return Ok(Ending::Asleep);
@@ -713,11 +713,7 @@ where
     let mut away: Option<StoreError> = None;
     loop {
         match (write().await, away.take()) {
-            (Err(e), _)
-                if e.is_unavailable()
-                    && !matches!(e, StoreError::Full(_) | StoreError::LeaseLost(_))
-                    && !shutdown.is_cancelled() =>
-            {
+            (Err(e), _) if e.is_away() && !shutdown.is_cancelled() => {
                 tracing::warn!(run = %run_id,
                     "the state is unreachable; writing {what} again in {pause:?}: {e}");
                 tokio::select! {
