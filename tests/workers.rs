@@ -1035,25 +1035,6 @@ async fn a_waiting_run_keeps_its_definition_across_a_reload_and_restarts_on_two_
     drop(a);
 }
 
-/// Starts a run of `three` with idempotency key `chaos-<n>` through `serve`;
-/// `None` when nothing is known (the worker or the database died under it).
-async fn start_three(serve_base: &str, n: u64) -> Option<String> {
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "workflow.start",
-        "params": {"workflow": "three", "input": {"n": n}, "idempotency_key": format!("chaos-{n}")}});
-    let reply: Value = reqwest::Client::new()
-        .post(format!("{serve_base}/rpc"))
-        .header("content-type", "application/json")
-        .timeout(Duration::from_secs(5))
-        .body(body.to_string())
-        .send()
-        .await
-        .ok()?
-        .json()
-        .await
-        .ok()?;
-    reply["result"]["run_id"].as_str().map(str::to_owned)
-}
-
 /// Chaos on PostgreSQL: under a steady load through two workers, 20 times at
 /// random a worker is SIGKILLed and started again, or the database is
 /// stopped at once and started again. Every run ends once and succeeded, one
@@ -1062,12 +1043,7 @@ async fn start_three(serve_base: &str, n: u64) -> Option<String> {
 /// than the lease repeats nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_worker_kills_and_database_restarts_lose_no_run() {
-    let seed = std::env::var("CHAOS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| fastrand::u64(..));
-    eprintln!("chaos seed {seed} (CHAOS_SEED={seed} plays these faults again)");
-    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut rng = common::chaos::seeded_rng();
     let pg = TestPostgres::dedicated();
     let dir = tempfile::tempdir().unwrap();
     // Longer than any outage here (up to 1.5 s and a restart): a worker
@@ -1075,27 +1051,10 @@ async fn random_worker_kills_and_database_restarts_lose_no_run() {
     let config = config(dir.path(), "5s");
     let url = pg.url();
     let mut workers = [worker(&config, &url), worker(&config, &url)];
-    let bases = std::sync::Arc::new(std::sync::Mutex::new(
-        workers.iter().map(|w| w.base.clone()).collect::<Vec<_>>(),
-    ));
-    let stop = tokio_util::sync::CancellationToken::new();
-    let load = tokio::spawn({
-        let (bases, stop) = (bases.clone(), stop.clone());
-        async move {
-            let (mut accepted, mut unknown) = (Vec::new(), Vec::new());
-            let mut n = 0u64;
-            while !stop.is_cancelled() {
-                let base = bases.lock().unwrap()[n as usize % 2].clone();
-                match start_three(&base, n).await {
-                    Some(run_id) => accepted.push((n, run_id)),
-                    None => unknown.push(n),
-                }
-                n += 1;
-                tokio::time::sleep(Duration::from_millis(30)).await;
-            }
-            (accepted, unknown)
-        }
-    });
+    let load = common::chaos::Load::start(
+        "three",
+        workers.iter().map(|w| format!("{}/rpc", w.base)).collect(),
+    );
     let (mut kills, mut restarts) = (0, 0);
     for _ in 0..20 {
         tokio::time::sleep(Duration::from_millis(rng.u64(300..1500))).await;
@@ -1113,23 +1072,10 @@ async fn random_worker_kills_and_database_restarts_lose_no_run() {
             workers[i] = tokio::task::spawn_blocking(move || worker(&config, &url))
                 .await
                 .unwrap();
-            bases.lock().unwrap()[i] = workers[i].base.clone();
+            load.set(i, format!("{}/rpc", workers[i].base));
         }
     }
-    stop.cancel();
-    let (mut accepted, unknown) = load.await.unwrap();
-    for n in unknown {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let run_id = loop {
-            if let Some(run_id) = start_three(&workers[0].base, n).await {
-                break run_id;
-            }
-            assert!(Instant::now() < deadline, "start {n} is never answered");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        };
-        accepted.push((n, run_id));
-    }
-    assert!(accepted.len() > 100, "too little load: {}", accepted.len());
+    let accepted = load.finish(&format!("{}/rpc", workers[0].base)).await;
 
     let mut attempts = BTreeMap::new();
     for (i, (n, run_id)) in accepted.iter().enumerate() {
@@ -1171,7 +1117,7 @@ async fn random_worker_kills_and_database_restarts_lose_no_run() {
         "runs, keys and run.finished events in the database"
     );
 
-    let repeated = common::witness::assert_calls_repeat_only_across_processes(
+    let repeated = common::chaos::assert_calls_repeat_only_across_processes(
         &read_witness(dir.path()),
         &attempts,
         |_| false,

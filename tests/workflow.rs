@@ -1433,25 +1433,6 @@ needs = ["two"]
 input = '{capability: "fixture.sleep", arguments: {ms: 100}}'
 "#;
 
-/// What a start got: a run id, or nothing known (the host died under it, or
-/// it was refused) and so to be sent again with the same key.
-async fn start_mark(client: &reqwest::Client, url: &str, n: u64) -> Option<String> {
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "workflow.start",
-        "params": {"workflow": "marks", "input": {"n": n}, "idempotency_key": format!("mark-{n}")}});
-    let reply: Value = client
-        .post(url)
-        .header("content-type", "application/json")
-        .timeout(Duration::from_secs(5))
-        .body(body.to_string())
-        .send()
-        .await
-        .ok()?
-        .json()
-        .await
-        .ok()?;
-    reply["result"]["run_id"].as_str().map(str::to_owned)
-}
-
 /// Chaos: a steady load of runs while `serve` is SIGKILLed at 20 random
 /// moments and started again. Every start that was answered with a run id
 /// (and every start sent again with its idempotency key after it went
@@ -1461,65 +1442,23 @@ async fn start_mark(client: &reqwest::Client, url: &str, n: u64) -> Option<Strin
 /// interrupted attempt), never twice by the same process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_random_sigkills_lose_no_run_and_repeat_no_completed_call() {
-    let seed = std::env::var("CHAOS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| fastrand::u64(..));
-    eprintln!("chaos seed {seed} (CHAOS_SEED={seed} plays these kills again)");
-    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut rng = common::chaos::seeded_rng();
     let dir = tempfile::tempdir().unwrap();
     write_config(dir.path(), MARKS);
-    let serve = Serve::start(dir.path());
-    let url = Arc::new(std::sync::Mutex::new(serve.url.clone()));
-    let stop = tokio_util::sync::CancellationToken::new();
-    // The load: a start every 30 ms.
-    let load = tokio::spawn({
-        let (url, stop) = (url.clone(), stop.clone());
-        async move {
-            let client = common::http_client();
-            let (mut accepted, mut unknown) = (Vec::new(), Vec::new());
-            let mut n = 0u64;
-            while !stop.is_cancelled() {
-                let current = url.lock().unwrap().clone();
-                match start_mark(&client, &current, n).await {
-                    Some(run_id) => accepted.push((n, run_id)),
-                    None => unknown.push(n),
-                }
-                n += 1;
-                tokio::time::sleep(Duration::from_millis(30)).await;
-            }
-            (accepted, unknown)
-        }
-    });
-    let mut serve = Some(serve);
+    let mut serve = Serve::start(dir.path());
+    let load = common::chaos::Load::start("marks", vec![serve.url.clone()]);
     for _ in 0..20 {
         tokio::time::sleep(Duration::from_millis(rng.u64(200..1500))).await;
-        serve.take().unwrap().kill();
-        let next = tokio::task::spawn_blocking({
+        serve.kill();
+        serve = tokio::task::spawn_blocking({
             let dir = dir.path().to_owned();
             move || Serve::start(&dir)
         })
         .await
         .unwrap();
-        *url.lock().unwrap() = next.url.clone();
-        serve = Some(next);
+        load.set(0, serve.url.clone());
     }
-    stop.cancel();
-    let (mut accepted, unknown) = load.await.unwrap();
-    let serve = serve.unwrap();
-    // A start that went unanswered is sent again with its key: it either
-    // made its run before the kill (and gets that run) or makes it now.
-    let client = common::http_client();
-    for n in unknown {
-        let run_id = loop {
-            if let Some(run_id) = start_mark(&client, &serve.url, n).await {
-                break run_id;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
-        accepted.push((n, run_id));
-    }
-    assert!(accepted.len() > 100, "too little load: {}", accepted.len());
+    let accepted = load.finish(&serve.url).await;
 
     let mut attempts = std::collections::BTreeMap::new();
     let mut interrupted = 0;
@@ -1556,7 +1495,7 @@ async fn twenty_random_sigkills_lose_no_run_and_repeat_no_completed_call() {
 
     // The witness: every step's call was made, and made again only by
     // another process, once per interrupted attempt at most.
-    let repeated = common::witness::assert_calls_repeat_only_across_processes(
+    let repeated = common::chaos::assert_calls_repeat_only_across_processes(
         &read_witness(&dir.path().join("witness.jsonl")),
         &attempts,
         |step| step.ends_with("/nap"),

@@ -20,20 +20,12 @@
 # the script exit non-zero, as does a run that did not succeed.
 set -euo pipefail
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-cd "$root"
 RUNS="${RUNS:-40000}"
 CONNECTIONS="${CONNECTIONS:-64}"
 SLEEP="${SLEEP:-60s}"
 PORT="${PORT:-7879}"
 MAX_LIVE_RUNS="${MAX_LIVE_RUNS:-4000}"
-WF_HOST="${WF_HOST:-$root/target/release/wf-host}"
-
-if [ ! -x "$WF_HOST" ]; then
-    cargo build --release -p wf-host
-fi
-work="$(mktemp -d)"
-trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; rm -rf "$work"' EXIT
+. "$(dirname "${BASH_SOURCE[0]}")/../serve.sh"
 cat > "$work/wf.toml" <<TOML
 [runtime]
 state = "$work/state.db"
@@ -52,12 +44,7 @@ id = "b"
 component = "$root/plugins/echo.wasm"
 needs = ["nap"]
 TOML
-RUST_LOG=warn "$WF_HOST" serve --config "$work/wf.toml" --listen "127.0.0.1:$PORT" 2> "$work/serve.log" &
-server=$!
-for _ in $(seq 100); do
-    curl -sf "http://127.0.0.1:$PORT/healthz" >/dev/null && break
-    sleep 0.1
-done
+serve
 
 python3 - "$PORT" "$RUNS" "$CONNECTIONS" "$server" "$work/state.db" <<'PY'
 import http.client, json, os, sqlite3, sys, threading, time

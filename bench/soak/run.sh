@@ -18,20 +18,12 @@
 # `wf_runs_total`).
 set -euo pipefail
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-cd "$root"
 RUNS="${RUNS:-1000000}"
 RATE="${RATE:-400}"
 MARK="${MARK:-100000}"
 CONNECTIONS="${CONNECTIONS:-8}"
 PORT="${PORT:-7880}"
-WF_HOST="${WF_HOST:-$root/target/release/wf-host}"
-
-if [ ! -x "$WF_HOST" ]; then
-    cargo build --release -p wf-host
-fi
-work="$(mktemp -d)"
-trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; rm -rf "$work"' EXIT
+. "$(dirname "${BASH_SOURCE[0]}")/../serve.sh"
 cat > "$work/wf.toml" <<TOML
 [runtime]
 state = "$work/state.db"
@@ -48,12 +40,7 @@ id = "c"
 needs = ["b"]
 component = "$root/plugins/echo.wasm"
 TOML
-RUST_LOG=warn "$WF_HOST" serve --config "$work/wf.toml" --listen "127.0.0.1:$PORT" 2> "$work/serve.log" &
-server=$!
-for _ in $(seq 100); do
-    curl -sf "http://127.0.0.1:$PORT/healthz" >/dev/null && break
-    sleep 0.1
-done
+serve
 
 python3 - "$PORT" "$RUNS" "$RATE" "$MARK" "$CONNECTIONS" "$server" "$work/state.db" <<'PY'
 import http.client, json, os, sys, threading, time

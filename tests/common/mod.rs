@@ -72,10 +72,10 @@ pub fn expect_ok(report: &wf_host::runtime::RunReport) -> &str {
     }
 }
 
+pub mod chaos;
 pub mod fixture;
 pub mod interop;
 pub mod serve;
-pub mod witness;
 
 /// An HTTP client for tests. The host's reqwest has TLS with rustls but no
 /// built-in crypto provider (ring is installed process-wide instead of
