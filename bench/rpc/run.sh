@@ -10,6 +10,8 @@
 #   ROUNDS=1                 measured rounds; each round runs wf-host then wasmtime
 #   WF_PORT=7878 WT_PORT=8081  loopback ports
 #   WF_HOST=target/release/wf-host   wf-host binary (built with cargo if missing)
+#   WF_CONFIG=bench/rpc/bench.toml   its config (bench/compare.sh points it at another
+#                            tree's echo.wasm)
 #   WF_STATE=                where wf-host keeps runs: by default a fresh SQLite file in
 #                            a temp dir (durable, as `serve` is by default); WF_STATE=:memory:
 #                            keeps them in the process, like wasmtime serve keeps nothing
@@ -37,6 +39,7 @@ WF_PORT="${WF_PORT:-7878}"
 WT_PORT="${WT_PORT:-8081}"
 WF_HOST="${WF_HOST:-$root/target/release/wf-host}"
 WASMTIME="${WASMTIME:-wasmtime}"
+WF_CONFIG="${WF_CONFIG:-$here/bench.toml}"
 HELLO="$here/hello-http/target/wasm32-wasip2/release/hello_http.wasm"
 BODY='{"jsonrpc":"2.0","id":1,"method":"workflow.start","params":{"workflow":"echo","input":{"hello":"world"},"wait":true}}'
 
@@ -75,7 +78,10 @@ if [ ! -f "$HELLO" ]; then
     echo "building the hello-http component..." >&2
     (cd "$here/hello-http" && cargo build --release --target wasm32-wasip2 >&2)
 fi
-[ -f "$root/plugins/echo.wasm" ] || { echo "plugins/echo.wasm is missing: ./plugins/build.sh rust" >&2; exit 2; }
+if [ "$WF_CONFIG" = "$here/bench.toml" ] && [ ! -f "$root/plugins/echo.wasm" ]; then
+    echo "plugins/echo.wasm is missing: ./plugins/build.sh rust" >&2
+    exit 2
+fi
 
 # --- servers -------------------------------------------------------------------
 work="$(mktemp -d)"
@@ -120,7 +126,7 @@ rpc_start() {
 rpc_ok() { rpc_start | grep -q '"succeeded"'; }
 hello_ok() { [ "$(curl -sS --max-time 10 "http://127.0.0.1:$WT_PORT/")" = hello ]; }
 
-"$WF_HOST" serve --config "$here/bench.toml" --state "${WF_STATE:-$work/state.db}" \
+"$WF_HOST" serve --config "$WF_CONFIG" --state "${WF_STATE:-$work/state.db}" \
     --listen "127.0.0.1:$WF_PORT" >"$work/wf-host.log" 2>&1 &
 wf_pid=$!
 "$WASMTIME" serve -Scli --addr "127.0.0.1:$WT_PORT" "$HELLO" >"$work/wasmtime.log" 2>&1 &

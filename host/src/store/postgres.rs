@@ -108,6 +108,11 @@ pub(super) const MIGRATIONS: &[(i64, &str, &str)] = &[
         "asleep",
         include_str!("../../migrations/postgres/0013_asleep.sql"),
     ),
+    (
+        14,
+        "prune finished",
+        include_str!("../../migrations/postgres/0014_prune_finished.sql"),
+    ),
 ];
 
 /// The database's clock, in ms since the epoch. `clock_timestamp()`, not

@@ -352,6 +352,11 @@ pub struct Workflows {
     /// Finished runs since the last prune.
     finished_since_prune: std::sync::atomic::AtomicU64,
     generations: std::sync::atomic::AtomicU64,
+    /// Runs paused by this process, counted after each pause's write and
+    /// before it looks for the run's driver: a driver launched with no pause
+    /// counted since its run was stored knows without a read that no pause
+    /// here missed it.
+    pauses: std::sync::atomic::AtomicU64,
     /// This process among the workers of the store.
     worker: maintenance::Worker,
     /// Whether it is the store's only worker.
@@ -415,6 +420,7 @@ impl Workflows {
             closing: closing.clone(),
             finished_since_prune: Default::default(),
             generations: Default::default(),
+            pauses: Default::default(),
         });
         this.load_nodes(&this.loaded())?;
         this.mode.join(&this).await?;

@@ -73,6 +73,10 @@ struct Launch {
     span: tracing::Span,
     /// The steps whose first start was stored with the run.
     started: Vec<String>,
+    /// A new run: [`Workflows::pauses`] before it was stored. While no pause
+    /// has been counted since, none can have missed its driver, and the
+    /// driver does not read the run again to see if it starts paused.
+    pauses_before: Option<u64>,
 }
 
 pub(super) enum NodeError {
@@ -359,6 +363,7 @@ impl Workflows {
             .map(|id| engine::start_of(id, 1, &run.input))
             .collect();
         let mut first_started = Vec::new();
+        let pauses_before = self.pauses.load(std::sync::atomic::Ordering::SeqCst);
         let span = if run.idempotency_key.is_none() {
             // Nothing to find: the run's span first, so that its first event
             // is stored with it, in one write.
@@ -415,6 +420,7 @@ impl Workflows {
                 fence,
                 span,
                 started: first_started,
+                pauses_before: Some(pauses_before),
             });
         }
         if run.status == RunStatus::Queued {
@@ -609,6 +615,7 @@ impl Workflows {
                     fence,
                     span,
                     started: Vec::new(),
+                    pauses_before: None,
                 });
                 Ok(())
             }
@@ -651,6 +658,7 @@ impl Workflows {
             fence,
             span,
             started,
+            pauses_before,
         } = launch;
         let cancel = CancellationToken::new();
         let stop = self.shutdown.child_token();
@@ -679,6 +687,10 @@ impl Workflows {
         );
         let pause_tx_for_task = pause_tx;
         drop(live);
+        // A pause made here before the run was in `live` was counted before
+        // it looked there (see `pause_run`); without one, no read.
+        let maybe_paused =
+            pauses_before.is_none_or(|before| self.pauses.load(Ordering::SeqCst) != before);
         let ctx = Arc::new(RunCtx {
             compensating: engine::compensating(&run),
             parks: self.mode == super::mode::Mode::Alone,
@@ -715,8 +727,10 @@ impl Workflows {
         let pause = pause_tx_for_task;
         self.tasks.spawn(async move {
             // Paused before this driver was in `live` (where a pause finds
-            // it): it starts paused.
-            if let Ok(Some(run)) = this.store.run(&ctx.run_id).await
+            // it): it starts paused. (A pause by another worker is heard at
+            // the next lease renewal, as for a run driven already.)
+            if maybe_paused
+                && let Ok(Some(run)) = this.store.run(&ctx.run_id).await
                 && run.status == RunStatus::Paused
             {
                 pause.send_replace(true);
@@ -928,6 +942,10 @@ impl Workflows {
             "only a running run can be paused",
         )
         .await?;
+        // Counted before looking for the driver: a driver launched since the
+        // count was read sees it (see `launch`).
+        self.pauses
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         // Driven here: no new step starts. (Driven by another worker: it
         // hears of it at its next lease renewal.)
         self.pause_local(run_id);
