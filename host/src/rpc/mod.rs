@@ -565,7 +565,16 @@ async fn handle_one(
         Ok(r) => r,
         Err((error, id)) => return Some(jsonrpc::failure(id, error)),
     };
-    let result = methods::call(state, caller, &request.method, request.params, parent).await;
+    // Boxed: the method's future is the largest of every method's, and
+    // axum's layers and the batch's stream would each move it whole.
+    let result = Box::pin(methods::call(
+        state,
+        caller,
+        &request.method,
+        request.params,
+        parent,
+    ))
+    .await;
     // A notification gets no response, even when it failed.
     let id = request.id?;
     Some(match result {

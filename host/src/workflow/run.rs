@@ -740,7 +740,9 @@ impl Workflows {
             let flow = ctx.def.flow.is_some();
             let span = ctx.span.clone();
             let run_ctx = ctx.clone();
-            let ending = engine::drive(ctx, rows).await;
+            // Boxed: the driver's future is large, and the task's would be
+            // copied whole when it is spawned and again when it ends.
+            let ending = Box::pin(engine::drive(ctx, rows)).await;
             let paused = match &ending {
                 // Another worker holds the run now, or the store is away:
                 // whoever drives it next picks it up where it stands.
