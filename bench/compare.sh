@@ -14,7 +14,7 @@
 #   workers  `cargo bench --bench workers` (this tree's bench) with
 #            WF_BENCH_HOST set to each build: three-step runs/s, SQLite and
 #            PostgreSQL with 1-3 workers
-# Each build runs its own tree's plugins/echo.wasm in the rpc rows.
+# Each build runs its own tree's plugins/echo.wasm.
 #
 # Settings (environment):
 #   BENCHES="rpc memory workers"   which of them to run
@@ -109,7 +109,9 @@ rpc_once() { # rpc_once NAME SIDE ROUND [WF_STATE]
 workers_once() { # workers_once SIDE ROUND
     local side="$1" round="$2"
     local log="$out/workers-$side-$round.txt"
-    WF_BENCH_HOST="$work/wf-host-$side" cargo bench -q -p wf-host --bench workers \
+    local echo="$root/plugins/echo.wasm"
+    [ "$side" = base ] && echo="$tree/plugins/echo.wasm"
+    WF_BENCH_HOST="$work/wf-host-$side" WF_BENCH_ECHO="$echo" cargo bench -q -p wf-host --bench workers \
         >"$log" 2>"$log.err" || {
         echo "the workers bench failed for $side:" >&2
         cat "$log" "$log.err" >&2

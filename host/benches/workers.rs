@@ -15,7 +15,9 @@
 //! (`pg_stat_database`). `WF_BENCH_STATEMENTS=1` prints the statements by
 //! calls per run.
 //!
-//! `WF_BENCH_HOST=<path>` runs the workers from another build of `wf-host`.
+//! `WF_BENCH_HOST=<path>` runs the workers from another build of `wf-host`,
+//! and `WF_BENCH_ECHO=<path>` gives them another tree's `echo.wasm` (a build
+//! runs the node its own tree built; `bench/compare.sh` sets both).
 //!
 //! `WF_BENCH_CPU=0.3` (a share of one CPU) runs the PostgreSQL rows again
 //! with each worker capped to that share (a cgroup's CPU quota), on a CPU of
@@ -134,7 +136,10 @@ fn pin(pid: u32, cpus: &str) {
 }
 
 fn config(dir: &Path) -> PathBuf {
-    let echo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/echo.wasm");
+    let echo = std::env::var_os("WF_BENCH_ECHO").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/echo.wasm"),
+        PathBuf::from,
+    );
     let mut text = String::from("[runtime]\nlease = \"10s\"\n");
     for (i, id) in ["a", "b", "c"].iter().enumerate() {
         text += &format!(
