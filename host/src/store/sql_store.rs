@@ -108,24 +108,24 @@ impl<D: Db> SqlStore<D> {
 /// Deletes the finished runs past the newest `$2` and those finished before
 /// `$1` (ms). Its filter is the `runs_finished` index's own
 /// (`finished_ms IS NOT NULL`): the cut is a walk of the index alone.
-/// (SQLite walks the index only with the `max(…)` bound.)
-pub(crate) const PRUNE_SQLITE: &str =
-    "WITH cut AS (SELECT finished_ms AS ms, run_id AS id FROM runs
-                  WHERE finished_ms IS NOT NULL
-                  ORDER BY finished_ms DESC, run_id DESC LIMIT 1 OFFSET $2)
-     DELETE FROM runs WHERE finished_ms IS NOT NULL
-         AND finished_ms <= max($1, coalesce((SELECT ms FROM cut), $1))
-         AND (finished_ms < $1 OR (finished_ms, run_id) <= (SELECT ms, id FROM cut))
-     RETURNING 1";
+/// `$bound` is the dialect's own extra bound.
+macro_rules! prune {
+    ($bound:literal) => {
+        concat!(
+            "WITH cut AS (SELECT finished_ms AS ms, run_id AS id FROM runs
+                          WHERE finished_ms IS NOT NULL
+                          ORDER BY finished_ms DESC, run_id DESC LIMIT 1 OFFSET $2)
+             DELETE FROM runs WHERE finished_ms IS NOT NULL ",
+            $bound,
+            " AND (finished_ms < $1 OR (finished_ms, run_id) <= (SELECT ms, id FROM cut))
+             RETURNING 1"
+        )
+    };
+}
 
-/// [`PRUNE_SQLITE`] as PostgreSQL says it.
-pub(crate) const PRUNE_POSTGRES: &str =
-    "WITH cut AS (SELECT finished_ms AS ms, run_id AS id FROM runs
-                  WHERE finished_ms IS NOT NULL
-                  ORDER BY finished_ms DESC, run_id DESC LIMIT 1 OFFSET $2)
-     DELETE FROM runs WHERE finished_ms IS NOT NULL
-         AND (finished_ms < $1 OR (finished_ms, run_id) <= (SELECT ms, id FROM cut))
-     RETURNING 1";
+/// The prune on SQLite, which walks the index only with this upper bound.
+pub(crate) const PRUNE_SQLITE: &str =
+    prune!("AND finished_ms <= max($1, coalesce((SELECT ms FROM cut), $1))");
 
 #[async_trait]
 impl<D: Db> Store for SqlStore<D> {
@@ -554,7 +554,7 @@ impl<D: Db> Store for SqlStore<D> {
             .write(
                 match D::DIALECT {
                     Dialect::Sqlite => PRUNE_SQLITE,
-                    Dialect::Postgres => PRUNE_POSTGRES,
+                    Dialect::Postgres => prune!(""),
                 },
                 vec![
                     finished_before_ms.into(),
